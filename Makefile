@@ -1,0 +1,44 @@
+# onceflow: the two commands of the README's quick start, and helpers.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+TESTSTAMP := $(VENV)/.installed-test
+
+.PHONY: demo test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(TESTSTAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+java: $(STAMP)
+	bash scripts/ensure_java.sh $(PY)
+
+demo: $(STAMP)
+	bash scripts/ensure_java.sh $(PY)
+	$(VENV)/bin/onceflow demo
+
+test: $(TESTSTAMP)
+	bash scripts/ensure_java.sh $(PY)
+	$(VENV)/bin/ruff check src
+	$(VENV)/bin/mypy src
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+lint: $(TESTSTAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
+
+bench: $(STAMP)
+	bash scripts/ensure_java.sh $(PY)
+	$(PY) benchmarks/bench_user_counts.py
+
+clean:
+	rm -rf $(VENV) onceflow-demo build src/*.egg-info

@@ -1,0 +1,1 @@
+"""Checking results against the source: recomputation and comparison."""

@@ -1,0 +1,1 @@
+"""The ``onceflow`` command line, one module per command."""

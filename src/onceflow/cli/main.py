@@ -1,0 +1,41 @@
+"""Entry point of the ``onceflow`` command."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from onceflow import __version__
+from onceflow.cli.demo import demo
+from onceflow.cli.generate import generate
+from onceflow.cli.run import run
+from onceflow.errors import OnceflowError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="onceflow")
+def cli() -> None:
+    """Exactly-once stream processing for PySpark Structured Streaming."""
+
+
+cli.add_command(generate)
+cli.add_command(run)
+cli.add_command(demo)
+
+
+def main() -> None:
+    """Run the CLI; onceflow errors print one clear message and exit 1."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(130)
+    except OnceflowError as exc:
+        click.echo(f"onceflow: error: {exc}", err=True)
+        sys.exit(1)

@@ -1,0 +1,52 @@
+"""The onceflow error hierarchy.
+
+Every error onceflow raises derives from :class:`OnceflowError`. Where a builtin
+exception fits, the subclass inherits it too, so ``except ValueError`` keeps
+working for callers that do not know onceflow. Messages say what was wrong,
+what was expected, and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class OnceflowError(Exception):
+    """Root of all onceflow errors."""
+
+
+class ConfigError(OnceflowError, ValueError):
+    """A configuration value is invalid (bad option, unbounded state, ...)."""
+
+
+class BadSegmentError(OnceflowError, ValueError):
+    """A segment file of the event log cannot be used.
+
+    Attributes:
+        path: The offending file.
+        reason: What is wrong with it.
+    """
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(
+            f"bad segment {path}: {reason}. onceflow never skips a segment silently: "
+            "move the file out of the log directory (or replace it with a valid segment) "
+            "and run again; the checkpoint resumes where it stopped."
+        )
+
+
+class CheckpointMismatchError(OnceflowError, RuntimeError):
+    """A sink database was written by a different Spark checkpoint.
+
+    Batch ids restart at 0 with a new checkpoint; reusing a database with a new
+    checkpoint would make onceflow skip batches as "already committed" and lose
+    data, so this is refused.
+    """
+
+
+class JavaNotFoundError(OnceflowError, RuntimeError):
+    """No usable Java runtime was found for Spark."""
+
+
+class CrashPointError(OnceflowError, ValueError):
+    """The crash-point environment variable names an unknown crash point."""

@@ -1,0 +1,99 @@
+"""Named crash points for fault injection.
+
+A crash point is a place in a commit protocol where a test wants the driver to
+die with SIGKILL — for example exactly between the sink's commit and Spark's
+commit-log write. Select one with the environment variable
+``ONCEFLOW_CRASH_AT=<point>`` or ``ONCEFLOW_CRASH_AT=<point>@<batch_id>`` (the
+first batch with an id ``>= batch_id``). The driver then kills its companion
+processes (the Spark JVM) and itself, with SIGKILL, so nothing gets to clean up:
+the same as ``kill -9`` from outside.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from enum import Enum
+
+from onceflow.errors import CrashPointError
+
+CRASH_ENV = "ONCEFLOW_CRASH_AT"
+
+_companions: list[int] = []
+
+
+class CrashPoint(str, Enum):
+    """Where a driver can be told to die."""
+
+    BEFORE_SINK_WRITE = "before_sink_write"
+    """The batch's output is computed; nothing written to the sink yet."""
+    INSIDE_SINK_TXN = "inside_sink_txn"
+    """Rows and marker written inside the open sink transaction, not committed."""
+    AFTER_SINK_COMMIT = "after_sink_commit"
+    """The sink transaction committed; Spark has not written its commit log."""
+    AFTER_COMMIT_LOG = "after_commit_log"
+    """Spark wrote the commit log of the batch."""
+
+
+def register_companion(pid: int) -> None:
+    """Remember a process to SIGKILL together with the driver (the Spark JVM).
+
+    Args:
+        pid: Its process id.
+    """
+    if pid not in _companions:
+        _companions.append(pid)
+
+
+def armed() -> tuple[CrashPoint, int] | None:
+    """The crash point selected by the environment, if any.
+
+    Returns:
+        The point and the first batch id it fires at, or None.
+
+    Raises:
+        CrashPointError: The variable names no known crash point.
+    """
+    raw = os.environ.get(CRASH_ENV, "").strip()
+    if not raw:
+        return None
+    name, _, batch = raw.partition("@")
+    try:
+        point = CrashPoint(name)
+    except ValueError:
+        known = ", ".join(p.value for p in CrashPoint)
+        raise CrashPointError(
+            f"{CRASH_ENV}={raw!r} names no crash point; use one of: {known} "
+            "(optionally followed by @<batch_id>)"
+        ) from None
+    try:
+        first = int(batch) if batch else 0
+    except ValueError:
+        raise CrashPointError(f"{CRASH_ENV}={raw!r}: batch id after '@' must be an integer") from None
+    return point, first
+
+
+def crash_now() -> None:
+    """SIGKILL the companions and then this process. Never returns."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for pid in _companions:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_crash(point: CrashPoint, batch_id: int) -> None:
+    """Die here if the environment selects this point for this batch.
+
+    Args:
+        point: The point the caller has reached.
+        batch_id: The micro-batch being processed.
+    """
+    selected = armed()
+    if selected is not None and selected[0] is point and batch_id >= selected[1]:
+        print(f"onceflow: crash point {point.value} at batch {batch_id}", file=sys.stderr)
+        crash_now()

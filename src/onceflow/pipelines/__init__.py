@@ -1,0 +1,1 @@
+"""Ready-made exactly-once pipelines."""

@@ -1,0 +1,300 @@
+"""Streaming Systems Example 5-1: per-user and global counts per minute, exactly once.
+
+Data path::
+
+    event log (Parquet segments, Spark file source, replayable by offset)
+      -> withWatermark(event_time, allowed lateness)
+      -> dropDuplicatesWithinWatermark(event_id)      # Spark state, bounded
+      -> foreachBatch: per-(user, minute) deltas       # a batch aggregation
+      -> sink.commit_batch(batch_id, deltas, stats)    # marker + rows, one txn
+
+Why deduplicate within the *event-time* watermark: Spark 4.3 allows one
+watermark per query with several stateful operators, and a retried event has
+its original's event time, so the dedup state of an event can be dropped once
+the watermark passed it — any later copy is then late and dropped by Spark's
+late rule anyway. The window counts are per-batch deltas added by the sink
+instead of a second stateful aggregation: one state store less, and the sink's
+batch marker makes the non-idempotent addition exactly once.
+
+Resume contract: the checkpoint holds Spark's offset log (files of each batch
+and its watermark), the dedup state and the commit log. After a crash Spark
+re-runs the first batch without a commit-log entry with the same files and the
+same state, so the same deltas reach the sink, which skips them if their marker
+is already there. Nothing before that batch is re-read.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.listener import StreamingQueryListener
+
+from onceflow import checkpoint as ckpt
+from onceflow.errors import BadSegmentError, ConfigError, OnceflowError
+from onceflow.faults import CrashPoint, armed, maybe_crash
+from onceflow.records import EVENT_DDL, WINDOW_MS
+from onceflow.sinks.base import BatchStats, ExactlyOnceSink
+from onceflow.sources.log import EventLog
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+@dataclass(frozen=True)
+class UserCountsConfig:
+    """How to run Example 5-1.
+
+    Attributes:
+        log_dir: The event log directory.
+        checkpoint: Spark checkpoint directory (one per query, reused on restart).
+        allowed_lateness_s: Watermark delay: events more than this behind the
+            maximum event time seen are late and dropped (and counted).
+        max_files_per_trigger: Segments per micro-batch; all available when None.
+        trigger_interval: Processing-time trigger for continuous runs.
+    """
+
+    log_dir: Path
+    checkpoint: Path
+    allowed_lateness_s: float = 60.0
+    max_files_per_trigger: int | None = None
+    trigger_interval: str = "1 second"
+
+    def __post_init__(self) -> None:
+        if self.allowed_lateness_s <= 0:
+            raise ConfigError(
+                "allowed lateness must be > 0: it bounds the dedup state (a zero or "
+                f"missing delay would keep every event id forever), got {self.allowed_lateness_s}"
+            )
+        if self.max_files_per_trigger is not None and self.max_files_per_trigger < 1:
+            raise ConfigError(f"max_files_per_trigger must be >= 1, got {self.max_files_per_trigger}")
+
+
+def deduplicated_events(spark: SparkSession, cfg: UserCountsConfig) -> DataFrame:
+    """The streaming DataFrame of on-time events, deduplicated by ``event_id``.
+
+    Args:
+        spark: The session.
+        cfg: Pipeline configuration.
+
+    Returns:
+        A streaming DataFrame with the event schema.
+    """
+    reader = spark.readStream.schema(EVENT_DDL)
+    if cfg.max_files_per_trigger:
+        reader = reader.option("maxFilesPerTrigger", cfg.max_files_per_trigger)
+    return (
+        reader.parquet(str(cfg.log_dir))
+        .withWatermark("event_time", f"{int(cfg.allowed_lateness_s * 1000)} milliseconds")
+        .dropDuplicatesWithinWatermark(["event_id"])
+    )
+
+
+def window_deltas(events: DataFrame) -> DataFrame:
+    """Per-(user, 1-minute window) counts of a (batch) DataFrame of events.
+
+    Args:
+        events: Events with the event schema.
+
+    Returns:
+        Columns ``user, window_start_ms, window_end_ms, count`` (epoch-aligned windows).
+    """
+    start = (F.floor(F.unix_micros("event_time") / (WINDOW_MS * 1000)) * WINDOW_MS).cast("long")
+    return (
+        events.groupBy("user", start.alias("window_start_ms"))
+        .agg(F.count(F.lit(1)).alias("count"))
+        .select(
+            "user",
+            "window_start_ms",
+            (F.col("window_start_ms") + WINDOW_MS).alias("window_end_ms"),
+            "count",
+        )
+    )
+
+
+@dataclass
+class RunResult:
+    """Totals of one run (this process only).
+
+    Attributes:
+        batches_committed: Batches this run committed to the sink.
+        batches_replayed: Batches found already committed (replays after a crash).
+        input_rows: Rows read by committed batches.
+        late_dropped: Rows dropped as late.
+        duplicates_dropped: Rows dropped as duplicates.
+        events_counted: Events added to the counts.
+        rows_written: Per-user window rows upserted.
+        seconds: Wall time from query start to stop.
+    """
+
+    batches_committed: int = 0
+    batches_replayed: int = 0
+    input_rows: int = 0
+    late_dropped: int = 0
+    duplicates_dropped: int = 0
+    events_counted: int = 0
+    rows_written: int = 0
+    seconds: float = 0.0
+    batch_log: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def events_per_second(self) -> float:
+        """Input rows per wall-clock second."""
+        return self.input_rows / self.seconds if self.seconds > 0 else 0.0
+
+
+CommitCallback = Callable[[dict[str, Any]], None]
+
+
+class _BatchWriter:
+    """The foreachBatch function: validate, measure, aggregate, commit."""
+
+    def __init__(self, cfg: UserCountsConfig, sink: ExactlyOnceSink, log: EventLog,
+                 result: RunResult, on_commit: CommitCallback | None) -> None:
+        self.cfg = cfg
+        self.sink = sink
+        self.log = log
+        self.result = result
+        self.on_commit = on_commit
+        self.error: BaseException | None = None
+        self._bound = False
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        try:
+            self._write(df, batch_id)
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _write(self, df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        if not self._bound:
+            qid = ckpt.query_id(self.cfg.checkpoint)
+            if qid is None:
+                raise OnceflowError(f"checkpoint {self.cfg.checkpoint} has no metadata file")
+            self.sink.bind(qid)
+            self._bound = True
+        batch = ckpt.batch_input(self.cfg.checkpoint, batch_id)
+        self.log.validate(batch.files)
+        if batch.files:
+            times = pq.read_table(batch.files, columns=["event_time"]).column(0)
+            stats = BatchStats(len(times), ckpt.count_late(times, batch.late_watermark_ms),
+                               batch.late_watermark_ms)
+        else:
+            stats = BatchStats(0, 0, batch.late_watermark_ms)
+        deltas = window_deltas(df).toArrow()
+        committed = self.sink.commit_batch(batch_id, deltas, stats)
+        counted = sum(deltas.column("count").to_pylist())
+        info: dict[str, Any] = {
+            "batch_id": batch_id,
+            "committed": committed,
+            "input_rows": stats.input_rows,
+            "late_dropped": stats.late_dropped,
+            "duplicates_dropped": stats.input_rows - stats.late_dropped - counted,
+            "events_counted": counted,
+            "rows_written": deltas.num_rows,
+            "seconds": time.perf_counter() - started,
+        }
+        r = self.result
+        if committed:
+            r.batches_committed += 1
+            r.input_rows += stats.input_rows
+            r.late_dropped += stats.late_dropped
+            r.duplicates_dropped += info["duplicates_dropped"]
+            r.events_counted += counted
+            r.rows_written += deltas.num_rows
+        else:
+            r.batches_replayed += 1
+        r.batch_log.append(info)
+        if self.on_commit is not None:
+            self.on_commit(info)
+
+
+class _CrashAfterCommitLog(StreamingQueryListener):
+    """Fires the ``after_commit_log`` crash point once Spark reported a batch."""
+
+    def onQueryStarted(self, event: Any) -> None:  # noqa: D102, N802
+        pass
+
+    def onQueryProgress(self, event: Any) -> None:  # noqa: D102, N802
+        maybe_crash(CrashPoint.AFTER_COMMIT_LOG, int(event.progress.batchId))
+
+    def onQueryIdle(self, event: Any) -> None:  # noqa: D102, N802
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:  # noqa: D102, N802
+        pass
+
+
+def _explain_failure(exc: BaseException, log: EventLog) -> BaseException:
+    """Turn a Spark failure caused by a log file into a BadSegmentError naming it."""
+    text = str(exc)
+    for seg in log.segments():
+        if seg.path.name in text:
+            return BadSegmentError(str(seg.path), f"Spark could not read it: {text[:300]}")
+    return exc
+
+
+def run(
+    spark: SparkSession,
+    cfg: UserCountsConfig,
+    sink: ExactlyOnceSink,
+    once: bool = True,
+    on_commit: CommitCallback | None = None,
+) -> RunResult:
+    """Run Example 5-1 until the log is drained (``once``) or until interrupted.
+
+    Args:
+        spark: The session (see :func:`onceflow.spark.session`).
+        cfg: Pipeline configuration.
+        sink: Where the counts go.
+        once: Process everything available now, then return.
+        on_commit: Called after every batch with its numbers.
+
+    Returns:
+        The run's totals.
+
+    Raises:
+        BadSegmentError: A segment is unreadable or has the wrong schema.
+        CheckpointMismatchError: The sink belongs to another checkpoint.
+    """
+    log = EventLog(cfg.log_dir)
+    log.directory.mkdir(parents=True, exist_ok=True)
+    log.validate()
+    result = RunResult()
+    writer = _BatchWriter(cfg, sink, log, result, on_commit)
+    listener = None
+    selected = armed()
+    if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:
+        listener = _CrashAfterCommitLog()
+        spark.streams.addListener(listener)
+    stream = (
+        deduplicated_events(spark, cfg)
+        .writeStream.foreachBatch(writer)
+        .option("checkpointLocation", str(cfg.checkpoint))
+    )
+    stream = stream.trigger(availableNow=True) if once else stream.trigger(
+        processingTime=cfg.trigger_interval
+    )
+    started = time.perf_counter()
+    query = stream.start()
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        print("onceflow: stopping after the current batch ...", file=sys.stderr)
+        query.stop()
+    except Exception as exc:
+        if writer.error is not None:
+            raise writer.error from None
+        raise _explain_failure(exc, log) from exc
+    finally:
+        result.seconds = time.perf_counter() - started
+        if listener is not None:
+            spark.streams.removeListener(listener)
+    return result

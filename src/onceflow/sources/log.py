@@ -1,0 +1,206 @@
+"""The embedded event log: a directory of immutable Parquet segment files.
+
+Layout: ``LOG_DIR/seg-<12-digit sequence>.parquet``. Lexical order of names is
+append order, and the writer also makes modification times strictly increasing
+in the same order, because Spark's file stream source orders new files by
+modification time (measured on Spark 4.3) — with both orders equal, batches see
+segments in append order.
+
+Append protocol (one segment), safe against a crash at any step:
+
+1. Write the table to ``LOG_DIR/.seg-<seq>.parquet.tmp``. Hidden names are
+   ignored by Spark's file source and by :meth:`EventLog.segments`, so a partial
+   file is never read.
+2. ``fsync`` the temporary file.
+3. Set its modification time above the previous segment's.
+4. ``rename`` it to its final name (atomic on POSIX).
+5. ``fsync`` the directory so the rename survives a power loss.
+
+A crash before step 4 leaves only a hidden ``.tmp`` file, removed by the next
+writer. A crash after step 4 leaves a complete segment. Segments are never
+modified after step 4; the sequence number of a new segment is one more than
+the highest existing one, so a restarted writer continues the order.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from onceflow.errors import BadSegmentError
+from onceflow.records import EVENT_SCHEMA, schema_problems
+
+SEGMENT_RE = re.compile(r"^seg-(\d{12})\.parquet$")
+_MS = 1_000_000  # nanoseconds per millisecond
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One published segment file.
+
+    Attributes:
+        seq: Its sequence number (append order).
+        path: Absolute path of the file.
+    """
+
+    seq: int
+    path: Path
+
+
+class EventLog:
+    """An append-only log of event segments in one directory.
+
+    Args:
+        directory: The log directory; created on the first append.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.directory = Path(directory).absolute()
+        self._validated: dict[str, tuple[int, int]] = {}
+
+    # ----------------------------------------------------------------- reading
+    def segments(self) -> list[Segment]:
+        """List published segments in append order.
+
+        Returns:
+            The segments; hidden and temporary files are not listed.
+
+        Raises:
+            BadSegmentError: A visible file that is not a segment lies in the
+                directory (Spark would try to read it as Parquet).
+        """
+        if not self.directory.exists():
+            return []
+        out: list[Segment] = []
+        for entry in os.scandir(self.directory):
+            if entry.name.startswith((".", "_")):
+                continue
+            m = SEGMENT_RE.match(entry.name)
+            if m is None:
+                raise BadSegmentError(
+                    str(Path(entry.path)),
+                    "not a segment file name (expected seg-<12 digits>.parquet); "
+                    "Spark would read it as part of the log",
+                )
+            out.append(Segment(int(m.group(1)), Path(entry.path)))
+        out.sort(key=lambda s: s.seq)
+        return out
+
+    def validate(self, paths: Iterable[Path] | None = None) -> int:
+        """Check that segments are readable Parquet with the event schema.
+
+        Each file is checked once per process (segments are immutable; a
+        changed size or mtime is checked again). Only the footer is read.
+
+        Args:
+            paths: Files to check; all published segments when omitted.
+
+        Returns:
+            The number of files newly checked.
+
+        Raises:
+            BadSegmentError: Naming the first bad file and what is wrong.
+        """
+        if paths is None:
+            paths = [s.path for s in self.segments()]
+        checked = 0
+        for path in paths:
+            st = path.stat()
+            key = (st.st_size, st.st_mtime_ns)
+            if self._validated.get(str(path)) == key:
+                continue
+            try:
+                schema = pq.read_schema(path)
+            except Exception as exc:  # pyarrow raises several types for bad files
+                raise BadSegmentError(str(path), f"unreadable Parquet ({exc})") from exc
+            problems = schema_problems(schema)
+            if problems:
+                raise BadSegmentError(str(path), "wrong schema: " + "; ".join(problems))
+            self._validated[str(path)] = key
+            checked += 1
+        return checked
+
+    def read(self, paths: Iterable[Path] | None = None, columns: list[str] | None = None) -> pa.Table:
+        """Read segments into one Arrow table (for tests, the demo check and audits).
+
+        Args:
+            paths: Files to read; all published segments when omitted.
+            columns: Columns to read; all when omitted.
+
+        Returns:
+            The concatenated rows, in the order of ``paths``.
+        """
+        if paths is None:
+            paths = [s.path for s in self.segments()]
+        tables = [pq.read_table(p, columns=columns) for p in paths]
+        if not tables:
+            schema = EVENT_SCHEMA if columns is None else pa.schema(
+                [EVENT_SCHEMA.field(c) for c in columns]
+            )
+            return schema.empty_table()
+        return pa.concat_tables(tables)
+
+    # ----------------------------------------------------------------- writing
+    def append(self, table: pa.Table) -> Segment:
+        """Publish ``table`` as the next segment (see the module's protocol).
+
+        Args:
+            table: Events with exactly the event schema.
+
+        Returns:
+            The published segment.
+
+        Raises:
+            BadSegmentError: ``table`` does not have the event schema (nothing is
+                written).
+        """
+        problems = schema_problems(table.schema)
+        if problems:
+            raise BadSegmentError("<table to append>", "wrong schema: " + "; ".join(problems))
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(".seg-*.tmp"):
+            leftover.unlink(missing_ok=True)
+        existing = self.segments()
+        seq = existing[-1].seq + 1 if existing else 1
+        floor_ns = existing[-1].path.stat().st_mtime_ns if existing else 0
+        final = self.directory / f"seg-{seq:012d}.parquet"
+        tmp = self.directory / f".seg-{seq:012d}.parquet.tmp"
+        pq.write_table(table.select([n for n in EVENT_SCHEMA.names]), tmp)  # 1
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # 2
+        finally:
+            os.close(fd)
+        # 3. Spark compares modification times in milliseconds.
+        mtime = max(time.time_ns() // _MS, floor_ns // _MS + 1) * _MS
+        os.utime(tmp, ns=(mtime, mtime))
+        os.rename(tmp, final)  # 4
+        _fsync_dir(self.directory)  # 5
+        return Segment(seq, final)
+
+    def extend(self, tables: Iterable[pa.Table]) -> Iterator[Segment]:
+        """Append several tables, one segment each, yielding each as published.
+
+        Args:
+            tables: Tables with the event schema.
+
+        Yields:
+            The published segments.
+        """
+        for t in tables:
+            yield self.append(t)
