@@ -39,3 +39,7 @@ def main() -> None:
     except OnceflowError as exc:
         click.echo(f"onceflow: error: {exc}", err=True)
         sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

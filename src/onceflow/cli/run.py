@@ -48,6 +48,7 @@ def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness:
     from onceflow.pipelines.user_counts import UserCountsConfig
     from onceflow.pipelines.user_counts import run as run_pipeline
     from onceflow.sinks.sqlite import SQLiteSink
+    from onceflow.sources.log import EventLog
     from onceflow.spark import session
 
     cfg = UserCountsConfig(log_dir=log_dir.absolute(), checkpoint=checkpoint.absolute(),
@@ -55,6 +56,7 @@ def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness:
                            max_files_per_trigger=max_files_per_trigger,
                            trigger_interval=trigger_interval)
     sink = SQLiteSink(db, mode="naive" if sink_kind == "naive" else "exactly_once")
+    EventLog(log_dir).validate()  # fail fast, before Spark starts
     spark = session(master=master)
     try:
         result = run_pipeline(spark, cfg, sink, once=once, on_commit=print_batch)

@@ -131,6 +131,8 @@ class RunResult:
         events_counted: Events added to the counts.
         rows_written: Per-user window rows upserted.
         seconds: Wall time from query start to stop.
+        batch_log: One dict per batch handed to the sink (as given to ``on_commit``).
+        progress: Spark's own progress reports of the query (the last 100).
     """
 
     batches_committed: int = 0
@@ -142,6 +144,7 @@ class RunResult:
     rows_written: int = 0
     seconds: float = 0.0
     batch_log: list[dict[str, Any]] = field(default_factory=list)
+    progress: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def events_per_second(self) -> float:
@@ -295,6 +298,7 @@ def run(
         raise _explain_failure(exc, log) from exc
     finally:
         result.seconds = time.perf_counter() - started
+        result.progress = [dict(p) for p in query.recentProgress]
         if listener is not None:
             spark.streams.removeListener(listener)
     return result
