@@ -1,0 +1,86 @@
+"""Run ``onceflow run`` as a real subprocess and kill it (and its JVM) with SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from onceflow.faults import CRASH_ENV
+
+
+class Driver:
+    """One ``onceflow run`` process in its own process group (Python driver + JVM + workers)."""
+
+    def __init__(self, log: Path, ck: Path, db: Path, out: Path, *, once: bool = False,
+                 crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2) -> None:
+        env = os.environ.copy()
+        env.pop(CRASH_ENV, None)
+        if crash_at:
+            env[CRASH_ENV] = crash_at
+        cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(log),
+               "--checkpoint", str(ck), "--db", str(db), "--sink", sink,
+               "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds"]
+        if once:
+            cmd.append("--once")
+        self.out_path = out
+        self._out = open(out, "w")  # noqa: SIM115 - closed in wait()/kill()
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+
+    def output(self) -> str:
+        return self.out_path.read_text()
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: the driver and its JVM die together."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+        self._reap()
+
+    def wait(self, timeout: float = 300) -> int:
+        rc = self.proc.wait(timeout=timeout)
+        self._reap()
+        return rc
+
+    def _reap(self) -> None:
+        # After a self-kill at a crash point, nothing of the group may survive for long.
+        deadline = time.monotonic() + 20
+        while self.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.group_alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError("processes of the killed driver outlived it by 20 s")
+        self._out.close()
+
+
+def committed_batches(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=30) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM onceflow_batches").fetchone()[0])
+    except sqlite3.OperationalError:  # schema not created yet
+        return 0
+
+
+def wait_until(predicate: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
