@@ -8,7 +8,9 @@ TESTSTAMP := $(VENV)/.installed-test
 .PHONY: demo test lint bench clean
 
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "onceflow needs Python >= 3.10"'
+	$(PYTHON) -m venv $(VENV) || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+		&& apt-get install -y -qq python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 
 $(STAMP): $(PY) pyproject.toml

@@ -1,6 +1,7 @@
 """A SparkSession with the defaults onceflow's pipelines need.
 
-Defaults: a local master with every core, ``spark.sql.shuffle.partitions`` equal
+Defaults: a local master with every core, a 4 GiB driver heap (``ONCEFLOW_DRIVER_MEMORY``;
+the in-memory state store lives there in local mode), ``spark.sql.shuffle.partitions`` equal
 to the core count (the 200 default is several times slower on a small machine;
 note that the value is fixed in a checkpoint at its first run), UTC session
 time, workers running this interpreter, the UI off, and corrupt files never
@@ -94,6 +95,7 @@ def session(
         .config("spark.sql.files.ignoreCorruptFiles", "false")
         .config("spark.sql.files.ignoreMissingFiles", "false")
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
+        .config("spark.driver.memory", os.environ.get("ONCEFLOW_DRIVER_MEMORY", "4g"))
     )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -84,13 +85,14 @@ def deduplicated_events(spark: SparkSession, cfg: UserCountsConfig) -> DataFrame
         cfg: Pipeline configuration.
 
     Returns:
-        A streaming DataFrame with the event schema.
+        A streaming DataFrame of ``event_id, user, event_time``.
     """
     reader = spark.readStream.schema(EVENT_DDL)
     if cfg.max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", cfg.max_files_per_trigger)
     return (
         reader.parquet(str(cfg.log_dir))
+        .select("event_id", "user", "event_time")  # the dedup state keeps whole rows: keep them small
         .withWatermark("event_time", f"{int(cfg.allowed_lateness_s * 1000)} milliseconds")
         .dropDuplicatesWithinWatermark(["event_id"])
     )
@@ -167,6 +169,10 @@ class _BatchWriter:
         self.on_commit = on_commit
         self.error: BaseException | None = None
         self._bound = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         try:
@@ -185,13 +191,10 @@ class _BatchWriter:
             self._bound = True
         batch = ckpt.batch_input(self.cfg.checkpoint, batch_id)
         self.log.validate(batch.files)
-        if batch.files:
-            times = pq.read_table(batch.files, columns=["event_time"]).column(0)
-            stats = BatchStats(len(times), ckpt.count_late(times, batch.late_watermark_ms),
-                               batch.late_watermark_ms)
-        else:
-            stats = BatchStats(0, 0, batch.late_watermark_ms)
+        # The late count reads the batch's files with pyarrow while Spark runs the batch.
+        pending = self._pool.submit(_batch_stats, batch)
         deltas = window_deltas(df).toArrow()
+        stats = pending.result()
         committed = self.sink.commit_batch(batch_id, deltas, stats)
         counted = sum(deltas.column("count").to_pylist())
         info: dict[str, Any] = {
@@ -217,6 +220,15 @@ class _BatchWriter:
         r.batch_log.append(info)
         if self.on_commit is not None:
             self.on_commit(info)
+
+
+def _batch_stats(batch: ckpt.BatchInput) -> BatchStats:
+    """Input rows and late drops of a batch, from its files and late watermark."""
+    if not batch.files:
+        return BatchStats(0, 0, batch.late_watermark_ms)
+    times = pq.read_table(batch.files, columns=["event_time"]).column(0)
+    return BatchStats(len(times), ckpt.count_late(times, batch.late_watermark_ms),
+                      batch.late_watermark_ms)
 
 
 class _CrashAfterCommitLog(StreamingQueryListener):
@@ -301,4 +313,5 @@ def run(
         result.progress = [dict(p) for p in query.recentProgress]
         if listener is not None:
             spark.streams.removeListener(listener)
+        writer.close()
     return result
