@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import statistics
 import sqlite3
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -102,7 +102,9 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--segment-size", type=int, default=100_000)
     ap.add_argument("--files-per-batch", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup-rounds", type=int, default=1,
+                    help="full rounds run first and discarded (JIT, caches)")
     ap.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "onceflow-bench-log")
     args = ap.parse_args()
@@ -127,15 +129,18 @@ def main() -> None:
             fn(spark, w / "log", w / name, 1)
     best: dict[str, float] = {}
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for r in range(args.rounds):
+    for r in range(-args.warmup_rounds, args.rounds):
         order = list(VARIANTS.items())
         for name, fn in (order if r % 2 == 0 else order[::-1]):
             work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
             secs = fn(spark, args.data, work, args.files_per_batch)
             shutil.rmtree(work, ignore_errors=True)
+            label = "warm-up" if r < 0 else f"round {r + 1}"
+            print(f"{label:8s} {name:9s} {secs:7.1f} s  {rows / secs:12,.0f} events/s")
+            if r < 0:
+                continue
             best[name] = min(best.get(name, secs), secs)
             times[name].append(secs)
-            print(f"round {r + 1} {name:9s} {secs:7.1f} s  {rows / secs:12,.0f} events/s")
     med = {name: statistics.median(v) for name, v in times.items()}
     print()
     for name in VARIANTS:

@@ -1,0 +1,113 @@
+"""Compare a sink's contents with the oracle's expectation and name every violation.
+
+Per table it reports rows expected and found, **lost** events (missing rows or too-low
+counts) and **duplicated** events (too-high counts or extra rows). Per batch it compares the
+late drops the sink recorded with the late drops the oracle predicts, and checks that
+every batch in Spark's commit log has exactly one marker in the sink.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onceflow.audit.oracle import Expectation
+from onceflow.audit.recompute import CountDiff, diff_counts
+from onceflow.sinks.sqlite import read_batches, read_counts
+
+
+@dataclass
+class Verdict:
+    """The auditor's finding for one sink.
+
+    Attributes:
+        sink: A name for the sink (e.g. ``sqlite:/path/db``).
+        tables: Per result table, the count differences.
+        late_expected: Late drops the oracle predicts over committed batches.
+        late_recorded: Late drops the sink's markers record for those batches.
+        late_mismatches: Batch ids whose recorded late count differs.
+        missing_markers: Batches Spark committed that have no marker in the sink.
+        violations: Human-readable list of everything wrong; empty when exact.
+    """
+
+    sink: str
+    tables: dict[str, CountDiff]
+    late_expected: int
+    late_recorded: int
+    late_mismatches: list[int] = field(default_factory=list)
+    missing_markers: list[int] = field(default_factory=list)
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the sink holds exactly the expected result."""
+        return not self.violations
+
+    @property
+    def lost(self) -> int:
+        """Lost events over all tables."""
+        return sum(d.lost_events for d in self.tables.values())
+
+    @property
+    def duplicated(self) -> int:
+        """Duplicated events over all tables."""
+        return sum(d.duplicated_events for d in self.tables.values())
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        out = asdict(self)
+        out["ok"] = self.ok
+        out["lost"] = self.lost
+        out["duplicated"] = self.duplicated
+        return out
+
+
+def judge_sqlite(db: str | Path, expectation: Expectation, sink_id: str = "user_counts") -> Verdict:
+    """Judge a SQLite Example 5-1 sink against the expectation.
+
+    Args:
+        db: The database file.
+        expectation: From :func:`onceflow.audit.oracle.expect`.
+        sink_id: The sink's marker namespace.
+
+    Returns:
+        The verdict.
+    """
+    users, glob = read_counts(db)
+    tables = {
+        "user_counts": diff_counts(expectation.user_counts, users),  # type: ignore[arg-type]
+        "global_counts": diff_counts(expectation.global_counts, glob),  # type: ignore[arg-type]
+    }
+    markers = {b["batch_id"]: b for b in read_batches(db, sink_id)}
+    verdict = Verdict(f"sqlite:{db}", tables, 0, 0)
+    for b in expectation.batches:
+        verdict.late_expected += b.late_dropped
+        marker = markers.get(b.batch_id)
+        if marker is None:  # every batch reaches foreachBatch, also one without data
+            verdict.missing_markers.append(b.batch_id)
+            continue
+        verdict.late_recorded += int(marker["late_dropped"])
+        if int(marker["late_dropped"]) != b.late_dropped:
+            verdict.late_mismatches.append(b.batch_id)
+    for name, d in tables.items():
+        if d.lost_events:
+            verdict.violations.append(
+                f"{name}: {d.lost_events} events lost ({d.missing_rows} rows missing, "
+                f"{d.too_low} rows too low)"
+            )
+        if d.duplicated_events or d.extra_rows:
+            verdict.violations.append(
+                f"{name}: {d.duplicated_events} events duplicated ({d.too_high} rows too high, "
+                f"{d.extra_rows} unexpected rows)"
+            )
+    if verdict.missing_markers:
+        verdict.violations.append(
+            f"batches committed by Spark without a sink marker: {verdict.missing_markers[:10]}"
+        )
+    if verdict.late_mismatches:
+        verdict.violations.append(
+            f"late drops recorded {verdict.late_recorded} vs expected {verdict.late_expected}; "
+            f"batches differing: {verdict.late_mismatches[:10]}"
+        )
+    return verdict
