@@ -34,6 +34,13 @@ class CrashPoint(str, Enum):
     """The sink transaction committed; Spark has not written its commit log."""
     AFTER_COMMIT_LOG = "after_commit_log"
     """Spark wrote the commit log of the batch."""
+    AMBIGUOUS_COMMIT = "ambiguous_commit"
+    """Not a kill: the sink transaction committed, then the sink raises as if it had failed
+    (a lost commit acknowledgement). The query fails; a restart must not apply it twice."""
+
+
+class AmbiguousCommitError(RuntimeError):
+    """Raised by the ``ambiguous_commit`` fault after a successful commit."""
 
 
 def register_companion(pid: int) -> None:
@@ -87,7 +94,7 @@ def crash_now() -> None:
 
 
 def maybe_crash(point: CrashPoint, batch_id: int) -> None:
-    """Die here if the environment selects this point for this batch.
+    """Die (or raise, for ``ambiguous_commit``) if the environment selects this point.
 
     Args:
         point: The point the caller has reached.
@@ -95,5 +102,9 @@ def maybe_crash(point: CrashPoint, batch_id: int) -> None:
     """
     selected = armed()
     if selected is not None and selected[0] is point and batch_id >= selected[1]:
+        if point is CrashPoint.AMBIGUOUS_COMMIT:
+            raise AmbiguousCommitError(
+                f"injected fault: batch {batch_id} committed, reporting failure anyway"
+            )
         print(f"onceflow: crash point {point.value} at batch {batch_id}", file=sys.stderr)
         crash_now()

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.audit.driver import Driver, committed_batches, wait_until
 from onceflow.audit.recompute import diff_counts
 from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.sinks.sqlite import read_batches, read_counts
 from onceflow.sources.log import EventLog
-from tests.faults.harness import Driver, committed_batches, wait_until
 from tests.helpers import distinct_counts
 
 pytestmark = pytest.mark.faults

@@ -10,6 +10,7 @@ from onceflow import __version__
 from onceflow.cli.demo import demo
 from onceflow.cli.generate import generate
 from onceflow.cli.run import run
+from onceflow.cli.verify import verify
 from onceflow.errors import OnceflowError
 
 
@@ -22,6 +23,7 @@ def cli() -> None:
 cli.add_command(generate)
 cli.add_command(run)
 cli.add_command(demo)
+cli.add_command(verify)
 
 
 def main() -> None:

@@ -38,9 +38,10 @@ def print_batch(info: dict[str, Any]) -> None:
 @click.option("--trigger", "trigger_interval", default="1 second", show_default=True,
               help="Processing-time trigger of a continuous run (without --once).")
 @click.option("--master", default=None, help="Spark master URL (default local[<cores>]).")
-@click.option("--sink", "sink_kind", type=click.Choice(["sqlite", "naive"]), default="sqlite",
-              show_default=True,
-              help="'naive' is the at-least-once sink without batch markers: a negative control.")
+@click.option("--sink", "sink_kind", type=click.Choice(["sqlite", "naive", "lossy"]),
+              default="sqlite", show_default=True,
+              help="Negative controls, never for real data: 'naive' has no batch marker "
+                   "(duplicates), 'lossy' commits the marker before the rows (loss).")
 def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness: float,
         max_files_per_trigger: int | None, trigger_interval: str, master: str | None,
         sink_kind: str) -> None:
@@ -55,7 +56,7 @@ def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness:
                            allowed_lateness_s=allowed_lateness,
                            max_files_per_trigger=max_files_per_trigger,
                            trigger_interval=trigger_interval)
-    sink = SQLiteSink(db, mode="naive" if sink_kind == "naive" else "exactly_once")
+    sink = SQLiteSink(db, mode="exactly_once" if sink_kind == "sqlite" else sink_kind)  # type: ignore[arg-type]
     EventLog(log_dir).validate()  # fail fast, before Spark starts
     spark = session(master=master)
     try:

@@ -19,7 +19,9 @@ Commit protocol, run by :meth:`ExactlyOnceSink.commit_batch` for batch N:
    the batch's metrics. Crash point ``inside_sink_txn``: a crash here leaves
    nothing visible (the transaction was not committed).
 6. Commit durably. Crash point ``after_sink_commit``: Spark has not written its
-   commit log, so it will re-run N after a restart and step 4 skips it.
+   commit log, so it will re-run N after a restart and step 4 skips it. Fault
+   ``ambiguous_commit``: the commit succeeded but the caller sees an error — the
+   same: the batch fails, is re-run, and step 4 skips it.
 7. Return True; Spark then writes ``commits/N``.
 
 :meth:`ExactlyOnceSink.bind` runs before the first batch of a process: it ties

@@ -50,7 +50,9 @@ _UPSERT_GLOBAL = (
     "ON CONFLICT(window_start_ms) DO UPDATE SET count = count + excluded.count"
 )
 
-Mode = Literal["exactly_once", "naive"]
+_INSERT_MARKER = "INSERT OR REPLACE INTO onceflow_batches VALUES (?,?,?,?,?,?,?,?,?)"
+
+Mode = Literal["exactly_once", "naive", "lossy"]
 
 
 def connect(path: str | Path) -> sqlite3.Connection:
@@ -77,13 +79,15 @@ class SQLiteSink(ExactlyOnceSink):
         sink_id: Marker namespace for this sink.
         mode: ``"exactly_once"`` (the protocol) or ``"naive"`` — the
             at-least-once sink people write by hand: no marker check, so a
-            replayed batch is added twice. The naive mode exists as a negative
-            control for tests and the auditor; never use it for real data.
+            replayed batch is added twice; or ``"lossy"`` — the marker is committed in
+            its own transaction *before* the rows, so a crash in between loses the
+            batch. Both exist as negative controls for tests and the auditor; never use
+            them for real data.
     """
 
     def __init__(self, path: str | Path, sink_id: str = "user_counts", mode: Mode = "exactly_once"):
-        if mode not in ("exactly_once", "naive"):
-            raise ConfigError(f"mode must be 'exactly_once' or 'naive', got {mode!r}")
+        if mode not in ("exactly_once", "naive", "lossy"):
+            raise ConfigError(f"mode must be 'exactly_once', 'naive' or 'lossy', got {mode!r}")
         if not sink_id:
             raise ConfigError("sink_id must be a non-empty string")
         self.path = Path(path)
@@ -154,7 +158,7 @@ class SQLiteSink(ExactlyOnceSink):
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")  # 3
         try:
-            if self.mode == "exactly_once":
+            if self.mode != "naive":
                 seen = conn.execute(  # 4
                     "SELECT 1 FROM onceflow_batches WHERE sink_id = ? AND batch_id = ?",
                     (self.sink_id, batch_id),
@@ -162,22 +166,19 @@ class SQLiteSink(ExactlyOnceSink):
                 if seen is not None:
                     conn.execute("ROLLBACK")
                     return False
+            marker = (
+                self.sink_id, batch_id, int(time.time() * 1000), stats.input_rows,
+                stats.late_dropped, stats.input_rows - stats.late_dropped - counted, counted,
+                len(user_rows), stats.late_watermark_ms,
+            )
+            if self.mode == "lossy":  # the bug this mode demonstrates: marker first, own txn
+                conn.execute(_INSERT_MARKER, marker)
+                conn.execute("COMMIT")
+                conn.execute("BEGIN IMMEDIATE")
             conn.executemany(_UPSERT_USER, user_rows)  # 5
             conn.executemany(_UPSERT_GLOBAL, [(s, v[0], v[1]) for s, v in per_window.items()])
-            conn.execute(
-                "INSERT OR REPLACE INTO onceflow_batches VALUES (?,?,?,?,?,?,?,?,?)",
-                (
-                    self.sink_id,
-                    batch_id,
-                    int(time.time() * 1000),
-                    stats.input_rows,
-                    stats.late_dropped,
-                    stats.input_rows - stats.late_dropped - counted,
-                    counted,
-                    len(user_rows),
-                    stats.late_watermark_ms,
-                ),
-            )
+            if self.mode != "lossy":
+                conn.execute(_INSERT_MARKER, marker)
             maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
             conn.execute("COMMIT")  # 6
         except BaseException:
@@ -185,6 +186,7 @@ class SQLiteSink(ExactlyOnceSink):
                 conn.execute("ROLLBACK")
             raise
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 7
 
     def close(self) -> None:
@@ -201,8 +203,11 @@ def read_counts(path: str | Path) -> tuple[dict[tuple[str, int], int], dict[int,
         path: Database file.
 
     Returns:
-        ``({(user, window_start_ms): count}, {window_start_ms: count})``.
+        ``({(user, window_start_ms): count}, {window_start_ms: count})``; empty for a
+        database that does not exist yet.
     """
+    if not Path(path).exists():
+        return {}, {}
     conn = sqlite3.connect(str(path))
     try:
         users = {
@@ -223,8 +228,10 @@ def read_batches(path: str | Path, sink_id: str = "user_counts") -> list[dict[st
         sink_id: The sink.
 
     Returns:
-        One dict per committed batch, in batch order.
+        One dict per committed batch, in batch order; none for a missing database.
     """
+    if not Path(path).exists():
+        return []
     conn = sqlite3.connect(str(path))
     conn.row_factory = sqlite3.Row
     try:

@@ -1,4 +1,8 @@
-"""Run ``onceflow run`` as a real subprocess and kill it (and its JVM) with SIGKILL."""
+"""Run ``onceflow run`` as a real subprocess and kill it (and its JVM) with SIGKILL.
+
+The driver starts in its own process group, so one ``killpg`` kills the Python driver, its
+Spark JVM and the JVM's Python workers together — what ``kill -9`` of a whole job does.
+"""
 
 from __future__ import annotations
 
@@ -8,16 +12,30 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from onceflow.faults import CRASH_ENV
 
 
 class Driver:
-    """One ``onceflow run`` process in its own process group (Python driver + JVM + workers)."""
+    """One ``onceflow run`` process in its own process group (Python driver + JVM + workers).
+
+    Args:
+        log: Event log directory.
+        ck: Checkpoint directory.
+        db: SQLite database.
+        out: File that receives the process's stdout and stderr.
+        once: Pass ``--once``.
+        crash_at: Value for ``ONCEFLOW_CRASH_AT`` (a crash point), if any.
+        sink: ``sqlite``, ``naive`` or ``lossy``.
+        max_files: ``--max-files-per-trigger``.
+        master: Spark master URL, if not the local default.
+    """
 
     def __init__(self, log: Path, ck: Path, db: Path, out: Path, *, once: bool = False,
-                 crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2) -> None:
+                 crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
+                 master: str | None = None) -> None:
         env = os.environ.copy()
         env.pop(CRASH_ENV, None)
         if crash_at:
@@ -27,15 +45,19 @@ class Driver:
                "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds"]
         if once:
             cmd.append("--once")
+        if master:
+            cmd += ["--master", master]
         self.out_path = out
         self._out = open(out, "w")  # noqa: SIM115 - closed in wait()/kill()
         self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
 
     def output(self) -> str:
+        """Everything the process printed so far."""
         return self.out_path.read_text()
 
     def group_alive(self) -> bool:
+        """Whether any process of the driver's group is still alive."""
         try:
             os.killpg(self.proc.pid, 0)
             return True
@@ -52,6 +74,7 @@ class Driver:
         self._reap()
 
     def wait(self, timeout: float = 300) -> int:
+        """Wait for the driver to exit and for its group to be gone; return its exit code."""
         rc = self.proc.wait(timeout=timeout)
         self._reap()
         return rc
@@ -68,6 +91,7 @@ class Driver:
 
 
 def committed_batches(db: Path) -> int:
+    """Number of batch markers in a SQLite sink (0 before it exists)."""
     if not db.exists():
         return 0
     try:
@@ -77,10 +101,32 @@ def committed_batches(db: Path) -> int:
         return 0
 
 
-def wait_until(predicate: object, timeout: float, what: str) -> None:
+def executor_pids(group: int) -> list[int]:
+    """Spark executor JVMs (``CoarseGrainedExecutorBackend``) in a process group."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != group:
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            continue
+        if b"CoarseGrainedExecutorBackend" in cmdline:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.2 s.
+
+    Raises:
+        AssertionError: It stayed false for ``timeout`` seconds.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")

@@ -1,0 +1,278 @@
+"""The fault injector behind ``onceflow verify``: rounds of real faults over a growing log.
+
+Protocol of one verify run:
+
+1. Generate the whole input deterministically from the seed (producer retries and late
+   events included when those input faults are selected) and cut it into per-round chunks.
+2. For each round: append the chunk's first segment, start a feeder thread that appends
+   the rest while the round runs, start ``onceflow run`` as a subprocess in its own
+   process group, inject the round's fault, and make sure the process group is gone
+   before the next round (a kill) or that it exited as the fault says it should.
+3. After the last round, drain the log with ``onceflow run --once`` (exit 0 required).
+4. Judge the sink with the oracle (:mod:`onceflow.audit.oracle`), which reads only the log
+   and Spark's checkpoint.
+
+Round kinds cycle through the selected faults in order, so every kind runs at least once
+when ``rounds >= len(faults)``; timings within a round come from the seeded RNG.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow.audit.driver import Driver, committed_batches, executor_pids, wait_until
+from onceflow.audit.oracle import expect
+from onceflow.audit.verdict import Verdict, judge_sqlite
+from onceflow.errors import ConfigError
+from onceflow.generator import GeneratorConfig, generate_segments
+from onceflow.sources.log import EventLog
+
+CRASH_FAULTS = {
+    "crash_before_sink_write": "before_sink_write",
+    "crash_inside_sink_txn": "inside_sink_txn",
+    "crash_after_sink_commit": "after_sink_commit",
+    "crash_after_commit_log": "after_commit_log",
+}
+"""Fault name -> crash point: the driver SIGKILLs its JVM and itself there."""
+
+ROUND_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change",
+                "executor_kill"]
+"""Faults that make a round."""
+
+INPUT_FAULTS = ["producer_duplicates", "late_events"]
+"""Faults in the input itself (from the generator)."""
+
+ALL_FAULTS = ROUND_FAULTS + INPUT_FAULTS
+CLUSTER_MASTER = "local-cluster[2,1,1024]"
+
+
+@dataclass
+class VerifyConfig:
+    """What ``onceflow verify`` runs.
+
+    Attributes:
+        workdir: Where the log, checkpoint, database and process outputs go.
+        rounds: Number of fault rounds.
+        faults: Fault names (see :data:`ALL_FAULTS`).
+        seed: Seed of the input and of the timings.
+        sink: ``sqlite`` (exactly-once), or the negative controls ``naive`` / ``lossy``.
+        cluster: Run drivers on ``local-cluster[2,1,1024]`` (needed by ``executor_kill``).
+        events_per_round: Distinct events generated per round.
+        segment_size: Rows per segment.
+        round_timeout_s: Longest a round may wait for its fault to happen.
+    """
+
+    workdir: Path
+    rounds: int = 10
+    faults: list[str] = field(default_factory=lambda: [f for f in ALL_FAULTS if f != "executor_kill"])
+    seed: int = 0
+    sink: str = "sqlite"
+    cluster: bool = False
+    events_per_round: int = 4_000
+    segment_size: int = 1_000
+    round_timeout_s: float = 240.0
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.faults if f not in ALL_FAULTS]
+        if unknown:
+            raise ConfigError(f"unknown faults {unknown}; choose from {', '.join(ALL_FAULTS)}")
+        if not any(f in ROUND_FAULTS for f in self.faults):
+            raise ConfigError(f"--faults needs at least one of {', '.join(ROUND_FAULTS)}")
+        if "executor_kill" in self.faults and not self.cluster:
+            raise ConfigError("the executor_kill fault needs --cluster (executors in their own JVMs)")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if self.sink not in ("sqlite", "naive", "lossy"):
+            raise ConfigError(f"sink must be sqlite, naive or lossy, got {self.sink!r}")
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one round (for the report)."""
+
+    round: int
+    fault: str
+    started_s: float
+    ended_s: float = 0.0
+    fault_s: float | None = None
+    exit_code: int | None = None
+    markers_before: int = 0
+    markers_after: int = 0
+    segments_appended: int = 0
+    outcome: str = ""
+
+
+@dataclass
+class VerifyResult:
+    """Everything ``onceflow verify`` found."""
+
+    config: dict[str, Any]
+    rounds: list[RoundRecord]
+    verdict: Verdict
+    input_rows: int
+    wall_s: float
+    final_exit_code: int
+    batches: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """No violation and a clean final drain."""
+        return self.verdict.ok and self.final_exit_code == 0
+
+    def faults_by_kind(self) -> dict[str, int]:
+        """How many rounds injected each fault (input faults count once per run)."""
+        out: dict[str, int] = {}
+        for r in self.rounds:
+            out[r.fault] = out.get(r.fault, 0) + 1
+        for f in self.config["faults"]:
+            if f in INPUT_FAULTS:
+                out[f] = 1
+        return out
+
+
+def _chunks(cfg: VerifyConfig) -> list[list[pa.Table]]:
+    total = cfg.events_per_round * cfg.rounds
+    gen = GeneratorConfig(
+        events=total, users=50, minutes=max(total / 2_000, 1.0), seed=cfg.seed,
+        duplicates=0.05 if "producer_duplicates" in cfg.faults else 0.0,
+        late=0.02 if "late_events" in cfg.faults else 0.0, segment_size=cfg.segment_size,
+    )
+    segments = list(generate_segments(gen))
+    per = max(len(segments) // cfg.rounds, 1)
+    chunks = [segments[i * per:(i + 1) * per] for i in range(cfg.rounds)]
+    chunks[-1].extend(segments[cfg.rounds * per:])
+    return chunks
+
+
+class _Feeder:
+    """Appends segments from a thread, one every ``pace_s``, while a round runs."""
+
+    def __init__(self, log: EventLog, tables: list[pa.Table], pace_s: float) -> None:
+        self.appended = 0
+        self._thread = threading.Thread(target=self._run, args=(log, tables, pace_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, log: EventLog, tables: list[pa.Table], pace_s: float) -> None:
+        for t in tables:
+            time.sleep(pace_s)
+            log.append(t)
+            self.appended += 1
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyResult:
+    """Run the rounds, drain, and judge (see the module protocol).
+
+    Args:
+        cfg: What to run.
+        say: Progress output (one line per round).
+
+    Returns:
+        The rounds and the verdict.
+    """
+    t0 = time.monotonic()
+    rng = random.Random(cfg.seed)
+    work = cfg.workdir
+    log_dir, ck, db, outs = work / "log", work / "checkpoint", work / "sink.db", work / "out"
+    outs.mkdir(parents=True, exist_ok=True)
+    log = EventLog(log_dir)
+    chunks = _chunks(cfg)
+    kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
+    master = CLUSTER_MASTER if cfg.cluster else None
+    records: list[RoundRecord] = []
+    input_rows = 0
+
+    def driver(tag: str, **kw: Any) -> Driver:
+        return Driver(log_dir, ck, db, outs / f"{tag}.out", sink=cfg.sink, master=master, **kw)
+
+    for i, chunk in enumerate(chunks):
+        fault = kinds[i % len(kinds)]
+        rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=committed_batches(db))
+        log.append(chunk[0])
+        input_rows += sum(t.num_rows for t in chunk)
+        feeder = _Feeder(log, chunk[1:], pace_s=0.5)
+        tag = f"round{i + 1:04d}-{fault}"
+        try:
+            _inject(fault, driver, tag, rec, db, rng, cfg.round_timeout_s, t0)
+        finally:
+            feeder.join()
+        rec.segments_appended = len(chunk)
+        rec.markers_after = committed_batches(db)
+        rec.ended_s = time.monotonic() - t0
+        records.append(rec)
+        say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
+            f"(markers {rec.markers_before} -> {rec.markers_after})")
+    final = driver("final", once=True, max_files=3)
+    final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
+    say(f"final drain: exit code {final_rc}")
+    verdict = judge_sqlite(db, expect(ck))
+    from onceflow.sinks.sqlite import read_batches
+
+    conf = asdict(cfg)
+    conf["workdir"] = str(cfg.workdir)
+    return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
+                        read_batches(db) if db.exists() else [])
+
+
+def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecord, db: Path,
+            rng: random.Random, timeout: float, t0: float) -> None:
+    """Run one round's driver and inject ``fault`` into it."""
+    before = rec.markers_before
+
+    def progressed() -> bool:
+        return committed_batches(db) > before
+
+    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
+        point = CRASH_FAULTS.get(fault, "ambiguous_commit")
+        d = driver(tag, crash_at=f"{point}@0")
+        try:
+            rec.exit_code = d.wait(timeout=timeout)
+        except Exception:
+            d.kill()
+            rec.outcome = "fault not reached in time; killed"
+            return
+        rec.fault_s = time.monotonic() - t0
+        expected = 1 if fault == "ambiguous_commit" else -9
+        rec.outcome = (f"driver died at {point}" if rec.exit_code == expected
+                       else f"unexpected exit code {rec.exit_code}")
+        return
+    if fault == "trigger_change":
+        d = driver(tag, once=True, max_files=rng.choice([1, 3, 5]))
+        rec.exit_code = d.wait(timeout=timeout)
+        rec.outcome = "restarted with another batch size, drained" if rec.exit_code == 0 else (
+            f"exit code {rec.exit_code}")
+        return
+    d = driver(tag)
+    try:
+        wait_until(progressed, timeout, "a committed batch")
+        if fault == "executor_kill":
+            time.sleep(rng.uniform(0.0, 1.0))
+            pids = executor_pids(d.proc.pid)
+            if not pids:
+                rec.outcome = "no executor found"
+            else:
+                os.kill(rng.choice(pids), 9)
+                rec.fault_s = time.monotonic() - t0
+                after = committed_batches(db)
+                wait_until(lambda: committed_batches(db) > after, timeout, "a batch after the kill")
+                rec.outcome = f"executor SIGKILLed ({len(pids)} running), query went on"
+        else:  # kill_random
+            time.sleep(rng.uniform(0.0, 2.0))
+            rec.fault_s = time.monotonic() - t0
+            rec.outcome = "driver and JVM SIGKILLed at a random moment"
+    except AssertionError as exc:
+        rec.outcome = f"timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode

@@ -1,0 +1,74 @@
+"""``onceflow verify`` end to end, run as the command a user runs: it must be able to fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.faults
+
+
+def _verify(report: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report), *args],
+        capture_output=True, text=True, timeout=timeout,
+    )
+    data = json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else {}
+    return proc.returncode, proc.stdout + proc.stderr, data
+
+
+def test_every_fault_kind_once_gives_no_violation(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "7", "--seed", "3", "--events-per-round", "3000")
+    assert rc == 0, out
+    assert rep["ok"] is True
+    kinds = rep["faults_by_kind"]
+    assert isinstance(kinds, dict)
+    for kind in ("kill_random", "crash_before_sink_write", "crash_inside_sink_txn",
+                 "crash_after_sink_commit", "crash_after_commit_log", "ambiguous_commit",
+                 "trigger_change", "producer_duplicates", "late_events"):
+        assert kinds.get(kind, 0) >= 1, kind
+    rounds = rep["rounds"]
+    assert isinstance(rounds, list)
+    for r in rounds:  # each fault really happened as intended
+        assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0
+    assert verdict["late_expected"] == verdict["late_recorded"] > 0
+    html = (tmp_path / "report.html").read_text()
+    assert "onceflow verify: OK" in html and "<svg" in html
+    assert f"report written to {tmp_path / 'report.html'}" in out
+
+
+def test_naive_sink_is_caught_duplicating(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "1", "--faults", "crash_after_sink_commit",
+                           "--sink", "naive", "--events-per-round", "2000")
+    assert rc == 1, out
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["duplicated"] > 0 and verdict["lost"] == 0
+    assert "VIOLATION" in out
+
+
+def test_lossy_sink_is_caught_losing(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "1", "--faults", "crash_inside_sink_txn",
+                           "--sink", "lossy", "--events-per-round", "2000")
+    assert rc == 1, out
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] > 0 and verdict["duplicated"] == 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--faults", "meteor_strike"], "unknown faults ['meteor_strike']"),
+    (["--faults", "executor_kill"], "needs --cluster"),
+    (["--faults", "late_events"], "needs at least one of"),
+])
+def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
+    rc, out, _ = _verify(tmp_path, *args, timeout=60)
+    assert rc == 2, out
+    assert message in out
