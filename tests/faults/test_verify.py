@@ -72,3 +72,14 @@ def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> Non
     rc, out, _ = _verify(tmp_path, *args, timeout=60)
     assert rc == 2, out
     assert message in out
+
+
+def test_executor_kill_on_a_multi_process_cluster(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "1", "--faults", "executor_kill", "--cluster",
+                           "--events-per-round", "3000")
+    assert rc == 0, out
+    rounds = rep["rounds"]
+    assert isinstance(rounds, list)
+    assert rounds[0]["outcome"].startswith("executor SIGKILLed"), rounds[0]
+    driver_log = (tmp_path / "work" / "out" / "round0001-executor_kill.out").read_text()
+    assert "Lost executor" in driver_log  # Spark saw the executor die and went on
