@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -133,7 +134,8 @@ class RunResult:
         events_counted: Events added to the counts.
         rows_written: Per-user window rows upserted.
         seconds: Wall time from query start to stop.
-        batch_log: One dict per batch handed to the sink (as given to ``on_commit``).
+        batch_log: One dict per batch handed to the sink (as given to ``on_commit``),
+            the last 1000 only, so a long continuous run does not grow without bound.
         progress: Spark's own progress reports of the query (the last 100).
     """
 
@@ -145,7 +147,7 @@ class RunResult:
     events_counted: int = 0
     rows_written: int = 0
     seconds: float = 0.0
-    batch_log: list[dict[str, Any]] = field(default_factory=list)
+    batch_log: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=1000))
     progress: list[dict[str, Any]] = field(default_factory=list)
 
     @property
