@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TESTSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean java
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "onceflow needs Python >= 3.10"'
@@ -30,6 +30,7 @@ demo: $(STAMP)
 
 test: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)
+	bash scripts/ensure_postgres.sh
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q -p no:cacheprovider tests

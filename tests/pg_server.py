@@ -1,0 +1,70 @@
+"""A private, throwaway PostgreSQL server for tests (real server, no mocks).
+
+Runs ``initdb`` + ``pg_ctl`` from the installed server binaries into a temporary directory,
+on a free loopback port, with ``max_prepared_transactions`` > 0 for two-phase commit. As root
+the server runs as the ``postgres`` system user (PostgreSQL refuses to run as root).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+def _bindir() -> Path:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+                   key=lambda p: int(Path(p).parent.parent.name))
+    if found:
+        return Path(found[-1]).parent
+    pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl:
+        return Path(pg_ctl).parent
+    raise RuntimeError("PostgreSQL server binaries not found: run scripts/ensure_postgres.sh")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TempPostgres:
+    """One temporary PostgreSQL cluster; ``dsn`` is set after :meth:`start`."""
+
+    def __init__(self, max_prepared_transactions: int = 20) -> None:
+        self.bindir = _bindir()
+        self.root = Path(tempfile.mkdtemp(prefix="onceflow-pg-"))
+        self.data = self.root / "data"
+        self.port = _free_port()
+        self.max_prepared = max_prepared_transactions
+        self.dsn = ""
+        self._as_root = os.geteuid() == 0
+
+    def _run(self, *args: str) -> None:
+        cmd = list(args)
+        if self._as_root:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+
+    def start(self) -> str:
+        if self._as_root:
+            shutil.chown(self.root, "postgres", "postgres")
+        self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "onceflow",
+                  "--auth=trust", "-E", "UTF8")
+        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
+                f"-c max_prepared_transactions={self.max_prepared}")
+        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts,
+                  "-l", str(self.root / "server.log"), "-w", "start")
+        self.dsn = f"host=127.0.0.1 port={self.port} user=onceflow dbname=postgres"
+        return self.dsn
+
+    def stop(self) -> None:
+        try:
+            self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
