@@ -80,6 +80,6 @@ def test_executor_kill_on_a_multi_process_cluster(tmp_path: Path) -> None:
     assert rc == 0, out
     rounds = rep["rounds"]
     assert isinstance(rounds, list)
-    assert rounds[0]["outcome"].startswith("executor SIGKILLed"), rounds[0]
+    assert rounds[0]["outcome"].startswith("executor SIGKILLed while busy"), rounds[0]
     driver_log = (tmp_path / "work" / "out" / "round0001-executor_kill.out").read_text()
     assert "Lost executor" in driver_log  # Spark saw the executor die and went on

@@ -29,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.audit.driver import Driver, committed_batches, executor_pids, wait_until
+from onceflow.audit.driver import Driver, busy_executor, committed_batches, wait_until
 from onceflow.audit.oracle import expect
 from onceflow.audit.verdict import Verdict, judge_sqlite
 from onceflow.errors import ConfigError
@@ -253,20 +253,22 @@ def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecor
         rec.outcome = "restarted with another batch size, drained" if rec.exit_code == 0 else (
             f"exit code {rec.exit_code}")
         return
-    d = driver(tag)
+    # WARN level shows Spark's "Lost task" lines: the proof that the executor died mid-task
+    d = driver(tag, env={"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"} if fault == "executor_kill" else None)
     try:
         wait_until(progressed, timeout, "a committed batch")
         if fault == "executor_kill":
-            time.sleep(rng.uniform(0.0, 1.0))
-            pids = executor_pids(d.proc.pid)
-            if not pids:
-                rec.outcome = "no executor found"
+            pid = busy_executor(d.proc.pid, timeout=60)  # mid-batch: an executor running tasks
+            if pid is None:
+                rec.outcome = "no busy executor found"
             else:
-                os.kill(rng.choice(pids), 9)
+                os.kill(pid, 9)
                 rec.fault_s = time.monotonic() - t0
                 after = committed_batches(db)
                 wait_until(lambda: committed_batches(db) > after, timeout, "a batch after the kill")
-                rec.outcome = f"executor SIGKILLed ({len(pids)} running), query went on"
+                lost = d.output().count("Lost task")
+                rec.outcome = (f"executor SIGKILLed while busy ({lost} task attempts lost and "
+                               "retried by Spark), query went on")
         else:  # kill_random
             time.sleep(rng.uniform(0.0, 2.0))
             rec.fault_s = time.monotonic() - t0

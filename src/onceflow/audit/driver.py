@@ -31,15 +31,18 @@ class Driver:
         sink: ``sqlite``, ``naive`` or ``lossy``.
         max_files: ``--max-files-per-trigger``.
         master: Spark master URL, if not the local default.
+        env: Extra environment variables for the process.
     """
 
     def __init__(self, log: Path, ck: Path, db: Path, out: Path, *, once: bool = False,
                  crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
-                 master: str | None = None) -> None:
+                 master: str | None = None, env: dict[str, str] | None = None) -> None:
+        extra = env
         env = os.environ.copy()
         env.pop(CRASH_ENV, None)
         if crash_at:
             env[CRASH_ENV] = crash_at
+        env.update(extra or {})
         cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(log),
                "--checkpoint", str(ck), "--db", str(db), "--sink", sink,
                "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds"]
@@ -116,6 +119,34 @@ def executor_pids(group: int) -> list[int]:
         if b"CoarseGrainedExecutorBackend" in cmdline:
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+def cpu_ticks(pid: int) -> int:
+    """User + system CPU ticks a process has used (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def busy_executor(group: int, timeout: float, interval: float = 0.05) -> int | None:
+    """Wait until an executor JVM of ``group`` is running tasks (CPU use > ~60%).
+
+    Returns:
+        Its pid, or None if none became busy within ``timeout`` seconds.
+    """
+    hz = os.sysconf("SC_CLK_TCK")
+    deadline = time.monotonic() + timeout
+    last = {pid: cpu_ticks(pid) for pid in executor_pids(group)}
+    while time.monotonic() < deadline:
+        time.sleep(interval)
+        for pid in executor_pids(group):
+            now = cpu_ticks(pid)
+            if pid in last and now - last[pid] > 0.6 * hz * interval:
+                return pid
+            last[pid] = now
+    return None
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
