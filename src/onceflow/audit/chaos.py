@@ -122,6 +122,8 @@ class VerifyResult:
     wall_s: float
     final_exit_code: int
     batches: list[dict[str, Any]] = field(default_factory=list)
+    started_epoch_ms: int = 0
+    final_drain_s: tuple[float, float] = (0.0, 0.0)
 
     @property
     def ok(self) -> bool:
@@ -182,6 +184,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
         The rounds and the verdict.
     """
     t0 = time.monotonic()
+    started_epoch_ms = int(time.time() * 1000)
     rng = random.Random(cfg.seed)
     work = cfg.workdir
     log_dir, ck, db, outs = work / "log", work / "checkpoint", work / "sink.db", work / "out"
@@ -213,8 +216,10 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
         records.append(rec)
         say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
             f"(markers {rec.markers_before} -> {rec.markers_after})")
+    drain_start = time.monotonic() - t0
     final = driver("final", once=True, max_files=3)
     final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
+    drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
     verdict = judge_sqlite(db, expect(ck))
     from onceflow.sinks.sqlite import read_batches
@@ -222,7 +227,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     conf = asdict(cfg)
     conf["workdir"] = str(cfg.workdir)
     return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
-                        read_batches(db) if db.exists() else [])
+                        read_batches(db), started_epoch_ms, drain)
 
 
 def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecord, db: Path,

@@ -70,8 +70,7 @@ def _flag(n: int) -> str:
 
 def _svg_timeline(result: VerifyResult) -> str:
     width, height, left, top = 900, 260, 60, 20
-    end = max([r.ended_s for r in result.rounds] + [1.0])
-    start_ms = min([b["committed_ms"] for b in result.batches], default=0)
+    end = max([r.ended_s for r in result.rounds] + [result.final_drain_s[1], 1.0])
 
     def x(seconds: float) -> float:
         return left + (width - left - 20) * seconds / end
@@ -87,15 +86,18 @@ def _svg_timeline(result: VerifyResult) -> str:
         if r.fault_s is not None:
             parts.append(f'<line x1="{x(r.fault_s):.1f}" x2="{x(r.fault_s):.1f}" y1="{top}" '
                          f'y2="{height - 40}" stroke="{color}" stroke-width="2"/>')
+    d0, d1 = result.final_drain_s
+    if d1 > d0:
+        parts.append(f'<rect x="{x(d0):.1f}" y="{top}" width="{max(x(d1) - x(d0), 1):.1f}" height="24" '
+                     'fill="#2ca02c" opacity="0.35"><title>final drain (--once)</title></rect>')
     parts.append(f'<text x="4" y="{top + 16}">rounds</text>')
     # committed batches over time (from the sink's marker timestamps)
     n = len(result.batches)
     if n and result.batches[0].get("committed_ms"):
         base_y, span = height - 40, height - 40 - (top + 40)
         pts = []
-        t_first = result.rounds[0].started_s if result.rounds else 0.0
         for i, b in enumerate(result.batches):
-            s = t_first + (b["committed_ms"] - start_ms) / 1000.0
+            s = (b["committed_ms"] - result.started_epoch_ms) / 1000.0
             pts.append(f"{x(min(s, end)):.1f},{base_y - span * (i + 1) / n:.1f}")
         parts.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="#1f77b4" stroke-width="2"/>')
         parts.append(f'<text x="4" y="{top + 60}">batches</text><text x="4" y="{top + 74}">committed</text>')
@@ -124,6 +126,8 @@ def write_reports(result: VerifyResult, directory: Path) -> tuple[Path, Path]:
     )
     legend = "".join(f'<span style="background:{c};opacity:.6;padding:2px 6px;margin:2px">{k}</span>'
                      for k, c in _COLORS.items() if k in result.faults_by_kind())
+    legend += '<span style="background:#2ca02c;opacity:.6;padding:2px 6px;margin:2px">final drain</span>'
+    legend += " &nbsp; vertical lines: the moment each fault hit; blue: batches committed"
     rows = "".join(
         f"<tr><td>{r.round}</td><td>{html.escape(r.fault)}</td><td>{html.escape(r.outcome)}</td>"
         f"<td>{r.exit_code}</td><td>{r.markers_before}&rarr;{r.markers_after}</td></tr>"
