@@ -148,3 +148,20 @@ def test_cli_reports_bad_segment(tmp_path: Path, kind: str) -> None:
     assert f"onceflow: error: bad segment {bad}" in proc.stderr
     assert expect in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_retain_batches_controls_checkpoint_history(tmp_path: Path) -> None:
+    from onceflow import checkpoint as ckpt
+
+    _fill(tmp_path / "log", events=6_000, seed=1, segment_size=1_000)
+    for retain, name in ((2, "short"), (1_000, "long")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(tmp_path / "log"),
+             "--checkpoint", str(tmp_path / name), "--db", str(tmp_path / f"{name}.db"), "--once",
+             "--max-files-per-trigger", "1", "--retain-batches", str(retain)],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ckpt.offset_batches(tmp_path / "long")[0] == 0
+    assert len(ckpt.offset_batches(tmp_path / "long")) >= 6
+    assert ckpt.offset_batches(tmp_path / "short")[0] > 0  # Spark purged the early batches

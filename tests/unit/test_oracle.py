@@ -115,3 +115,14 @@ def test_verdict_catches_duplication_loss_and_wrong_late_count(tmp_path: Path) -
     _fill_sink(tmp_path / "late", late3=1)
     v = judge_sqlite(tmp_path / "late", exp)
     assert v.late_mismatches == [3] and not v.ok and v.lost == 0
+
+
+def test_purged_checkpoint_is_refused_with_the_reason(tmp_path: Path) -> None:
+    import pytest
+
+    from onceflow.checkpoint import CheckpointReadError
+
+    ck = _scenario(tmp_path)
+    (ck / "offsets" / "0").unlink()  # what Spark's minBatchesToRetain purge does
+    with pytest.raises(CheckpointReadError, match="no longer holds batches 0..0.*--retain-batches"):
+        expect(ck)

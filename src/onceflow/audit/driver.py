@@ -17,6 +17,9 @@ from pathlib import Path
 
 from onceflow.faults import CRASH_ENV
 
+RETAIN_ALL = 1_000_000_000
+"""Checkpoint history kept for audited runs: the oracle replays from batch 0."""
+
 
 class Driver:
     """One ``onceflow run`` process in its own process group (Python driver + JVM + workers).
@@ -45,7 +48,8 @@ class Driver:
         env.update(extra or {})
         cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(log),
                "--checkpoint", str(ck), "--db", str(db), "--sink", sink,
-               "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds"]
+               "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds",
+               "--retain-batches", str(RETAIN_ALL)]
         if once:
             cmd.append("--once")
         if master:

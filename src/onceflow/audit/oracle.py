@@ -12,7 +12,9 @@ in batch order, it reads the batch's input files (``sources/0``) and the late wa
 3. the remaining events are counted per ``(user, 1-minute window)`` and summed per window.
 
 Batches planned but not in the commit log are reported separately: after a clean final run
-there are none.
+there are none. The oracle needs the checkpoint's whole history; Spark purges all but the
+last ``spark.sql.streaming.minBatchesToRetain`` batches, so audited runs raise that limit
+(``onceflow run --retain-batches``) and the oracle refuses a purged checkpoint.
 """
 
 from __future__ import annotations
@@ -82,6 +84,15 @@ def expect(checkpoint: str | Path) -> Expectation:
         The expected counts and per-batch drops.
     """
     committed = ckpt.committed_batches(checkpoint)
+    planned = ckpt.offset_batches(checkpoint)
+    if planned and planned[0] != 0:
+        raise ckpt.CheckpointReadError(
+            f"checkpoint {checkpoint} no longer holds batches 0..{planned[0] - 1}: Spark purged "
+            "them (it keeps spark.sql.streaming.minBatchesToRetain batches, 100 by default), so "
+            "the input of those batches cannot be replayed. Audit a run started with "
+            "'onceflow run --retain-batches N' where N exceeds its number of batches (onceflow "
+            "verify does this)."
+        )
     seen: set[str] = set()
     users: Counter[tuple[str, int]] = Counter()
     batches: list[BatchExpectation] = []
@@ -109,6 +120,5 @@ def expect(checkpoint: str | Path) -> Expectation:
     glob: Counter[int] = Counter()
     for (_, window), count in users.items():
         glob[window] += count
-    planned = ckpt.offset_batches(checkpoint)
     done = set(committed)
     return Expectation(dict(users), dict(glob), batches, [b for b in planned if b not in done])

@@ -38,13 +38,16 @@ def print_batch(info: dict[str, Any]) -> None:
 @click.option("--trigger", "trigger_interval", default="1 second", show_default=True,
               help="Processing-time trigger of a continuous run (without --once).")
 @click.option("--master", default=None, help="Spark master URL (default local[<cores>]).")
+@click.option("--retain-batches", type=click.IntRange(min=1), default=None,
+              help="Batches of checkpoint history Spark keeps (spark.sql.streaming.minBatchesToRetain, "
+                   "default 100). 'onceflow verify' audits from the first batch, so it retains all.")
 @click.option("--sink", "sink_kind", type=click.Choice(["sqlite", "naive", "lossy"]),
               default="sqlite", show_default=True,
               help="Negative controls, never for real data: 'naive' has no batch marker "
                    "(duplicates), 'lossy' commits the marker before the rows (loss).")
 def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness: float,
         max_files_per_trigger: int | None, trigger_interval: str, master: str | None,
-        sink_kind: str) -> None:
+        retain_batches: int | None, sink_kind: str) -> None:
     """Run the per-user/global per-minute counts pipeline (Streaming Systems Example 5-1)."""
     from onceflow.pipelines.user_counts import UserCountsConfig
     from onceflow.pipelines.user_counts import run as run_pipeline
@@ -58,7 +61,10 @@ def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness:
                            trigger_interval=trigger_interval)
     sink = SQLiteSink(db, mode="exactly_once" if sink_kind == "sqlite" else sink_kind)  # type: ignore[arg-type]
     EventLog(log_dir).validate()  # fail fast, before Spark starts
-    spark = session(master=master)
+    conf = {}
+    if retain_batches is not None:
+        conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
+    spark = session(master=master, conf=conf)
     try:
         result = run_pipeline(spark, cfg, sink, once=once, on_commit=print_batch)
     finally:
