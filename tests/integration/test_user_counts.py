@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,7 @@ def test_result_equals_independent_recomputation_and_resumes(spark: Any, tmp_pat
     assert read_counts(tmp_path / "db.sqlite") == distinct_counts(tmp_path / "log")
     # more data, same checkpoint: resumes exactly, nothing re-read
     _fill(tmp_path / "log", events=10_000, users=40, minutes=5, duplicates=0.05, seed=2,
-          segment_size=5_000, start=__import__("datetime").datetime(2026, 1, 1, 0, 15,
-                                                                     tzinfo=__import__("datetime").timezone.utc))
+          segment_size=5_000, start=datetime(2026, 1, 1, 0, 15, tzinfo=timezone.utc))
     second = _run(spark, tmp_path, max_files_per_trigger=3)
     assert second.input_rows == 10_500
     assert second.batches_replayed == 0

@@ -34,6 +34,7 @@ from onceflow.audit.oracle import expect
 from onceflow.audit.verdict import Verdict, judge_sqlite
 from onceflow.errors import ConfigError
 from onceflow.generator import GeneratorConfig, generate_segments
+from onceflow.sinks.sqlite import read_batches
 from onceflow.sources.log import EventLog
 
 CRASH_FAULTS = {
@@ -222,8 +223,6 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
     verdict = judge_sqlite(db, expect(ck))
-    from onceflow.sinks.sqlite import read_batches
-
     conf = asdict(cfg)
     conf["workdir"] = str(cfg.workdir)
     return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
