@@ -19,3 +19,20 @@ def spark() -> Iterator[object]:
     s = session(app_name="onceflow-tests")
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[object]:
+    """One private PostgreSQL server for the whole run (real server, 2PC enabled)."""
+    from tests.pg_server import TempPostgres
+
+    server = TempPostgres(max_prepared_transactions=64)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: object) -> str:
+    """A fresh, empty database on the test server for one test."""
+    return pg_server.new_database()  # type: ignore[attr-defined, no-any-return]

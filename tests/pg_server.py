@@ -63,6 +63,17 @@ class TempPostgres:
         self.dsn = f"host=127.0.0.1 port={self.port} user=onceflow dbname=postgres"
         return self.dsn
 
+    def new_database(self) -> str:
+        """Create an empty database and return its DSN."""
+        import uuid
+
+        import psycopg
+
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        return f"host=127.0.0.1 port={self.port} user=onceflow dbname={name}"
+
     def stop(self) -> None:
         try:
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")

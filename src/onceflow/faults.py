@@ -19,6 +19,7 @@ from enum import Enum
 from onceflow.errors import CrashPointError
 
 CRASH_ENV = "ONCEFLOW_CRASH_AT"
+DRIVER_PID_ENV = "ONCEFLOW_DRIVER_PID"
 
 _companions: list[int] = []
 
@@ -81,11 +82,38 @@ def armed() -> tuple[CrashPoint, int] | None:
     return point, first
 
 
+def _parent(pid: int) -> int:
+    """The parent process id of ``pid`` (0 when unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _driver_side_victims() -> list[int]:
+    """The processes to kill from a Python worker that Spark's JVM started.
+
+    In such a worker (e.g. a data source's ``commit``), these are the driver and every
+    ancestor between it and this process (the JVM, the worker daemon), so that the crash
+    takes down the whole driver, as ``kill -9`` of it would.
+    """
+    driver = int(os.environ.get(DRIVER_PID_ENV, "0") or 0)
+    if driver <= 0 or driver == os.getpid():
+        return []
+    victims: list[int] = []
+    pid = _parent(os.getpid())
+    while pid > 1 and pid != driver and len(victims) < 8:
+        victims.append(pid)
+        pid = _parent(pid)
+    return [driver, *victims] if pid == driver else []
+
+
 def crash_now() -> None:
     """SIGKILL the companions and then this process. Never returns."""
     sys.stdout.flush()
     sys.stderr.flush()
-    for pid in _companions:
+    for pid in [*_companions, *_driver_side_victims()]:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

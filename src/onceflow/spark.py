@@ -80,6 +80,7 @@ def session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ[faults.DRIVER_PID_ENV] = str(os.getpid())  # inherited by the JVM's Python workers
     from pyspark.sql import SparkSession
 
     cores = os.cpu_count() or 2

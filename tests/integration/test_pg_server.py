@@ -2,21 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import psycopg
-import pytest
-
-from tests.pg_server import TempPostgres
-
-
-@pytest.fixture(scope="module")
-def pg_dsn() -> Iterator[str]:
-    server = TempPostgres()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
 
 
 def test_server_supports_two_phase_commit(pg_dsn: str) -> None:
