@@ -29,12 +29,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.audit.driver import Driver, busy_executor, committed_batches, wait_until
+from onceflow.audit.driver import Driver, busy_executor, wait_until
 from onceflow.audit.oracle import expect
-from onceflow.audit.verdict import Verdict, judge_sqlite
+from onceflow.audit.targets import KINDS, SinkTarget
+from onceflow.audit.verdict import Verdict
 from onceflow.errors import ConfigError
 from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks.sqlite import read_batches
+from onceflow.sinks import pg
 from onceflow.sources.log import EventLog
 
 CRASH_FAULTS = {
@@ -65,7 +66,10 @@ class VerifyConfig:
         rounds: Number of fault rounds.
         faults: Fault names (see :data:`ALL_FAULTS`).
         seed: Seed of the input and of the timings.
-        sink: ``sqlite`` (exactly-once), or the negative controls ``naive`` / ``lossy``.
+        sink: A ``onceflow run --sink`` choice: ``sqlite``, ``postgres``, ``postgres-staged``,
+            ``postgres-2pc``, or the negative controls ``naive`` / ``lossy`` / ``postgres-naive``.
+        pg_dsn: PostgreSQL server for postgres sinks (else ``$ONCEFLOW_PG_DSN``); the run
+            writes into a new schema there.
         cluster: Run drivers on ``local-cluster[2,1,1024]`` (needed by ``executor_kill``).
         events_per_round: Distinct events generated per round.
         segment_size: Rows per segment.
@@ -77,6 +81,7 @@ class VerifyConfig:
     faults: list[str] = field(default_factory=lambda: [f for f in ALL_FAULTS if f != "executor_kill"])
     seed: int = 0
     sink: str = "sqlite"
+    pg_dsn: str | None = None
     cluster: bool = False
     events_per_round: int = 4_000
     segment_size: int = 1_000
@@ -92,8 +97,10 @@ class VerifyConfig:
             raise ConfigError("the executor_kill fault needs --cluster (executors in their own JVMs)")
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
-        if self.sink not in ("sqlite", "naive", "lossy"):
-            raise ConfigError(f"sink must be sqlite, naive or lossy, got {self.sink!r}")
+        if self.sink not in KINDS:
+            raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {self.sink!r}")
+        if self.sink.startswith("postgres"):
+            pg.resolve_dsn(self.pg_dsn)  # fails early, with what to set
 
 
 @dataclass
@@ -188,8 +195,11 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     started_epoch_ms = int(time.time() * 1000)
     rng = random.Random(cfg.seed)
     work = cfg.workdir
-    log_dir, ck, db, outs = work / "log", work / "checkpoint", work / "sink.db", work / "out"
+    log_dir, ck, outs = work / "log", work / "checkpoint", work / "out"
     outs.mkdir(parents=True, exist_ok=True)
+    target = SinkTarget(cfg.sink, work, cfg.pg_dsn)
+    target.prepare()
+    say(f"sink: {target.name}")
     log = EventLog(log_dir)
     chunks = _chunks(cfg)
     kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
@@ -197,22 +207,23 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     records: list[RoundRecord] = []
     input_rows = 0
 
-    def driver(tag: str, **kw: Any) -> Driver:
-        return Driver(log_dir, ck, db, outs / f"{tag}.out", sink=cfg.sink, master=master, **kw)
+    def driver(tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
+        return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
+                      env={**target.env(), **(env or {})}, **kw)
 
     for i, chunk in enumerate(chunks):
         fault = kinds[i % len(kinds)]
-        rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=committed_batches(db))
+        rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
         log.append(chunk[0])
         input_rows += sum(t.num_rows for t in chunk)
         feeder = _Feeder(log, chunk[1:], pace_s=0.5)
         tag = f"round{i + 1:04d}-{fault}"
         try:
-            _inject(fault, driver, tag, rec, db, rng, cfg.round_timeout_s, t0)
+            _inject(fault, driver, tag, rec, target, rng, cfg.round_timeout_s, t0)
         finally:
             feeder.join()
         rec.segments_appended = len(chunk)
-        rec.markers_after = committed_batches(db)
+        rec.markers_after = target.committed_batches()
         rec.ended_s = time.monotonic() - t0
         records.append(rec)
         say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
@@ -222,20 +233,22 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
     drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
-    verdict = judge_sqlite(db, expect(ck))
+    verdict = target.judge(expect(ck))
     conf = asdict(cfg)
     conf["workdir"] = str(cfg.workdir)
+    conf["pg_dsn"] = None  # reports never hold connection strings
+    conf["sink_location"] = target.name
     return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
-                        read_batches(db), started_epoch_ms, drain)
+                        target.batches(), started_epoch_ms, drain)
 
 
-def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecord, db: Path,
+def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecord, target: SinkTarget,
             rng: random.Random, timeout: float, t0: float) -> None:
     """Run one round's driver and inject ``fault`` into it."""
     before = rec.markers_before
 
     def progressed() -> bool:
-        return committed_batches(db) > before
+        return target.committed_batches() > before
 
     if fault in CRASH_FAULTS or fault == "ambiguous_commit":
         point = CRASH_FAULTS.get(fault, "ambiguous_commit")
@@ -268,8 +281,8 @@ def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecor
             else:
                 os.kill(pid, 9)
                 rec.fault_s = time.monotonic() - t0
-                after = committed_batches(db)
-                wait_until(lambda: committed_batches(db) > after, timeout, "a batch after the kill")
+                after = target.committed_batches()
+                wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the kill")
                 lost = d.output().count("Lost task")
                 rec.outcome = (f"executor SIGKILLed while busy ({lost} task attempts lost and "
                                "retried by Spark), query went on")

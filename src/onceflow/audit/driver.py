@@ -27,17 +27,17 @@ class Driver:
     Args:
         log: Event log directory.
         ck: Checkpoint directory.
-        db: SQLite database.
+        db: SQLite database (None for a PostgreSQL sink, whose DSN comes through ``env``).
         out: File that receives the process's stdout and stderr.
         once: Pass ``--once``.
         crash_at: Value for ``ONCEFLOW_CRASH_AT`` (a crash point), if any.
-        sink: ``sqlite``, ``naive`` or ``lossy``.
+        sink: A ``onceflow run --sink`` choice.
         max_files: ``--max-files-per-trigger``.
         master: Spark master URL, if not the local default.
         env: Extra environment variables for the process.
     """
 
-    def __init__(self, log: Path, ck: Path, db: Path, out: Path, *, once: bool = False,
+    def __init__(self, log: Path, ck: Path, db: Path | None, out: Path, *, once: bool = False,
                  crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
                  master: str | None = None, env: dict[str, str] | None = None) -> None:
         extra = env
@@ -47,9 +47,11 @@ class Driver:
             env[CRASH_ENV] = crash_at
         env.update(extra or {})
         cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(log),
-               "--checkpoint", str(ck), "--db", str(db), "--sink", sink,
+               "--checkpoint", str(ck), "--sink", sink,
                "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds",
                "--retain-batches", str(RETAIN_ALL)]
+        if db is not None:
+            cmd += ["--db", str(db)]
         if once:
             cmd.append("--once")
         if master:

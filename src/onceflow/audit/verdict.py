@@ -75,12 +75,57 @@ def judge_sqlite(db: str | Path, expectation: Expectation, sink_id: str = "user_
         The verdict.
     """
     users, glob = read_counts(db)
+    return judge(f"sqlite:{db}", users, glob, read_batches(db, sink_id), expectation)
+
+
+def judge_postgres(dsn: str, expectation: Expectation, sink_id: str = "user_counts") -> Verdict:
+    """Judge a PostgreSQL Example 5-1 sink (any protocol) against the expectation.
+
+    Besides the counts and markers, a prepared transaction of the sink still pending
+    after the run is a violation (two-phase commit must always be resolved).
+
+    Args:
+        dsn: Connection string (its ``search_path`` selects the schema).
+        expectation: From :func:`onceflow.audit.oracle.expect`.
+        sink_id: The sink's marker namespace.
+
+    Returns:
+        The verdict.
+    """
+    from onceflow.sinks import pg
+    from onceflow.sinks.postgres import read_counts
+
+    users, glob = read_counts(dsn)
+    with pg.session(dsn) as conn:
+        pending = pg.prepared_gids(conn, f"of:{sink_id}")
+    verdict = judge(f"postgres:{pg.redact(dsn)}", users, glob, pg.read_batches(dsn, sink_id),
+                    expectation)
+    if pending:
+        verdict.violations.append(f"{len(pending)} prepared transactions left unresolved: "
+                                  f"{pending[:3]}")
+    return verdict
+
+
+def judge(name: str, users: dict[tuple[str, int], int], glob: dict[int, int],
+          batches: list[dict[str, int]], expectation: Expectation) -> Verdict:
+    """Compare what a sink holds with the expectation.
+
+    Args:
+        name: How to name the sink in the verdict.
+        users: ``{(user, window_start_ms): count}`` found.
+        glob: ``{window_start_ms: count}`` found.
+        batches: The sink's markers (dicts with ``batch_id`` and ``late_dropped``).
+        expectation: From :func:`onceflow.audit.oracle.expect`.
+
+    Returns:
+        The verdict.
+    """
     tables = {
         "user_counts": diff_counts(expectation.user_counts, users),  # type: ignore[arg-type]
         "global_counts": diff_counts(expectation.global_counts, glob),  # type: ignore[arg-type]
     }
-    markers = {b["batch_id"]: b for b in read_batches(db, sink_id)}
-    verdict = Verdict(f"sqlite:{db}", tables, 0, 0)
+    markers = {b["batch_id"]: b for b in batches}
+    verdict = Verdict(name, tables, 0, 0)
     for b in expectation.batches:
         verdict.late_expected += b.late_dropped
         marker = markers.get(b.batch_id)

@@ -1,4 +1,4 @@
-"""``onceflow run``: run Example 5-1 from an event log into SQLite, exactly once."""
+"""``onceflow run``: run Example 5-1 from an event log into SQLite or PostgreSQL, exactly once."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from onceflow.cli.options import Duration
+from onceflow.sinks import SINKS, make_sink
 
 
 def print_batch(info: dict[str, Any]) -> None:
@@ -28,8 +29,11 @@ def print_batch(info: dict[str, Any]) -> None:
               help="Event log directory (segment files).")
 @click.option("--checkpoint", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Spark checkpoint directory; reuse it to resume exactly.")
-@click.option("--db", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="SQLite database for user_counts and global_counts.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="SQLite database for user_counts and global_counts (SQLite sinks).")
+@click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True,
+              help="PostgreSQL connection string (postgres* sinks); prefer the environment "
+                   "variable, which keeps a password out of the process list.")
 @click.option("--once", is_flag=True, help="Process everything available now, then exit 0.")
 @click.option("--allowed-lateness", default="1m", show_default=True, type=Duration(),
               help="Watermark delay; later events are dropped and counted.")
@@ -41,17 +45,17 @@ def print_batch(info: dict[str, Any]) -> None:
 @click.option("--retain-batches", type=click.IntRange(min=1), default=None,
               help="Batches of checkpoint history Spark keeps (spark.sql.streaming.minBatchesToRetain, "
                    "default 100). 'onceflow verify' audits from the first batch, so it retains all.")
-@click.option("--sink", "sink_kind", type=click.Choice(["sqlite", "naive", "lossy"]),
-              default="sqlite", show_default=True,
-              help="Negative controls, never for real data: 'naive' has no batch marker "
-                   "(duplicates), 'lossy' commits the marker before the rows (loss).")
-def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness: float,
-        max_files_per_trigger: int | None, trigger_interval: str, master: str | None,
-        retain_batches: int | None, sink_kind: str) -> None:
+@click.option("--sink", "sink_kind", type=click.Choice(SINKS), default="sqlite", show_default=True,
+              help="sqlite; postgres (driver-side transaction), postgres-staged / postgres-2pc "
+                   "(written by the executors). Negative controls, never for real data: 'naive' "
+                   "and 'postgres-naive' have no batch marker (duplicates), 'lossy' commits the "
+                   "marker before the rows (loss).")
+def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, once: bool,
+        allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
+        master: str | None, retain_batches: int | None, sink_kind: str) -> None:
     """Run the per-user/global per-minute counts pipeline (Streaming Systems Example 5-1)."""
     from onceflow.pipelines.user_counts import UserCountsConfig
     from onceflow.pipelines.user_counts import run as run_pipeline
-    from onceflow.sinks.sqlite import SQLiteSink
     from onceflow.sources.log import EventLog
     from onceflow.spark import session
 
@@ -59,7 +63,7 @@ def run(log_dir: Path, checkpoint: Path, db: Path, once: bool, allowed_lateness:
                            allowed_lateness_s=allowed_lateness,
                            max_files_per_trigger=max_files_per_trigger,
                            trigger_interval=trigger_interval)
-    sink = SQLiteSink(db, mode="exactly_once" if sink_kind == "sqlite" else sink_kind)  # type: ignore[arg-type]
+    sink = make_sink(sink_kind, db, pg_dsn)
     EventLog(log_dir).validate()  # fail fast, before Spark starts
     conf = {}
     if retain_batches is not None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from onceflow.sinks import SINKS
+
 
 @click.command()
 @click.option("--rounds", default=10, show_default=True, type=click.IntRange(min=1),
@@ -15,15 +17,18 @@ import click
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--faults", default="all", show_default=True,
               help="Comma-separated fault names, or 'all' (executor_kill only with --cluster).")
-@click.option("--sink", type=click.Choice(["sqlite", "naive", "lossy"]), default="sqlite",
-              show_default=True, help="naive and lossy are negative controls: verify must fail.")
+@click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
+              help="The sink under test (as in 'onceflow run'); naive, lossy and postgres-naive "
+                   "are negative controls: verify must fail.")
+@click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True,
+              help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
 @click.option("--cluster", is_flag=True, help="Run on local-cluster[2,1,1024] (executor JVMs).")
 @click.option("--report", "report_dir", required=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory for report.json, report.html and the run's work files.")
 @click.option("--events-per-round", default=4_000, show_default=True, type=click.IntRange(min=100))
-def verify(rounds: int, seed: int, faults: str, sink: str, cluster: bool, report_dir: Path,
-           events_per_round: int) -> None:
+def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, cluster: bool,
+           report_dir: Path, events_per_round: int) -> None:
     """Run the pipeline under injected faults and check the sink against the oracle.
 
     Exit 0 when nothing was lost or duplicated, 1 on any violation, 2 for bad usage.
@@ -39,7 +44,7 @@ def verify(rounds: int, seed: int, faults: str, sink: str, cluster: bool, report
     work = report_dir / "work"
     try:
         cfg = VerifyConfig(workdir=work, rounds=rounds, faults=names, seed=seed, sink=sink,
-                           cluster=cluster, events_per_round=events_per_round)
+                           pg_dsn=pg_dsn, cluster=cluster, events_per_round=events_per_round)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if work.exists():

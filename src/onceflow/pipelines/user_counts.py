@@ -195,10 +195,18 @@ class _BatchWriter:
         self.log.validate(batch.files)
         # The late count reads the batch's files with pyarrow while Spark runs the batch.
         pending = self._pool.submit(_batch_stats, batch)
-        deltas = window_deltas(df).toArrow()
-        stats = pending.result()
-        committed = self.sink.commit_batch(batch_id, deltas, stats)
-        counted = sum(deltas.column("count").to_pylist())
+        if self.sink.executor_side:  # the rows go from the executors to the sink
+            frame = window_deltas(df).persist()
+            stats = pending.result()
+            committed = self.sink.commit_frame(batch_id, frame, stats)
+            total = frame.agg(F.sum("count"), F.count(F.lit(1))).first() or (0, 0)
+            frame.unpersist()
+            counted, num_rows = int(total[0] or 0), int(total[1])
+        else:
+            deltas = window_deltas(df).toArrow()
+            stats = pending.result()
+            committed = self.sink.commit_batch(batch_id, deltas, stats)
+            counted, num_rows = sum(deltas.column("count").to_pylist()), deltas.num_rows
         info: dict[str, Any] = {
             "batch_id": batch_id,
             "committed": committed,
@@ -206,7 +214,7 @@ class _BatchWriter:
             "late_dropped": stats.late_dropped,
             "duplicates_dropped": stats.input_rows - stats.late_dropped - counted,
             "events_counted": counted,
-            "rows_written": deltas.num_rows,
+            "rows_written": num_rows,
             "seconds": time.perf_counter() - started,
         }
         r = self.result
@@ -216,7 +224,7 @@ class _BatchWriter:
             r.late_dropped += stats.late_dropped
             r.duplicates_dropped += info["duplicates_dropped"]
             r.events_counted += counted
-            r.rows_written += deltas.num_rows
+            r.rows_written += num_rows
         else:
             r.batches_replayed += 1
         r.batch_log.append(info)

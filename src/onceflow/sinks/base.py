@@ -28,12 +28,19 @@ Commit protocol, run by :meth:`ExactlyOnceSink.commit_batch` for batch N:
 the sink to the Spark checkpoint's query id, because a new checkpoint restarts
 batch ids at 0 and step 4 would then wrongly skip new data. It may be called
 any number of times with the same id.
+
+Executor-side sinks (``executor_side = True``, e.g. the PostgreSQL writer of
+:mod:`onceflow.sinks.pg_writer`) take the deltas as a Spark DataFrame in
+:meth:`ExactlyOnceSink.commit_frame` instead, so the rows go from the executors
+straight to the database; the same steps hold, each batch's marker written in
+the transaction that makes its rows visible (or records the decision to).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
@@ -65,6 +72,8 @@ class ExactlyOnceSink(ABC):
     """
 
     sink_id: str
+    executor_side: bool = False
+    """Whether the pipeline hands over a DataFrame (:meth:`commit_frame`) instead of Arrow."""
 
     @abstractmethod
     def bind(self, query_id: str) -> None:
@@ -92,6 +101,19 @@ class ExactlyOnceSink(ABC):
         Returns:
             True if this call committed the batch, False if it was a replay.
         """
+
+    def commit_frame(self, batch_id: int, deltas: Any, stats: BatchStats) -> bool:
+        """Apply batch ``batch_id`` from a Spark DataFrame (executor-side sinks).
+
+        Args:
+            batch_id: Spark's micro-batch id.
+            deltas: A DataFrame with columns :data:`DELTA_COLUMNS`.
+            stats: The batch's input and late counts.
+
+        Returns:
+            True if this call committed the batch, False if it was a replay.
+        """
+        return self.commit_batch(batch_id, deltas.toArrow(), stats)
 
     @abstractmethod
     def close(self) -> None:
