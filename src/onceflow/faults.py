@@ -106,7 +106,17 @@ def _driver_side_victims() -> list[int]:
     while pid > 1 and pid != driver and len(victims) < 8:
         victims.append(pid)
         pid = _parent(pid)
-    return [driver, *victims] if pid == driver else []
+    if pid != driver or not any(_is_java(v) for v in victims):
+        return []  # not a worker of the driver's JVM (e.g. a child process the driver started)
+    return [driver, *victims]
+
+
+def _is_java(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
+            return f.read().strip() == "java"
+    except OSError:
+        return False
 
 
 def crash_now() -> None:

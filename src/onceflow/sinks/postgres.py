@@ -240,15 +240,16 @@ def read_counts(dsn: str) -> tuple[dict[tuple[str, int], int], dict[int, int]]:
         dsn: Connection string.
 
     Returns:
-        ``({(user, window_start_ms): count}, {window_start_ms: count})``; empty when the
-        tables do not exist yet.
+        ``({(user, window_start_ms): count}, {window_start_ms: count})``; empty for a
+        table that does not exist yet.
     """
     with pg.session(dsn) as conn:
-        exists = conn.execute("SELECT to_regclass('user_counts') IS NOT NULL").fetchone()[0]
-        if not exists:
-            return {}, {}
-        users = {(u, int(w)): int(c) for u, w, c in conn.execute(
-            'SELECT "user", window_start_ms, count FROM user_counts')}
-        glob = {int(w): int(c) for w, c in conn.execute(
-            "SELECT window_start_ms, count FROM global_counts")}
+        users: dict[tuple[str, int], int] = {}
+        glob: dict[int, int] = {}
+        if conn.execute("SELECT to_regclass('user_counts') IS NOT NULL").fetchone()[0]:
+            users = {(u, int(w)): int(c) for u, w, c in conn.execute(
+                'SELECT "user", window_start_ms, count FROM user_counts')}
+        if conn.execute("SELECT to_regclass('global_counts') IS NOT NULL").fetchone()[0]:
+            glob = {int(w): int(c) for w, c in conn.execute(
+                "SELECT window_start_ms, count FROM global_counts")}
     return users, glob
