@@ -28,3 +28,40 @@ def distinct_counts(log_dir: str | Path) -> tuple[dict[tuple[str, int], int], di
     for (_, w), c in users.items():
         glob[w] += c
     return dict(users), dict(glob)
+
+
+def billing_expectation(
+    checkpoint: str | Path,
+) -> tuple[dict[tuple[str, int], tuple[int, int]], dict[str, int]]:
+    """What the billing pipeline must hold, from the log files and Spark's checkpoint only.
+
+    Batch by batch (committed batches): a row at or behind the batch's late watermark is late;
+    otherwise the first row of an ``event_id`` is billed, later ones are duplicates.
+
+    Returns:
+        ``({(account, hour_start_ms): (bytes, events)}, {late event_id: missed watermark ms})``
+        (the first watermark an event missed).
+    """
+    from onceflow import checkpoint as ckpt
+
+    seen: set[str] = set()
+    bill: dict[tuple[str, int], tuple[int, int]] = {}
+    late: dict[str, int] = {}
+    for batch_id in ckpt.committed_batches(checkpoint):
+        bi = ckpt.batch_input(checkpoint, batch_id)
+        if not bi.files:
+            continue
+        t = pq.read_table(bi.files, columns=["event_id", "user", "event_time", "bytes"])
+        flags = ckpt.late_mask(t.column("event_time"), bi.late_watermark_ms).tolist()
+        rows = zip(flags, t.column("event_id").to_pylist(), t.column("user").to_pylist(),
+                   t.column("event_time").cast("int64").to_pylist(), t.column("bytes").to_pylist(),
+                   strict=True)
+        for is_late, eid, user, ts, nbytes in rows:
+            if is_late:
+                late.setdefault(eid, bi.late_watermark_ms)
+            elif eid not in seen:
+                seen.add(eid)
+                key = (user, (ts // 3_600_000_000) * 3_600_000)
+                b, n = bill.get(key, (0, 0))
+                bill[key] = (b + nbytes, n + 1)
+    return bill, late

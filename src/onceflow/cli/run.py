@@ -45,29 +45,42 @@ def print_batch(info: dict[str, Any]) -> None:
 @click.option("--retain-batches", type=click.IntRange(min=1), default=None,
               help="Batches of checkpoint history Spark keeps (spark.sql.streaming.minBatchesToRetain, "
                    "default 100). 'onceflow verify' audits from the first batch, so it retains all.")
-@click.option("--sink", "sink_kind", type=click.Choice(SINKS), default="sqlite", show_default=True,
-              help="sqlite; postgres (driver-side transaction), postgres-staged / postgres-2pc "
-                   "(written by the executors). Negative controls, never for real data: 'naive' "
-                   "and 'postgres-naive' have no batch marker (duplicates), 'lossy' commits the "
-                   "marker before the rows (loss).")
+@click.option("--sink", "sink_kind", type=click.Choice(SINKS), default=None,
+              help="Where results go. user_counts: sqlite (default); postgres (driver-side "
+                   "transaction); postgres-staged / postgres-2pc (written by the executors). "
+                   "billing: postgres-staged (default) or postgres-2pc. Negative controls, never "
+                   "for real data: 'naive' and 'postgres-naive' have no batch marker "
+                   "(duplicates), 'lossy' commits the marker before the rows (loss).")
+@click.option("--pipeline", type=click.Choice(["user_counts", "billing"]), default="user_counts",
+              show_default=True,
+              help="user_counts: Example 5-1 per-user/global counts per minute; billing: bytes "
+                   "per account and hour into PostgreSQL, late records into late_events.")
 def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, once: bool,
         allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
-        master: str | None, retain_batches: int | None, sink_kind: str) -> None:
-    """Run the per-user/global per-minute counts pipeline (Streaming Systems Example 5-1)."""
-    from onceflow.pipelines.user_counts import UserCountsConfig
+        master: str | None, retain_batches: int | None, sink_kind: str | None,
+        pipeline: str) -> None:
+    """Run a pipeline over the event log, exactly once into its sink.
+
+    The default pipeline is Streaming Systems Example 5-1 (per-user and global counts per
+    minute); --pipeline billing sums bytes per account and hour into PostgreSQL.
+    """
+    from onceflow.pipelines.common import PipelineConfig
     from onceflow.pipelines.user_counts import run as run_pipeline
     from onceflow.sources.log import EventLog
     from onceflow.spark import session
 
-    cfg = UserCountsConfig(log_dir=log_dir.absolute(), checkpoint=checkpoint.absolute(),
-                           allowed_lateness_s=allowed_lateness,
-                           max_files_per_trigger=max_files_per_trigger,
-                           trigger_interval=trigger_interval)
-    sink = make_sink(sink_kind, db, pg_dsn)
+    cfg = PipelineConfig(log_dir=log_dir.absolute(), checkpoint=checkpoint.absolute(),
+                         allowed_lateness_s=allowed_lateness,
+                         max_files_per_trigger=max_files_per_trigger,
+                         trigger_interval=trigger_interval)
     EventLog(log_dir).validate()  # fail fast, before Spark starts
     conf = {}
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
+    if pipeline == "billing":
+        _run_billing(cfg, sink_kind or "postgres-staged", pg_dsn, master, conf, once)
+        return
+    sink = make_sink(sink_kind or "sqlite", db, pg_dsn)
     spark = session(master=master, conf=conf)
     try:
         result = run_pipeline(spark, cfg, sink, once=once, on_commit=print_batch)
@@ -78,3 +91,21 @@ def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, on
         f"{result.input_rows} rows read, {result.duplicates_dropped} duplicates removed, "
         f"{result.late_dropped} late dropped, {result.events_per_second:,.0f} events/s"
     )
+
+
+def _run_billing(cfg: Any, sink_kind: str, pg_dsn: str | None, master: str | None,
+                 conf: dict[str, str], once: bool) -> None:
+    """``onceflow run --pipeline billing``."""
+    from onceflow.errors import ConfigError
+    from onceflow.pipelines.billing import run as run_billing
+    from onceflow.sinks.pg import resolve_dsn
+    from onceflow.spark import session
+
+    if sink_kind not in ("postgres-staged", "postgres-2pc"):
+        raise ConfigError(f"--pipeline billing writes to PostgreSQL from the executors: use "
+                          f"--sink postgres-staged or postgres-2pc, not {sink_kind}")
+    dsn = resolve_dsn(pg_dsn)
+    spark = session(master=master, conf=conf)
+    result = run_billing(spark, cfg, dsn, protocol=sink_kind.removeprefix("postgres-"), once=once)
+    click.echo(f"done: {result.batches} batches written to billing and late_events "
+               f"in {result.seconds:.1f} s")

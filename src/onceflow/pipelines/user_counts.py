@@ -25,78 +25,31 @@ is already there. Nothing before that batch is re-read.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
-from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from onceflow import checkpoint as ckpt
-from onceflow.errors import BadSegmentError, ConfigError, OnceflowError
-from onceflow.faults import CrashPoint, armed, maybe_crash
-from onceflow.records import EVENT_DDL, WINDOW_MS
+from onceflow.errors import OnceflowError
+from onceflow.pipelines.common import (
+    UserCountsConfig,
+    deduplicated_events,
+    run_foreach_batch,
+)
+from onceflow.records import WINDOW_MS
 from onceflow.sinks.base import BatchStats, ExactlyOnceSink
 from onceflow.sources.log import EventLog
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-
-@dataclass(frozen=True)
-class UserCountsConfig:
-    """How to run Example 5-1.
-
-    Attributes:
-        log_dir: The event log directory.
-        checkpoint: Spark checkpoint directory (one per query, reused on restart).
-        allowed_lateness_s: Watermark delay: events more than this behind the
-            maximum event time seen are late and dropped (and counted).
-        max_files_per_trigger: Segments per micro-batch; all available when None.
-        trigger_interval: Processing-time trigger for continuous runs.
-    """
-
-    log_dir: Path
-    checkpoint: Path
-    allowed_lateness_s: float = 60.0
-    max_files_per_trigger: int | None = None
-    trigger_interval: str = "1 second"
-
-    def __post_init__(self) -> None:
-        if self.allowed_lateness_s <= 0:
-            raise ConfigError(
-                "allowed lateness must be > 0: it bounds the dedup state (a zero or "
-                f"missing delay would keep every event id forever), got {self.allowed_lateness_s}"
-            )
-        if self.max_files_per_trigger is not None and self.max_files_per_trigger < 1:
-            raise ConfigError(f"max_files_per_trigger must be >= 1, got {self.max_files_per_trigger}")
-
-
-def deduplicated_events(spark: SparkSession, cfg: UserCountsConfig) -> DataFrame:
-    """The streaming DataFrame of on-time events, deduplicated by ``event_id``.
-
-    Args:
-        spark: The session.
-        cfg: Pipeline configuration.
-
-    Returns:
-        A streaming DataFrame of ``event_id, user, event_time``.
-    """
-    reader = spark.readStream.schema(EVENT_DDL)
-    if cfg.max_files_per_trigger:
-        reader = reader.option("maxFilesPerTrigger", cfg.max_files_per_trigger)
-    return (
-        reader.parquet(str(cfg.log_dir))
-        .select("event_id", "user", "event_time")  # the dedup state keeps whole rows: keep them small
-        .withWatermark("event_time", f"{int(cfg.allowed_lateness_s * 1000)} milliseconds")
-        .dropDuplicatesWithinWatermark(["event_id"])
-    )
+__all__ = ["RunResult", "UserCountsConfig", "deduplicated_events", "run", "window_deltas"]
 
 
 def window_deltas(events: DataFrame) -> DataFrame:
@@ -256,31 +209,6 @@ def _batch_stats(batch: ckpt.BatchInput) -> BatchStats:
     return BatchStats(rows, late, batch.late_watermark_ms)
 
 
-class _CrashAfterCommitLog(StreamingQueryListener):
-    """Fires the ``after_commit_log`` crash point once Spark reported a batch."""
-
-    def onQueryStarted(self, event: Any) -> None:  # noqa: D102, N802
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:  # noqa: D102, N802
-        maybe_crash(CrashPoint.AFTER_COMMIT_LOG, int(event.progress.batchId))
-
-    def onQueryIdle(self, event: Any) -> None:  # noqa: D102, N802
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: D102, N802
-        pass
-
-
-def _explain_failure(exc: BaseException, log: EventLog) -> BaseException:
-    """Turn a Spark failure caused by a log file into a BadSegmentError naming it."""
-    text = str(exc)
-    for seg in log.segments():
-        if seg.path.name in text:
-            return BadSegmentError(str(seg.path), f"Spark could not read it: {text[:300]}")
-    return exc
-
-
 def run(
     spark: SparkSession,
     cfg: UserCountsConfig,
@@ -309,34 +237,9 @@ def run(
     log.validate()
     result = RunResult()
     writer = _BatchWriter(cfg, sink, log, result, on_commit)
-    listener = None
-    selected = armed()
-    if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:
-        listener = _CrashAfterCommitLog()
-        spark.streams.addListener(listener)
-    stream = (
-        deduplicated_events(spark, cfg)
-        .writeStream.foreachBatch(writer)
-        .option("checkpointLocation", str(cfg.checkpoint))
-    )
-    stream = stream.trigger(availableNow=True) if once else stream.trigger(
-        processingTime=cfg.trigger_interval
-    )
-    started = time.perf_counter()
-    query = stream.start()
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        print("onceflow: stopping after the current batch ...", file=sys.stderr)
-        query.stop()
-    except Exception as exc:
-        if writer.error is not None:
-            raise writer.error from None
-        raise _explain_failure(exc, log) from exc
+        result.seconds, result.progress = run_foreach_batch(
+            spark, cfg, deduplicated_events(spark, cfg), writer, once)
     finally:
-        result.seconds = time.perf_counter() - started
-        result.progress = [dict(p) for p in query.recentProgress]
-        if listener is not None:
-            spark.streams.removeListener(listener)
         writer.close()
     return result
