@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sqlite3
 import sys
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +13,34 @@ import pytest
 pytestmark = pytest.mark.faults
 
 
-def _verify(report: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:
+def _verify(report: Path, *args: str, timeout: float = 900,
+            dsn: str | None = None) -> tuple[int, str, dict[str, object]]:
+    env = {**os.environ, "ONCEFLOW_PG_DSN": dsn} if dsn else None
     proc = subprocess.run(
         [sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report), *args],
-        capture_output=True, text=True, timeout=timeout,
+        capture_output=True, text=True, timeout=timeout, env=env,
     )
     data = json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else {}
     return proc.returncode, proc.stdout + proc.stderr, data
 
 
-def test_every_fault_kind_once_gives_no_violation(tmp_path: Path) -> None:
-    rc, out, rep = _verify(tmp_path, "--rounds", "7", "--seed", "3", "--events-per-round", "3000")
+def _dsn_for(sink: str, request: pytest.FixtureRequest) -> str | None:
+    """The test server's DSN, with a password (ignored by its trust authentication) that must
+    never show up in anything verify writes."""
+    if not sink.startswith("postgres"):
+        return None
+    return f"{request.getfixturevalue('pg_dsn')} password=s3cr3t"
+
+
+@pytest.mark.parametrize("sink", ["sqlite", "postgres-2pc"])
+def test_every_fault_kind_once_gives_no_violation(tmp_path: Path, sink: str,
+                                                  request: pytest.FixtureRequest) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "7", "--seed", "3", "--events-per-round", "3000",
+                           "--sink", sink, dsn=_dsn_for(sink, request))
     assert rc == 0, out
+    written = [out, (tmp_path / "report.json").read_text(), (tmp_path / "report.html").read_text()]
+    written += [f.read_text() for f in (tmp_path / "work" / "out").iterdir()]
+    assert not any("s3cr3t" in text for text in written)
     assert rep["ok"] is True
     kinds = rep["faults_by_kind"]
     assert isinstance(kinds, dict)
@@ -47,10 +64,12 @@ def test_every_fault_kind_once_gives_no_violation(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("sink", "fault", "violation"), [
     ("naive", "crash_after_sink_commit", "duplicated"),  # no batch marker: a replay adds twice
     ("lossy", "crash_inside_sink_txn", "lost"),  # marker committed before the rows
+    ("postgres-naive", "crash_after_sink_commit", "duplicated"),
 ])
-def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, violation: str) -> None:
+def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, violation: str,
+                                         request: pytest.FixtureRequest) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "1", "--faults", fault,
-                           "--sink", sink, "--events-per-round", "2000")
+                           "--sink", sink, "--events-per-round", "2000", dsn=_dsn_for(sink, request))
     assert rc == 1, out
     verdict = rep["verdict"]
     assert isinstance(verdict, dict)
@@ -70,9 +89,11 @@ def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> Non
     assert message in out
 
 
-def test_executor_kill_on_a_multi_process_cluster(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sink", ["sqlite", "postgres-2pc"])
+def test_executor_kill_on_a_multi_process_cluster(tmp_path: Path, sink: str,
+                                                   request: pytest.FixtureRequest) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "1", "--faults", "executor_kill", "--cluster",
-                           "--events-per-round", "3000")
+                           "--events-per-round", "3000", "--sink", sink, dsn=_dsn_for(sink, request))
     assert rc == 0, out
     rounds = rep["rounds"]
     assert isinstance(rounds, list)
