@@ -138,7 +138,7 @@ def main() -> None:
         }
         tables = {"raw_copy": "raw", "spark_copy": "spark_raw", "onceflow_2pc": "of_2pc",
                   "onceflow_staged": "of_staged"}
-        for name, fn in variants.items():  # warm-up: JVM, Python workers, table creation
+        for fn in variants.values():  # warm-up: JVM, Python workers, table creation
             fn(10_000)
         times: dict[str, list[float]] = {n: [] for n in variants}
         for r in range(args.rounds):
