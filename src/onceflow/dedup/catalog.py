@@ -1,0 +1,303 @@
+"""The dedup catalog: seen record ids in a key/value store, fronted by rolling Bloom filters.
+
+Every record carries a stable ``event_id`` and its sender's system time (from
+:class:`onceflow.records.SenderClock`; a retry carries the original's time). The catalog
+decides per record:
+
+* ``NEW`` — never seen: recorded (store + Bloom) and passed on;
+* ``DUPLICATE`` — seen before (or earlier in the same batch): dropped and counted;
+* ``TOO_OLD`` — its system time is behind the **GC watermark** (now minus the GC delay), whose
+  ids were deleted. In Dataflow such a record is a duplicate by construction (the sender had
+  its ack). An external sender that kept an event in its outbox longer than the GC delay may
+  still be sending it for the first time, so the catalog cannot tell: it answers with this
+  distinct status, counts it, and never passes it on silently as new.
+
+Store: SQLite, one table per system-time bucket, ``dedup_b<bucket>(event_id PRIMARY KEY)
+WITHOUT ROWID`` — GC drops whole tables, and a lookup reads only the record's bucket. The GC
+watermark is persisted and never moves back.
+
+Bloom filters: one per bucket, sized from the expected rate and the target false-positive
+rate. Lazy: nothing is read at start-up; a bucket's filter is built (from that bucket's
+table) once ``bloom_threshold`` records for the bucket arrived in this process. Until then,
+and whenever a filter says "maybe", the store is read; a filter's "no" skips the store.
+
+Write protocol of :meth:`DedupCatalog.offer` (one batch):
+
+1. Classify every record (Bloom, then the store for the rest); nothing written yet.
+2. In one SQLite transaction (``BEGIN IMMEDIATE``), insert the ``NEW`` ids into their
+   buckets' tables (``INSERT OR IGNORE``: a concurrent writer that recorded the same id
+   first makes it a duplicate on the next batch, never a loss), commit durably.
+3. Only then add them to the Bloom filters and return the statuses. A crash before 3 leaves
+   the ids recorded and the filters (in memory) gone: they are rebuilt from the store.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from onceflow.dedup.bloom import BucketBlooms
+from onceflow.errors import ConfigError
+
+_CHUNK = 500
+
+
+class Status(str, Enum):
+    """The catalog's answer for one record."""
+
+    NEW = "new"
+    DUPLICATE = "duplicate"
+    TOO_OLD = "too_old"
+
+
+@dataclass(frozen=True)
+class CatalogConfig:
+    """How the catalog buckets, sizes and forgets.
+
+    Attributes:
+        gc_delay_s: How long ids are kept (system time); required — without it the
+            catalog would grow forever.
+        bucket_s: System-time bucket width (one Bloom filter and one table each).
+        expected_rate_per_s: Expected new ids per second (sizes the filters).
+        fpr: Target false-positive rate of each filter.
+        bloom_threshold: Records of a bucket seen by this process before its filter is built.
+    """
+
+    gc_delay_s: float | None
+    bucket_s: float = 600.0
+    expected_rate_per_s: float = 10_000.0
+    fpr: float = 0.01
+    bloom_threshold: int = 1_000
+
+    def __post_init__(self) -> None:
+        if self.gc_delay_s is None or self.gc_delay_s <= 0:
+            raise ConfigError(
+                "the dedup catalog needs a GC delay > 0 (gc_delay_s): without one it keeps "
+                "every id forever. Choose how long senders may retry, e.g. 3600 for an hour."
+            )
+        if self.bucket_s <= 0 or self.bucket_s > self.gc_delay_s:
+            raise ConfigError(f"bucket_s must be in (0, gc_delay_s], got {self.bucket_s}")
+        if not 0.0 < self.fpr < 1.0:
+            raise ConfigError(f"fpr must be in (0, 1), got {self.fpr}")
+        if self.expected_rate_per_s <= 0 or self.bloom_threshold < 0:
+            raise ConfigError("expected_rate_per_s must be > 0 and bloom_threshold >= 0")
+
+
+@dataclass
+class CatalogMetrics:
+    """Counters since the catalog was opened.
+
+    Attributes:
+        lookups: Records classified (TOO_OLD ones included).
+        lookups_avoided: Records a Bloom filter proved new (no store read).
+        false_positives: Filter said "maybe", the store said new.
+        store_reads: Records looked up in the store.
+        duplicates_dropped: Records answered DUPLICATE.
+        too_old: Records answered TOO_OLD.
+        ids_gcd: Ids deleted by the GC.
+    """
+
+    lookups: int = 0
+    lookups_avoided: int = 0
+    false_positives: int = 0
+    store_reads: int = 0
+    duplicates_dropped: int = 0
+    too_old: int = 0
+    ids_gcd: int = 0
+
+
+def _wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+class DedupCatalog:
+    """Seen ids with rolling Bloom filters and a GC watermark (see the module).
+
+    Args:
+        path: SQLite file of the store.
+        cfg: Bucketing, sizing and GC.
+        now_us: Clock for the GC watermark (microseconds); the wall clock by default.
+    """
+
+    def __init__(self, path: str | Path, cfg: CatalogConfig,
+                 now_us: Callable[[], int] = _wall_us) -> None:
+        assert cfg.gc_delay_s is not None  # checked by CatalogConfig
+        self.cfg = cfg
+        self.bucket_us = int(cfg.bucket_s * 1_000_000)
+        self.gc_delay_us = int(cfg.gc_delay_s * 1_000_000)
+        self.now_us = now_us
+        self.metrics = CatalogMetrics()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=60,
+                                    check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute("CREATE TABLE IF NOT EXISTS dedup_meta(key TEXT PRIMARY KEY, value INTEGER)")
+        row = self.conn.execute("SELECT value FROM dedup_meta WHERE key = 'gc_watermark_us'").fetchone()
+        self.gc_watermark_us = int(row[0]) if row else 0
+        capacity = max(int(cfg.expected_rate_per_s * cfg.bucket_s), 1)
+        self.blooms = BucketBlooms(capacity, cfg.fpr)
+        self._arrivals: dict[int, int] = {}
+        self._tables = {int(name[len("dedup_b"):]) for (name,) in self.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'dedup_b[0-9]*'")}
+
+    def bucket_of(self, system_time_us: int) -> int:
+        """The bucket a system time falls in."""
+        return system_time_us // self.bucket_us
+
+    def _table(self, bucket: int) -> str:
+        return f"dedup_b{bucket}"  # an int: safe to compose
+
+    def _stored(self, bucket: int, ids: Sequence[str]) -> set[str]:
+        if bucket not in self._tables or not ids:
+            return set()
+        found: set[str] = set()
+        for i in range(0, len(ids), _CHUNK):
+            part = ids[i:i + _CHUNK]
+            marks = ",".join("?" * len(part))
+            found.update(r[0] for r in self.conn.execute(
+                f"SELECT event_id FROM {self._table(bucket)} WHERE event_id IN ({marks})", part))
+        return found
+
+    def _maybe_build(self, bucket: int) -> None:
+        if self.blooms.has(bucket) or self._arrivals.get(bucket, 0) < self.cfg.bloom_threshold:
+            return
+        ids: list[str] = []
+        if bucket in self._tables:
+            ids = [r[0] for r in self.conn.execute(f"SELECT event_id FROM {self._table(bucket)}")]
+        self.blooms.build(bucket, ids)
+
+    def classify(self, records: Sequence[tuple[str, int]]) -> list[Status]:
+        """Step 1: the status of every record, writing nothing.
+
+        Args:
+            records: ``(event_id, system_time_us)`` pairs.
+
+        Returns:
+            One status per record; a repeat within ``records`` is a DUPLICATE.
+        """
+        self.metrics.lookups += len(records)
+        statuses: list[Status | None] = [None] * len(records)
+        to_read: dict[int, list[int]] = {}
+        for i, (event_id, ts) in enumerate(records):
+            if ts < self.gc_watermark_us:
+                statuses[i] = Status.TOO_OLD
+                continue
+            bucket = self.bucket_of(ts)
+            self._arrivals[bucket] = self._arrivals.get(bucket, 0) + 1
+            self._maybe_build(bucket)
+            if self.blooms.maybe_contains(bucket, event_id) is False:
+                statuses[i] = Status.NEW
+                self.metrics.lookups_avoided += 1
+            else:
+                to_read.setdefault(bucket, []).append(i)
+        for bucket, idxs in to_read.items():
+            self.metrics.store_reads += len(idxs)
+            stored = self._stored(bucket, [records[i][0] for i in idxs])
+            filtered = self.blooms.has(bucket)
+            for i in idxs:
+                seen = records[i][0] in stored
+                statuses[i] = Status.DUPLICATE if seen else Status.NEW
+                if filtered and not seen:
+                    self.metrics.false_positives += 1
+        first: set[str] = set()
+        out: list[Status] = []
+        for (event_id, _), status in zip(records, statuses, strict=True):
+            assert status is not None
+            if status is Status.NEW:
+                if event_id in first:
+                    status = Status.DUPLICATE
+                first.add(event_id)
+            out.append(status)
+        self.metrics.duplicates_dropped += sum(s is Status.DUPLICATE for s in out)
+        self.metrics.too_old += sum(s is Status.TOO_OLD for s in out)
+        return out
+
+    def record(self, records: Sequence[tuple[str, int]], statuses: Sequence[Status]) -> None:
+        """Steps 2-3: durably insert the NEW ids, then add them to the filters.
+
+        Args:
+            records: As given to :meth:`classify`.
+            statuses: What :meth:`classify` returned for them.
+        """
+        by_bucket: dict[int, list[str]] = {}
+        for (event_id, ts), status in zip(records, statuses, strict=True):
+            if status is Status.NEW:
+                by_bucket.setdefault(self.bucket_of(ts), []).append(event_id)
+        if not by_bucket:
+            return
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for bucket, ids in by_bucket.items():
+                if bucket not in self._tables:
+                    conn.execute(f"CREATE TABLE IF NOT EXISTS {self._table(bucket)}"
+                                 "(event_id TEXT PRIMARY KEY) WITHOUT ROWID")
+                conn.executemany(f"INSERT OR IGNORE INTO {self._table(bucket)} VALUES (?)",
+                                 [(i,) for i in ids])
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        for bucket, ids in by_bucket.items():
+            self._tables.add(bucket)
+            self.blooms.add(bucket, ids)
+
+    def offer(self, records: Sequence[tuple[str, int]]) -> list[Status]:
+        """Classify and record a batch (the whole protocol of the module).
+
+        Args:
+            records: ``(event_id, system_time_us)`` pairs.
+
+        Returns:
+            One status per record.
+        """
+        statuses = self.classify(records)
+        self.record(records, statuses)
+        return statuses
+
+    def advance_gc(self, now_us: int | None = None) -> int:
+        """Move the GC watermark to ``now - gc_delay`` (never back); drop what it passed.
+
+        Args:
+            now_us: The current time; the catalog's clock when None.
+
+        Returns:
+            Ids deleted.
+        """
+        now = self.now_us() if now_us is None else now_us
+        mark = max(self.gc_watermark_us, now - self.gc_delay_us)
+        # a bucket goes once all of it is behind the watermark
+        gone = sorted(b for b in self._tables if (b + 1) * self.bucket_us <= mark)
+        deleted = 0
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("INSERT OR REPLACE INTO dedup_meta VALUES ('gc_watermark_us', ?)", (mark,))
+            for b in gone:
+                deleted += int(conn.execute(f"SELECT count(*) FROM {self._table(b)}").fetchone()[0])
+                conn.execute(f"DROP TABLE {self._table(b)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self.gc_watermark_us = mark
+        self._tables.difference_update(gone)
+        self.blooms.drop_before(mark // self.bucket_us)
+        for b in [b for b in self._arrivals if (b + 1) * self.bucket_us <= mark]:
+            del self._arrivals[b]
+        self.metrics.ids_gcd += deleted
+        return deleted
+
+    def system_lag_us(self, now_us: int | None = None) -> int:
+        """Now minus the GC watermark (how far back duplicates are still caught)."""
+        return (self.now_us() if now_us is None else now_us) - self.gc_watermark_us
+
+    def close(self) -> None:
+        """Close the store."""
+        self.conn.close()

@@ -1,0 +1,134 @@
+"""The dedup catalog: Bloom filters in front of the store, GC watermark, metrics.
+
+Property tests (hypothesis) check: no false negative ever, measured FPR within the bound,
+offering a batch twice changes nothing the second time, and the GC never lets a duplicate
+younger than the watermark through.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rbloom import Bloom
+
+from onceflow.dedup import CatalogConfig, DedupCatalog, Status
+from onceflow.dedup.bloom import BucketBlooms, bloom_bits
+from onceflow.errors import ConfigError
+
+MIN = 60_000_000  # one minute in microseconds
+
+
+def _catalog(path: Path, **kw: float) -> DedupCatalog:
+    cfg = CatalogConfig(**{"gc_delay_s": 3600, "bucket_s": 600, "expected_rate_per_s": 10,
+                           "bloom_threshold": 5, **kw})
+    return DedupCatalog(path, cfg, now_us=lambda: 0)
+
+
+def test_unbounded_configuration_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="GC delay"):
+        CatalogConfig(gc_delay_s=None)
+    with pytest.raises(ConfigError, match="GC delay"):
+        CatalogConfig(gc_delay_s=0)
+    with pytest.raises(ConfigError, match="bucket_s"):
+        CatalogConfig(gc_delay_s=60, bucket_s=600)
+
+
+def test_new_duplicate_and_within_batch_repeat(tmp_path: Path) -> None:
+    cat = _catalog(tmp_path / "c.db")
+    assert cat.offer([("a", MIN), ("b", MIN), ("a", MIN)]) == [Status.NEW, Status.NEW, Status.DUPLICATE]
+    assert cat.offer([("a", MIN), ("c", MIN)]) == [Status.DUPLICATE, Status.NEW]
+    cat.close()
+    again = _catalog(tmp_path / "c.db")  # a restart: no start-up scan, the store still knows
+    assert again.offer([("b", MIN)]) == [Status.DUPLICATE]
+    assert again.metrics.store_reads == 1 and not again.blooms.buckets
+
+
+def test_bloom_is_built_lazily_and_then_avoids_store_reads(tmp_path: Path) -> None:
+    cat = _catalog(tmp_path / "c.db", bloom_threshold=100)
+    cat.offer([(f"x{i}", MIN) for i in range(99)])
+    assert cat.blooms.buckets == []  # below the threshold: lookups went to the store
+    assert cat.metrics.store_reads == 99
+    cat.offer([(f"y{i}", MIN) for i in range(1000)])
+    assert cat.blooms.buckets == [0]
+    assert cat.metrics.lookups_avoided >= 900
+    assert cat.offer([("x5", MIN), ("y7", MIN)]) == [Status.DUPLICATE, Status.DUPLICATE]
+
+
+def test_gc_drops_old_buckets_and_answers_too_old(tmp_path: Path) -> None:
+    cat = _catalog(tmp_path / "c.db")
+    cat.offer([(f"old{i}", MIN) for i in range(10)] + [(f"new{i}", 70 * MIN) for i in range(10)])
+    deleted = cat.advance_gc(now_us=80 * MIN)  # watermark 20 min: bucket [0, 10 min) goes
+    assert deleted == 10 and cat.metrics.ids_gcd == 10
+    assert cat.offer([("old3", MIN)]) == [Status.TOO_OLD]  # cannot be checked any more
+    assert cat.offer([("new3", 70 * MIN)]) == [Status.DUPLICATE]
+    assert cat.metrics.too_old == 1
+    assert cat.system_lag_us(now_us=80 * MIN) == 60 * MIN
+    cat.advance_gc(now_us=10 * MIN)  # the watermark never moves back
+    assert cat.gc_watermark_us == 20 * MIN
+    cat.close()
+    assert _catalog(tmp_path / "c.db").gc_watermark_us == 20 * MIN  # persisted
+
+
+ids = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=200)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ids)
+def test_bloom_never_gives_a_false_negative(keys: list[str]) -> None:
+    blooms = BucketBlooms(capacity=50, fpr=0.05)  # overfilled on purpose: still no false negative
+    blooms.build(3, keys[: len(keys) // 2])
+    blooms.add(3, keys[len(keys) // 2:])
+    assert all(blooms.maybe_contains(3, k) for k in keys)
+
+
+@pytest.mark.parametrize("fpr", [0.01, 0.001])
+def test_measured_false_positive_rate_is_within_the_bound(fpr: float) -> None:
+    n = 20_000
+    bloom = Bloom(n, fpr)
+    bloom.update(f"in-{i}" for i in range(n))
+    probes = 200_000
+    hits = sum(1 for i in range(probes) if f"out-{i}" in bloom)
+    assert hits / probes <= fpr * 1.3  # binomial noise: ~1.3x at these sizes
+    assert bloom.size_in_bits <= bloom_bits(n, fpr) * 1.05
+
+
+records = st.lists(st.tuples(st.sampled_from([f"e{i}" for i in range(30)]),
+                             st.integers(min_value=0, max_value=5 * MIN)), min_size=1, max_size=60)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records)
+def test_offering_a_batch_twice_is_idempotent(batch: list[tuple[str, int]]) -> None:
+    # a retried event carries its original's system time: make the id decide it
+    batch = [(e, int(e[1:]) * 10_000_000) for e, _ in batch]
+    with tempfile.TemporaryDirectory() as d:
+        cat = _catalog(Path(d) / "c.db", bloom_threshold=3)
+        first = cat.offer(batch)
+        assert sum(s is Status.NEW for s in first) == len({e for e, _ in batch})
+        tables = set(cat._tables)
+        assert cat.offer(batch) == [Status.DUPLICATE] * len(batch)
+        assert cat._tables == tables
+        cat.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(min_value=0, max_value=120), min_size=1, max_size=40),
+       st.integers(min_value=0, max_value=200))
+def test_gc_never_lets_a_duplicate_younger_than_the_watermark_through(
+        minutes: list[int], now_min: int) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        cat = _catalog(Path(d) / "c.db", gc_delay_s=1800, bucket_s=300, bloom_threshold=2)
+        batch = [(f"id{i}", m * MIN) for i, m in enumerate(minutes)]
+        cat.offer(batch)
+        cat.advance_gc(now_us=now_min * MIN)
+        again = cat.offer(batch)
+        for (_, ts), status in zip(batch, again, strict=True):
+            if ts >= cat.gc_watermark_us:
+                assert status is Status.DUPLICATE
+            else:
+                assert status is Status.TOO_OLD  # never NEW
+        cat.close()
