@@ -40,6 +40,14 @@ class CrashPoint(str, Enum):
     (a lost commit acknowledgement). The query fails; a restart must not apply it twice."""
 
 
+    INGEST_AFTER_STAGE = "ingest_after_stage"
+    """Receiver: the group's new events are staged (hidden file); ids not recorded yet."""
+    INGEST_AFTER_RECORD = "ingest_after_record"
+    """Receiver: ids and the pending segment committed to the catalog; not yet published."""
+    INGEST_AFTER_PUBLISH = "ingest_after_publish"
+    """Receiver: the segment is in the log; the senders have no ack yet."""
+
+
 class AmbiguousCommitError(RuntimeError):
     """Raised by the ``ambiguous_commit`` fault after a successful commit."""
 

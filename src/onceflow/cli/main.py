@@ -9,6 +9,7 @@ import click
 from onceflow import __version__
 from onceflow.cli.demo import demo
 from onceflow.cli.generate import generate
+from onceflow.cli.ingest import ingest, send
 from onceflow.cli.run import run
 from onceflow.cli.verify import verify
 from onceflow.errors import OnceflowError
@@ -24,6 +25,8 @@ cli.add_command(generate)
 cli.add_command(run)
 cli.add_command(demo)
 cli.add_command(verify)
+cli.add_command(ingest)
+cli.add_command(send)
 
 
 def main() -> None:

@@ -184,6 +184,7 @@ class DedupCatalog:
         self.metrics.lookups += len(records)
         statuses: list[Status | None] = [None] * len(records)
         to_read: dict[int, list[int]] = {}
+        bloom_maybe: set[int] = set()
         for i, (event_id, ts) in enumerate(records):
             if ts < self.gc_watermark_us:
                 statuses[i] = Status.TOO_OLD
@@ -191,19 +192,21 @@ class DedupCatalog:
             bucket = self.bucket_of(ts)
             self._arrivals[bucket] = self._arrivals.get(bucket, 0) + 1
             self._maybe_build(bucket)
-            if self.blooms.maybe_contains(bucket, event_id) is False:
+            answer = self.blooms.maybe_contains(bucket, event_id)
+            if answer is False:
                 statuses[i] = Status.NEW
                 self.metrics.lookups_avoided += 1
-            else:
-                to_read.setdefault(bucket, []).append(i)
+                continue
+            if answer:
+                bloom_maybe.add(i)
+            to_read.setdefault(bucket, []).append(i)
         for bucket, idxs in to_read.items():
             self.metrics.store_reads += len(idxs)
             stored = self._stored(bucket, [records[i][0] for i in idxs])
-            filtered = self.blooms.has(bucket)
             for i in idxs:
                 seen = records[i][0] in stored
                 statuses[i] = Status.DUPLICATE if seen else Status.NEW
-                if filtered and not seen:
+                if i in bloom_maybe and not seen:
                     self.metrics.false_positives += 1
         first: set[str] = set()
         out: list[Status] = []
@@ -218,12 +221,15 @@ class DedupCatalog:
         self.metrics.too_old += sum(s is Status.TOO_OLD for s in out)
         return out
 
-    def record(self, records: Sequence[tuple[str, int]], statuses: Sequence[Status]) -> None:
+    def record(self, records: Sequence[tuple[str, int]], statuses: Sequence[Status],
+               in_txn: Callable[[sqlite3.Connection], None] | None = None) -> None:
         """Steps 2-3: durably insert the NEW ids, then add them to the filters.
 
         Args:
             records: As given to :meth:`classify`.
             statuses: What :meth:`classify` returned for them.
+            in_txn: Runs inside the same transaction (the ingest receiver records its pending
+                segment there, so ids and segment are committed together).
         """
         by_bucket: dict[int, list[str]] = {}
         for (event_id, ts), status in zip(records, statuses, strict=True):
@@ -234,6 +240,8 @@ class DedupCatalog:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if in_txn is not None:
+                in_txn(conn)
             for bucket, ids in by_bucket.items():
                 if bucket not in self._tables:
                     conn.execute(f"CREATE TABLE IF NOT EXISTS {self._table(bucket)}"

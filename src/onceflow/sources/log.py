@@ -8,7 +8,7 @@ segments in append order.
 
 Append protocol (one segment), safe against a crash at any step:
 
-1. Write the table to ``LOG_DIR/.seg-<seq>.parquet.tmp``. Hidden names are
+1. Write the table to a hidden ``LOG_DIR/.<name>.tmp``. Hidden names are
    ignored by Spark's file source and by :meth:`EventLog.segments`, so a partial
    file is never read.
 2. ``fsync`` the temporary file.
@@ -17,9 +17,11 @@ Append protocol (one segment), safe against a crash at any step:
 5. ``fsync`` the directory so the rename survives a power loss.
 
 A crash before step 4 leaves only a hidden ``.tmp`` file, removed by the next
-writer. A crash after step 4 leaves a complete segment. Segments are never
-modified after step 4; the sequence number of a new segment is one more than
-the highest existing one, so a restarted writer continues the order.
+:meth:`EventLog.append` (``.seg-*``) or resolved by the ingest receiver's recovery
+(``.ingest-*``, which stages and publishes in separate steps). A crash after
+step 4 leaves a complete segment. Segments are never modified after step 4;
+the sequence number of a new segment is one more than the highest existing
+one, so a restarted writer continues the order.
 """
 
 from __future__ import annotations
@@ -169,27 +171,56 @@ class EventLog:
             BadSegmentError: ``table`` does not have the event schema (nothing is
                 written).
         """
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for leftover in self.directory.glob(".seg-*.tmp"):
+            leftover.unlink(missing_ok=True)
+        return self.publish(self.stage(table, ".seg-next.parquet.tmp"))
+
+    def stage(self, table: pa.Table, name: str) -> Path:
+        """Steps 1-2: write ``table`` durably under a hidden name, not yet in the log.
+
+        Args:
+            table: Events with exactly the event schema.
+            name: The hidden file name (must start with ``.`` and end with ``.tmp``).
+
+        Returns:
+            The staged file, for :meth:`publish`.
+
+        Raises:
+            BadSegmentError: ``table`` does not have the event schema (nothing is written).
+        """
+        if not (name.startswith(".") and name.endswith(".tmp")):
+            raise ValueError(f"staged names are hidden .tmp files, got {name!r}")
         problems = schema_problems(table.schema)
         if problems:
             raise BadSegmentError("<table to append>", "wrong schema: " + "; ".join(problems))
         self.directory.mkdir(parents=True, exist_ok=True)
-        for leftover in self.directory.glob(".seg-*.tmp"):
-            leftover.unlink(missing_ok=True)
-        existing = self.segments()
-        seq = existing[-1].seq + 1 if existing else 1
-        floor_ns = existing[-1].path.stat().st_mtime_ns if existing else 0
-        final = self.directory / f"seg-{seq:012d}.parquet"
-        tmp = self.directory / f".seg-{seq:012d}.parquet.tmp"
+        tmp = self.directory / name
         pq.write_table(table.select([n for n in EVENT_SCHEMA.names]), tmp)  # 1
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)  # 2
         finally:
             os.close(fd)
+        return tmp
+
+    def publish(self, staged: Path) -> Segment:
+        """Steps 3-5: make a staged file the next segment.
+
+        Args:
+            staged: A file from :meth:`stage`.
+
+        Returns:
+            The published segment.
+        """
+        existing = self.segments()
+        seq = existing[-1].seq + 1 if existing else 1
+        floor_ns = existing[-1].path.stat().st_mtime_ns if existing else 0
+        final = self.directory / f"seg-{seq:012d}.parquet"
         # 3. Spark compares modification times in milliseconds.
         mtime = max(time.time_ns() // _MS, floor_ns // _MS + 1) * _MS
-        os.utime(tmp, ns=(mtime, mtime))
-        os.rename(tmp, final)  # 4
+        os.utime(staged, ns=(mtime, mtime))
+        os.rename(staged, final)  # 4
         _fsync_dir(self.directory)  # 5
         return Segment(seq, final)
 

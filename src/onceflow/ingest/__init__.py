@@ -1,0 +1,1 @@
+"""Exactly-once ingest: senders with a durable outbox -> HTTP receiver -> dedup catalog -> event log."""
