@@ -1,0 +1,128 @@
+"""Ingest end to end with real processes on loopback: senders -> receiver -> log.
+
+Acks are dropped (a receiver fault switch), the receiver dies at two named crash points and
+by SIGKILL mid-stream, a sender is SIGKILLed and restarted. Afterwards the log holds every
+sent event_id exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from onceflow.faults import CRASH_ENV
+from onceflow.ingest.receiver import DROP_ACKS_ENV
+from onceflow.sources.log import EventLog
+
+pytestmark = pytest.mark.faults
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Proc:
+    def __init__(self, args: list[str], out: Path, env: dict[str, str] | None = None) -> None:
+        full = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+        full.update(env or {})
+        self.out = out
+        self._f = open(out, "a")  # noqa: SIM115
+        self.p = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", *args], env=full,
+                                  stdout=self._f, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait(timeout=30)
+
+    def wait(self, timeout: float) -> int:
+        return self.p.wait(timeout=timeout)
+
+
+def _health(port: int) -> dict[str, object] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+    except OSError:
+        return None
+
+
+def _receiver(tmp: Path, port: int, life: int, env: dict[str, str]) -> Proc:
+    proc = Proc(["ingest", "serve", "--log", str(tmp / "log"), "--catalog", str(tmp / "catalog.db"),
+                 "--port", str(port)], tmp / f"receiver{life}.out", env)
+    deadline = time.monotonic() + 60
+    while _health(port) is None:
+        assert proc.p.poll() is None or proc.p.returncode == -9, (tmp / f"receiver{life}.out").read_text()
+        if proc.p.poll() is not None:
+            break  # died at its crash point before we saw it
+        assert time.monotonic() < deadline, "receiver did not start"
+        time.sleep(0.1)
+    return proc
+
+
+def _new_events(port: int) -> int:
+    h = _health(port)
+    return int(h["receiver"]["events_new"]) if h else 0  # type: ignore[index]
+
+
+def test_every_event_exactly_once_through_receiver_and_sender_crashes(tmp_path: Path) -> None:
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    per_sender = 6_000
+
+    def sender(name: str, life: int) -> Proc:
+        return Proc(["send", "--url", url, "--outbox", str(tmp_path / f"{name}.db"), "--sender-id", name,
+                     "--events", str(per_sender), "--batch-size", "250", "--rate", "3000"],
+                    tmp_path / f"{name}-{life}.out")
+
+    drop = {DROP_ACKS_ENV: "0.3"}
+    # life 1 dies by itself after recording group 5's ids, before publishing its segment
+    recv = _receiver(tmp_path, port, 1, {**drop, CRASH_ENV: "ingest_after_record@5"})
+    senders = {"s1": sender("s1", 1), "s2": sender("s2", 1)}
+    assert recv.wait(timeout=120) == -9
+    # life 2 dies after staging group 3's segment, before recording its ids
+    recv = _receiver(tmp_path, port, 2, {**drop, CRASH_ENV: "ingest_after_stage@3"})
+    assert recv.wait(timeout=120) == -9
+    recv = _receiver(tmp_path, port, 3, drop)
+    deadline = time.monotonic() + 120
+    while _new_events(port) < 1_500:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    senders["s1"].kill()  # a sender dies mid-stream; its outbox survives
+    recv.kill()  # and the receiver, mid-batch
+    recv = _receiver(tmp_path, port, 4, drop)
+    senders["s1"] = sender("s1", 2)
+    try:
+        for name, proc in senders.items():
+            assert proc.wait(timeout=300) == 0, (tmp_path / f"{name}-2.out").read_text()
+    finally:
+        for proc in senders.values():
+            proc.kill()
+        health = _health(port)
+        recv.kill()
+    assert health is not None
+    ids = []
+    for seg in EventLog(tmp_path / "log").segments():
+        ids += pq.read_table(seg.path, columns=["event_id"]).column(0).to_pylist()
+    expected = {f"ev-{s}-{i}" for s in ("s1", "s2") for i in range(per_sender)}
+    assert len(ids) == len(set(ids)), "an event was published twice"
+    assert set(ids) == expected
+    outs = "".join(p.read_text() for p in tmp_path.glob("receiver*.out"))
+    assert "crash point ingest_after_record" in outs and "crash point ingest_after_stage" in outs
+    assert '"recovered_segments": 1' in (tmp_path / "receiver2.out").read_text()
+    assert health["receiver"]["events_duplicate"] > 0  # type: ignore[index]  # dropped acks were retried
+    assert not list((tmp_path / "log").glob(".ingest-*"))
