@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -189,9 +190,11 @@ class DedupCatalog:
             if ts < self.gc_watermark_us:
                 statuses[i] = Status.TOO_OLD
                 continue
-            bucket = self.bucket_of(ts)
-            self._arrivals[bucket] = self._arrivals.get(bucket, 0) + 1
-            self._maybe_build(bucket)
+            bucket = ts // self.bucket_us
+            arrived = self._arrivals.get(bucket, 0) + 1
+            self._arrivals[bucket] = arrived
+            if arrived == self.cfg.bloom_threshold or (arrived == 1 and self.cfg.bloom_threshold == 0):
+                self._maybe_build(bucket)
             answer = self.blooms.maybe_contains(bucket, event_id)
             if answer is False:
                 statuses[i] = Status.NEW
@@ -217,8 +220,9 @@ class DedupCatalog:
                     status = Status.DUPLICATE
                 first.add(event_id)
             out.append(status)
-        self.metrics.duplicates_dropped += sum(s is Status.DUPLICATE for s in out)
-        self.metrics.too_old += sum(s is Status.TOO_OLD for s in out)
+        counts = Counter(out)
+        self.metrics.duplicates_dropped += counts[Status.DUPLICATE]
+        self.metrics.too_old += counts[Status.TOO_OLD]
         return out
 
     def record(self, records: Sequence[tuple[str, int]], statuses: Sequence[Status],

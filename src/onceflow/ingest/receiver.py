@@ -38,6 +38,7 @@ import random
 import sqlite3
 import sys
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,9 +160,10 @@ class Receiver:
             maybe_crash(CrashPoint.INGEST_AFTER_PUBLISH, n)
             self.catalog.conn.execute("DELETE FROM ingest_pending WHERE token = ?", (token,))  # 5
             self.stats.segments += 1
+        counts = Counter(statuses)
         self.stats.events_new += len(fresh)
-        self.stats.events_duplicate += sum(s is Status.DUPLICATE for s in statuses)
-        self.stats.events_too_old += sum(s is Status.TOO_OLD for s in statuses)
+        self.stats.events_duplicate += counts[Status.DUPLICATE]
+        self.stats.events_too_old += counts[Status.TOO_OLD]
         self.stats.group_sizes.append(len(flat))
         out, i = [], 0
         for g in groups:
@@ -214,11 +216,12 @@ class Receiver:
             request.transport.close()  # fault: committed, but the ack never arrives
             return web.Response(status=500)
         self.stats.requests += 1
+        counts = Counter(statuses)
         return web.json_response({
             "statuses": [s.value for s in statuses],
-            "accepted": sum(s is Status.NEW for s in statuses),
-            "duplicates": sum(s is Status.DUPLICATE for s in statuses),
-            "too_old": sum(s is Status.TOO_OLD for s in statuses),
+            "accepted": counts[Status.NEW],
+            "duplicates": counts[Status.DUPLICATE],
+            "too_old": counts[Status.TOO_OLD],
         })
 
     async def handle_health(self, request: web.Request) -> web.Response:
@@ -227,6 +230,8 @@ class Receiver:
         return web.json_response({"receiver": {k: v for k, v in vars(self.stats).items()
                                                if k != "group_sizes"},
                                   "catalog": vars(m),
+                                  "bloom_bytes": self.catalog.blooms.nbytes,
+                                  "bloom_buckets": self.catalog.blooms.buckets,
                                   "gc_watermark_us": self.catalog.gc_watermark_us})
 
     async def _gc_loop(self) -> None:
