@@ -58,7 +58,7 @@ DROP_ACKS_ENV = "ONCEFLOW_INGEST_DROP_ACKS"
 
 @dataclass
 class _Pending:
-    events: list[dict[str, Any]]
+    events: pa.Table
     done: asyncio.Future[list[Status]]
 
 
@@ -131,22 +131,23 @@ class Receiver:
         return published
 
     # ----------------------------------------------------------------- commit
-    def commit_group(self, groups: list[list[dict[str, Any]]]) -> list[list[Status]]:
+    def commit_group(self, groups: list[pa.Table]) -> list[list[Status]]:
         """Steps 1-5 for the events of several requests (blocking).
 
         Args:
-            groups: Each request's validated events.
+            groups: Each request's validated events (columns of the wire format).
 
         Returns:
             Each request's statuses.
         """
-        flat = [e for g in groups for e in g]
-        records = [(e["event_id"], e["system_time"]) for e in flat]
+        flat = pa.concat_tables(groups)
+        records = list(zip(flat.column("event_id").to_pylist(),
+                           flat.column("system_time").to_pylist(), strict=True))
         statuses = self.catalog.classify(records)  # 1
-        fresh = [e for e, s in zip(flat, statuses, strict=True) if s is Status.NEW]
+        fresh = flat.filter(pa.array([s is Status.NEW for s in statuses], pa.bool_()))
         self.stats.groups += 1
         n = self.stats.groups
-        if fresh:
+        if fresh.num_rows:
             token = uuid.uuid4().hex
             staged = self.log.stage(_to_table(fresh), f".ingest-{token}.parquet.tmp")  # 2
             maybe_crash(CrashPoint.INGEST_AFTER_STAGE, n)
@@ -161,25 +162,25 @@ class Receiver:
             self.catalog.conn.execute("DELETE FROM ingest_pending WHERE token = ?", (token,))  # 5
             self.stats.segments += 1
         counts = Counter(statuses)
-        self.stats.events_new += len(fresh)
+        self.stats.events_new += fresh.num_rows
         self.stats.events_duplicate += counts[Status.DUPLICATE]
         self.stats.events_too_old += counts[Status.TOO_OLD]
-        self.stats.group_sizes.append(len(flat))
+        self.stats.group_sizes.append(flat.num_rows)
         out, i = [], 0
         for g in groups:
-            out.append(statuses[i:i + len(g)])
-            i += len(g)
+            out.append(statuses[i:i + g.num_rows])
+            i += g.num_rows
         return out
 
     async def _committer(self) -> None:
         assert self._queue is not None
         while True:
             first = await self._queue.get()
-            batch, size = [first], len(first.events)
+            batch, size = [first], first.events.num_rows
             while not self._queue.empty() and size < self.max_group_events:
                 nxt = self._queue.get_nowait()
                 batch.append(nxt)
-                size += len(nxt.events)
+                size += nxt.events.num_rows
             try:
                 results = await asyncio.to_thread(self.commit_group, [p.events for p in batch])
             except BaseException as exc:
@@ -203,7 +204,7 @@ class Receiver:
         except web.HTTPRequestEntityTooLarge as exc:
             self.stats.rejected += 1
             return web.json_response({"error": f"request body too large: {exc.text}"}, status=413)
-        if not events:
+        if not events.num_rows:
             return web.json_response({"statuses": [], "accepted": 0})
         assert self._queue is not None
         pending = _Pending(events, asyncio.get_running_loop().create_future())
@@ -256,16 +257,9 @@ class Receiver:
         return app
 
 
-def _to_table(events: list[dict[str, Any]]) -> pa.Table:
-    return pa.Table.from_pydict({
-        "event_id": [e["event_id"] for e in events],
-        "user": [e["user"] for e in events],
-        "event_time": pa.array([e["event_time"] for e in events], pa.int64()).cast(
-            EVENT_SCHEMA.field("event_time").type),
-        "system_time": pa.array([e["system_time"] for e in events], pa.int64()).cast(
-            EVENT_SCHEMA.field("system_time").type),
-        "bytes": pa.array([e["bytes"] for e in events], pa.int64()),
-    }, schema=EVENT_SCHEMA)
+def _to_table(events: pa.Table) -> pa.Table:
+    """Wire-format columns -> the event schema (microsecond integers become timestamps)."""
+    return pa.table([events.column(f.name).cast(f.type) for f in EVENT_SCHEMA], schema=EVENT_SCHEMA)
 
 
 def serve(receiver: Receiver, host: str, port: int) -> None:
