@@ -82,6 +82,7 @@ def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, 
     (["--faults", "meteor_strike"], "unknown faults ['meteor_strike']"),
     (["--faults", "executor_kill"], "needs --cluster"),
     (["--faults", "late_events"], "needs at least one of"),
+    (["--faults", "receiver_kill"], "need --ingest"),
 ])
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
     rc, out, _ = _verify(tmp_path, *args, timeout=60)
@@ -100,3 +101,37 @@ def test_executor_kill_on_a_multi_process_cluster(tmp_path: Path, sink: str,
     assert rounds[0]["outcome"].startswith("executor SIGKILLed while busy"), rounds[0]
     driver_log = (tmp_path / "work" / "out" / "round0001-executor_kill.out").read_text()
     assert "Lost executor" in driver_log  # Spark saw the executor die and went on
+
+
+INGEST_FAULTS = ["receiver_kill", "receiver_crash_after_stage", "receiver_crash_after_record",
+                 "receiver_crash_after_publish", "sender_kill", "dropped_acks"]
+
+
+def test_end_to_end_through_senders_and_the_receiver(tmp_path: Path) -> None:
+    faults = ["crash_after_sink_commit", *INGEST_FAULTS, "producer_duplicates", "late_events"]
+    rc, out, rep = _verify(tmp_path, "--ingest", "--rounds", "6", "--seed", "5", "--events-per-round",
+                           "2000", "--faults", ",".join(faults))
+    assert rc == 0, out
+    kinds = rep["faults_by_kind"]
+    assert isinstance(kinds, dict)
+    assert all(kinds.get(f, 0) >= 1 for f in faults), kinds
+    rounds = rep["rounds"]
+    assert isinstance(rounds, list)
+    outcomes = {r["fault"]: r["outcome"] for r in rounds}
+    assert outcomes["crash_after_sink_commit"] == "driver died at after_sink_commit"
+    for point in ("stage", "record", "publish"):
+        assert outcomes[f"receiver_crash_after_{point}"].startswith(f"receiver died at ingest_after_{point}")
+    assert outcomes["receiver_kill"].startswith("receiver SIGKILLed mid-stream")
+    assert outcomes["sender_kill"].startswith("sender SIGKILLed mid-stream")
+    ingest = rep["ingest"]
+    assert isinstance(ingest, dict)
+    assert ingest["ids_sent"] == 12_000 and ingest["rows_in_log"] == 12_000
+    assert ingest["lost"] == ingest["duplicated"] == ingest["unexpected"] == 0
+    assert ingest["receiver_lives"] >= 6 and ingest["sender_lives"] >= 7
+    senders = (tmp_path / "work" / "out" / "sender.out").read_text()
+    assert " retries" in senders and any(  # dropped acks made senders repeat delivered batches
+        int(line.split(" retries")[0].rsplit(" ", 1)[1]) > 0 for line in senders.splitlines()
+        if line.startswith("sent:"))
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]

@@ -49,14 +49,29 @@ def test_new_duplicate_and_within_batch_repeat(tmp_path: Path) -> None:
 
 def test_bloom_is_built_lazily_and_then_avoids_store_reads(tmp_path: Path) -> None:
     cat = _catalog(tmp_path / "c.db", bloom_threshold=100)
-    cat.offer([(f"x{i}", MIN) for i in range(99)])
+    cat.offer([(f"w{i}", MIN) for i in range(10)])  # an empty store has nothing to read
+    assert cat.metrics.store_reads == 0
+    cat.offer([(f"x{i}", MIN) for i in range(89)])
     assert cat.blooms.buckets == []  # below the threshold: lookups went to the store
-    assert cat.metrics.store_reads == 99
+    assert cat.metrics.store_reads == 89
     cat.offer([(f"y{i}", MIN) for i in range(1000)])
     assert cat.blooms.buckets == [0]
     assert cat.metrics.lookups_avoided >= 900
     assert cat.metrics.false_positives < 50  # only a filter's "maybe" that was wrong counts
-    assert cat.offer([("x5", MIN), ("y7", MIN)]) == [Status.DUPLICATE, Status.DUPLICATE]
+    assert cat.offer([("x5", MIN), ("y7", MIN), ("w1", MIN)]) == [Status.DUPLICATE] * 3
+
+
+def test_an_id_sent_again_with_a_later_stamp_is_a_duplicate(tmp_path: Path) -> None:
+    # the application handed its sender the same id twice: the second copy got a new system
+    # time in a later bucket, and must still be caught while the first is younger than GC
+    cat = _catalog(tmp_path / "c.db", bloom_threshold=3)
+    cat.offer([(f"a{i}", MIN) for i in range(10)])
+    assert cat.offer([("a1", 25 * MIN), ("b", 25 * MIN)]) == [Status.DUPLICATE, Status.NEW]
+    for _ in range(3):  # filters of both buckets built: the answer holds
+        assert cat.offer([("a2", 31 * MIN), ("b", 45 * MIN)]) == [Status.DUPLICATE] * 2
+    assert cat.blooms.buckets == [0, 2]
+    cat.advance_gc(now_us=70 * MIN)  # bucket 0 (a*) gone; b's bucket still live
+    assert cat.offer([("a3", 69 * MIN), ("b", 69 * MIN)]) == [Status.NEW, Status.DUPLICATE]
 
 
 def test_gc_drops_old_buckets_and_answers_too_old(tmp_path: Path) -> None:
@@ -132,4 +147,19 @@ def test_gc_never_lets_a_duplicate_younger_than_the_watermark_through(
                 assert status is Status.DUPLICATE
             else:
                 assert status is Status.TOO_OLD  # never NEW
+        cat.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.sampled_from([f"e{i}" for i in range(20)]),
+                          st.integers(min_value=0, max_value=50)), min_size=1, max_size=80))
+def test_each_id_is_new_once_whatever_its_stamps(sends: list[tuple[str, int]]) -> None:
+    # within the GC delay, an id is NEW exactly once however its copies are stamped and batched
+    with tempfile.TemporaryDirectory() as d:
+        cat = _catalog(Path(d) / "c.db", bloom_threshold=4)
+        new: list[str] = []
+        for i in range(0, len(sends), 7):
+            part = [(e, m * MIN) for e, m in sends[i:i + 7]]
+            new += [e for (e, _), st_ in zip(part, cat.offer(part), strict=True) if st_ is Status.NEW]
+        assert sorted(new) == sorted({e for e, _ in sends})
         cat.close()

@@ -12,6 +12,11 @@ Protocol of one verify run:
 4. Judge the sink with the oracle (:mod:`onceflow.audit.oracle`), which reads only the log
    and Spark's checkpoint.
 
+With ``ingest`` the chunks of step 2 go through real senders and a real receiver instead
+(:mod:`onceflow.audit.ingest_rig`): a round ends when its sender has every event acked, the
+receiver is stopped before the final drain, and the log is checked against the input
+(each event exactly once) besides the oracle's check of the sink.
+
 Round kinds cycle through the selected faults in order, so every kind runs at least once
 when ``rounds >= len(faults)``; timings within a round come from the seeded RNG.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -30,6 +36,13 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.audit.driver import Driver, busy_executor, wait_until
+from onceflow.audit.ingest_rig import (
+    DROP_ACKS,
+    INGEST_INPUT_FAULTS,
+    INGEST_ROUND_FAULTS,
+    RECEIVER_CRASHES,
+    IngestRig,
+)
 from onceflow.audit.oracle import expect
 from onceflow.audit.targets import KINDS, SinkTarget
 from onceflow.audit.verdict import Verdict
@@ -46,14 +59,17 @@ CRASH_FAULTS = {
 }
 """Fault name -> crash point: the driver SIGKILLs its JVM and itself there."""
 
-ROUND_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change",
-                "executor_kill"]
+SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill"]
+"""Faults of the Spark side that make a round."""
+
+ROUND_FAULTS = SPARK_FAULTS + INGEST_ROUND_FAULTS
 """Faults that make a round."""
 
-INPUT_FAULTS = ["producer_duplicates", "late_events"]
-"""Faults in the input itself (from the generator)."""
+INPUT_FAULTS = ["producer_duplicates", "late_events", *INGEST_INPUT_FAULTS]
+"""Faults that hold for the whole run (in the input, or the receiver dropping acks)."""
 
 ALL_FAULTS = ROUND_FAULTS + INPUT_FAULTS
+INGEST_FAULTS = INGEST_ROUND_FAULTS + INGEST_INPUT_FAULTS
 CLUSTER_MASTER = "local-cluster[2,1,1024]"
 
 
@@ -71,6 +87,7 @@ class VerifyConfig:
         pg_dsn: PostgreSQL server for postgres sinks (else ``$ONCEFLOW_PG_DSN``); the run
             writes into a new schema there.
         cluster: Run drivers on ``local-cluster[2,1,1024]`` (needed by ``executor_kill``).
+        ingest: Feed the log through senders and a receiver (needed by the ingest faults).
         events_per_round: Distinct events generated per round.
         segment_size: Rows per segment.
         round_timeout_s: Longest a round may wait for its fault to happen.
@@ -83,6 +100,7 @@ class VerifyConfig:
     sink: str = "sqlite"
     pg_dsn: str | None = None
     cluster: bool = False
+    ingest: bool = False
     events_per_round: int = 4_000
     segment_size: int = 1_000
     round_timeout_s: float = 240.0
@@ -95,6 +113,9 @@ class VerifyConfig:
             raise ConfigError(f"--faults needs at least one of {', '.join(ROUND_FAULTS)}")
         if "executor_kill" in self.faults and not self.cluster:
             raise ConfigError("the executor_kill fault needs --cluster (executors in their own JVMs)")
+        ingest_faults = [f for f in self.faults if f in INGEST_FAULTS]
+        if ingest_faults and not self.ingest:
+            raise ConfigError(f"the faults {ingest_faults} need --ingest (senders -> receiver -> log)")
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if self.sink not in KINDS:
@@ -132,10 +153,11 @@ class VerifyResult:
     batches: list[dict[str, Any]] = field(default_factory=list)
     started_epoch_ms: int = 0
     final_drain_s: tuple[float, float] = (0.0, 0.0)
+    ingest: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
-        """No violation and a clean final drain."""
+        """No violation (the ingest check's are in the verdict too) and a clean final drain."""
         return self.verdict.ok and self.final_exit_code == 0
 
     def faults_by_kind(self) -> dict[str, int]:
@@ -206,6 +228,11 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     master = CLUSTER_MASTER if cfg.cluster else None
     records: list[RoundRecord] = []
     input_rows = 0
+    rig = None
+    if cfg.ingest:
+        rig = IngestRig(work, log_dir, DROP_ACKS if "dropped_acks" in cfg.faults else 0.0)
+        rig.start_receiver()
+        say(f"ingest: receiver on {rig.url}")
 
     def driver(tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
         return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
@@ -214,32 +241,95 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     for i, chunk in enumerate(chunks):
         fault = kinds[i % len(kinds)]
         rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
-        log.append(chunk[0])
         input_rows += sum(t.num_rows for t in chunk)
-        feeder = _Feeder(log, chunk[1:], pace_s=0.5)
         tag = f"round{i + 1:04d}-{fault}"
-        try:
-            _inject(fault, driver, tag, rec, target, rng, cfg.round_timeout_s, t0)
-        finally:
-            feeder.join()
+        if rig is None:
+            log.append(chunk[0])
+            feeder = _Feeder(log, chunk[1:], pace_s=0.5)
+            try:
+                _inject(fault, driver, tag, rec, target, rng, cfg.round_timeout_s, t0)
+            finally:
+                feeder.join()
+        else:
+            _ingest_round(fault, rig, chunk, driver, tag, rec, target, rng, cfg.round_timeout_s, t0)
         rec.segments_appended = len(chunk)
         rec.markers_after = target.committed_batches()
         rec.ended_s = time.monotonic() - t0
         records.append(rec)
         say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
             f"(markers {rec.markers_before} -> {rec.markers_after})")
+    ingest = None
+    if rig is not None:
+        chk = rig.stop()
+        ingest = asdict(chk)
+        say(f"ingest: {chk.ids_sent} distinct events sent, {chk.rows_in_log} rows in the log, "
+            f"{chk.lost} lost, {chk.duplicated} duplicated ({chk.receiver_lives} receiver lives, "
+            f"{chk.sender_lives} sender lives)")
     drain_start = time.monotonic() - t0
     final = driver("final", once=True, max_files=3)
     final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
     drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
     verdict = target.judge(expect(ck))
+    verdict.violations += ingest["violations"] if ingest else []
     conf = asdict(cfg)
     conf["workdir"] = str(cfg.workdir)
     conf["pg_dsn"] = None  # reports never hold connection strings
     conf["sink_location"] = target.name
     return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
-                        target.batches(), started_epoch_ms, drain)
+                        target.batches(), started_epoch_ms, drain, ingest)
+
+
+def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], driver: Callable[..., Driver],
+                  tag: str, rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float,
+                  t0: float) -> None:
+    """One round of a run with ``ingest``: the input goes through a sender and the receiver."""
+    point = RECEIVER_CRASHES.get(fault)
+    if point:  # this receiver life dies by itself at its second group commit
+        rig.kill_receiver()
+        rig.start_receiver(crash_at=f"{point}@2")
+    base = rig.events_new()
+    rig.feed(rec.round, chunk)
+    if fault not in INGEST_ROUND_FAULTS:
+        _inject(fault, driver, tag, rec, target, rng, timeout, t0)
+        try:
+            rig.wait_sender(timeout)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            rec.outcome += f"; the sender did not finish: {exc}"
+        return
+    d = driver(tag)
+    try:
+        if point:
+            assert rig.receiver is not None
+            try:
+                rc = rig.receiver.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+                rig.kill_receiver()
+            rec.fault_s = time.monotonic() - t0
+            rig.start_receiver()
+            rec.outcome = (f"receiver died at {point}, restarted" if rc == -9
+                           else f"receiver did not die at {point} (exit code {rc}); restarted")
+        else:
+            wait_until(lambda: rig.events_new() > base, timeout, "events of this round in the log")
+            time.sleep(rng.uniform(0.0, 0.5))
+            rec.fault_s = time.monotonic() - t0
+            if fault == "receiver_kill":
+                rig.kill_receiver()
+                rig.start_receiver()
+                rec.outcome = "receiver SIGKILLed mid-stream, restarted"
+            else:
+                rig.kill_sender()
+                rig.start_sender()
+                rec.outcome = "sender SIGKILLed mid-stream, restarted from its outbox"
+        rig.wait_sender(timeout)
+        wait_until(lambda: target.committed_batches() > rec.markers_before, timeout,
+                   "a committed batch in this round")
+    except (AssertionError, subprocess.TimeoutExpired) as exc:
+        rec.outcome = f"{rec.outcome}; timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode
 
 
 def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecord, target: SinkTarget,

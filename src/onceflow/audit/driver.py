@@ -21,7 +21,64 @@ RETAIN_ALL = 1_000_000_000
 """Checkpoint history kept for audited runs: the oracle replays from batch 0."""
 
 
-class Driver:
+class ProcessGroup:
+    """A ``python -m onceflow.cli.main`` subprocess in its own process group.
+
+    Args:
+        args: The command's arguments (after ``onceflow``).
+        out: File that receives the process's stdout and stderr (appended to).
+        env: Extra environment variables (a crash point is never inherited).
+    """
+
+    def __init__(self, args: list[str], out: Path, env: dict[str, str] | None = None) -> None:
+        full = os.environ.copy()
+        full.pop(CRASH_ENV, None)
+        full.update(env or {})
+        self.out_path = out
+        self._out = open(out, "a")  # noqa: SIM115 - closed in wait()/kill()
+        self.proc = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", *args],
+                                     stdout=self._out, stderr=subprocess.STDOUT, env=full,
+                                     start_new_session=True)
+
+    def output(self) -> str:
+        """Everything the process printed so far."""
+        return self.out_path.read_text()
+
+    def group_alive(self) -> bool:
+        """Whether any process of the group is still alive."""
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (a driver and its JVM die together)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+        self._reap()
+
+    def wait(self, timeout: float = 300) -> int:
+        """Wait for the process to exit and for its group to be gone; return its exit code."""
+        rc = self.proc.wait(timeout=timeout)
+        self._reap()
+        return rc
+
+    def _reap(self) -> None:
+        # After a self-kill at a crash point, nothing of the group may survive for long.
+        deadline = time.monotonic() + 20
+        while self.group_alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if self.group_alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            raise AssertionError("processes of the killed process outlived it by 20 s")
+        self._out.close()
+
+
+class Driver(ProcessGroup):
     """One ``onceflow run`` process in its own process group (Python driver + JVM + workers).
 
     Args:
@@ -40,63 +97,17 @@ class Driver:
     def __init__(self, log: Path, ck: Path, db: Path | None, out: Path, *, once: bool = False,
                  crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
                  master: str | None = None, env: dict[str, str] | None = None) -> None:
-        extra = env
-        env = os.environ.copy()
-        env.pop(CRASH_ENV, None)
-        if crash_at:
-            env[CRASH_ENV] = crash_at
-        env.update(extra or {})
-        cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(log),
-               "--checkpoint", str(ck), "--sink", sink,
-               "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds",
-               "--retain-batches", str(RETAIN_ALL)]
+        args = ["run", "--log", str(log), "--checkpoint", str(ck), "--sink", sink,
+                "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds",
+                "--retain-batches", str(RETAIN_ALL)]
         if db is not None:
-            cmd += ["--db", str(db)]
+            args += ["--db", str(db)]
         if once:
-            cmd.append("--once")
+            args.append("--once")
         if master:
-            cmd += ["--master", master]
-        self.out_path = out
-        self._out = open(out, "w")  # noqa: SIM115 - closed in wait()/kill()
-        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-
-    def output(self) -> str:
-        """Everything the process printed so far."""
-        return self.out_path.read_text()
-
-    def group_alive(self) -> bool:
-        """Whether any process of the driver's group is still alive."""
-        try:
-            os.killpg(self.proc.pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group: the driver and its JVM die together."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        self._reap()
-
-    def wait(self, timeout: float = 300) -> int:
-        """Wait for the driver to exit and for its group to be gone; return its exit code."""
-        rc = self.proc.wait(timeout=timeout)
-        self._reap()
-        return rc
-
-    def _reap(self) -> None:
-        # After a self-kill at a crash point, nothing of the group may survive for long.
-        deadline = time.monotonic() + 20
-        while self.group_alive() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if self.group_alive():
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            raise AssertionError("processes of the killed driver outlived it by 20 s")
-        self._out.close()
+            args += ["--master", master]
+        out.write_text("")
+        super().__init__(args, out, {**(env or {}), **({CRASH_ENV: crash_at} if crash_at else {})})
 
 
 def committed_batches(db: Path) -> int:

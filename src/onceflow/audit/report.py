@@ -18,6 +18,9 @@ _COLORS = {
     "crash_inside_sink_txn": "#bcbd22", "crash_after_sink_commit": "#9467bd",
     "crash_after_commit_log": "#8c564b", "ambiguous_commit": "#e377c2",
     "trigger_change": "#17becf", "executor_kill": "#7f7f7f",
+    "receiver_kill": "#1f77b4", "receiver_crash_after_stage": "#aec7e8",
+    "receiver_crash_after_record": "#98df8a", "receiver_crash_after_publish": "#ffbb78",
+    "sender_kill": "#c49c94",
 }
 
 
@@ -33,6 +36,7 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
         "verdict": result.verdict.to_json(),
         "rounds": [asdict(r) for r in result.rounds],
         "batches": result.batches,
+        "ingest": result.ingest,
     }
 
 
@@ -54,6 +58,10 @@ def print_summary(result: VerifyResult, console: Console | None = None) -> None:
                       _flag(d.lost_events), _flag(d.duplicated_events + d.extra_rows))
     table.add_row("late drops", str(v.late_expected), str(v.late_recorded),
                   _flag(len(v.late_mismatches)), "")
+    if result.ingest is not None:
+        i = result.ingest
+        table.add_row("ingest: event ids in the log", str(i["ids_sent"]), str(i["rows_in_log"]),
+                      _flag(i["lost"]), _flag(i["duplicated"] + i["unexpected"]))
     console.print(table)
     for line in v.violations:
         console.print(f"[red]VIOLATION[/red] {line}")

@@ -23,33 +23,38 @@ from onceflow.sinks import SINKS
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True,
               help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
 @click.option("--cluster", is_flag=True, help="Run on local-cluster[2,1,1024] (executor JVMs).")
+@click.option("--ingest", is_flag=True,
+              help="Feed the log through real senders and an 'onceflow ingest serve' receiver "
+                   "(enables the receiver_*, sender_kill and dropped_acks faults).")
 @click.option("--report", "report_dir", required=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory for report.json, report.html and the run's work files.")
 @click.option("--events-per-round", default=4_000, show_default=True, type=click.IntRange(min=100))
 def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, cluster: bool,
-           report_dir: Path, events_per_round: int) -> None:
+           ingest: bool, report_dir: Path, events_per_round: int) -> None:
     """Run the pipeline under injected faults and check the sink against the oracle.
 
     Exit 0 when nothing was lost or duplicated, 1 on any violation, 2 for bad usage.
     """
-    from onceflow.audit.chaos import ALL_FAULTS, VerifyConfig, run_verify
+    from onceflow.audit.chaos import ALL_FAULTS, INGEST_FAULTS, VerifyConfig, run_verify
     from onceflow.audit.report import print_summary, write_reports
     from onceflow.errors import ConfigError
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if names == ["all"]:
-        names = [f for f in ALL_FAULTS if cluster or f != "executor_kill"]
+        names = [f for f in ALL_FAULTS if (cluster or f != "executor_kill")
+                 and (ingest or f not in INGEST_FAULTS)]
     report_dir = report_dir.absolute()
     work = report_dir / "work"
     try:
         cfg = VerifyConfig(workdir=work, rounds=rounds, faults=names, seed=seed, sink=sink,
-                           pg_dsn=pg_dsn, cluster=cluster, events_per_round=events_per_round)
+                           pg_dsn=pg_dsn, cluster=cluster, ingest=ingest, events_per_round=events_per_round)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if work.exists():
         shutil.rmtree(work)
-    click.echo(f"verify: {rounds} rounds, faults {', '.join(names)}, sink {sink}, seed {seed}")
+    click.echo(f"verify: {rounds} rounds, faults {', '.join(names)}, sink {sink}, seed {seed}"
+               + (", through senders and the ingest receiver" if ingest else ""))
     result = run_verify(cfg, say=click.echo)
     print_summary(result)
     jpath, hpath = write_reports(result, report_dir)

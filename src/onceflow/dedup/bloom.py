@@ -2,8 +2,8 @@
 
 A Bloom filter answers "certainly not seen" or "maybe seen" for an id. The catalog keeps one
 per bucket of sender system time (Dataflow: 10-minute buckets), so dropping a bucket behind
-the GC watermark drops its filter whole, and a fresh id is checked against one small filter
-(a retry carries its original's system time, so its duplicate lives in the same bucket).
+the GC watermark drops its filter whole. A fresh id is checked against the filter of every
+live bucket (``gc_delay / bucket + 1`` of them, 7 with Dataflow's 10 minutes and an hour).
 
 The filters are ``rbloom.Bloom`` (Rust). Measured here on 1M ids at 1% FPR:
 rbloom adds 18.7M ids/s and answers 12.6M lookups/s; a numpy bit array with xxhash double
@@ -73,6 +73,10 @@ class BucketBlooms:
         bloom = self._filters.get(bucket)
         if bloom is not None:
             bloom.update(ids)
+
+    def get(self, bucket: int) -> Bloom | None:
+        """The bucket's filter (``event_id in filter`` is False when certainly not seen)."""
+        return self._filters.get(bucket)
 
     def maybe_contains(self, bucket: int, event_id: str) -> bool | None:
         """``False``: certainly not seen; ``True``: maybe; ``None``: the bucket has no filter."""

@@ -13,13 +13,20 @@ decides per record:
   distinct status, counts it, and never passes it on silently as new.
 
 Store: SQLite, one table per system-time bucket, ``dedup_b<bucket>(event_id PRIMARY KEY)
-WITHOUT ROWID`` — GC drops whole tables, and a lookup reads only the record's bucket. The GC
-watermark is persisted and never moves back.
+WITHOUT ROWID``; an id lives in the bucket of the system time it first came with, and GC drops
+whole tables. The GC watermark is persisted and never moves back.
+
+A record is checked against every live bucket, not only its own: a retry by the sender
+carries its original's system time (same bucket), but an application that hands its sender
+the same ``event_id`` again gets a new stamp, possibly in a later bucket, and is still a
+duplicate as long as the first one is younger than the GC watermark (measured by ``onceflow
+verify --ingest`` with producer duplicates: checking only the own bucket let them through).
 
 Bloom filters: one per bucket, sized from the expected rate and the target false-positive
 rate. Lazy: nothing is read at start-up; a bucket's filter is built (from that bucket's
-table) once ``bloom_threshold`` records for the bucket arrived in this process. Until then,
-and whenever a filter says "maybe", the store is read; a filter's "no" skips the store.
+table) once ``bloom_threshold`` records were checked against the bucket in this process.
+Until every live bucket has its filter, and whenever a filter says "maybe", the store is
+read; when all filters say "no" the store is skipped.
 
 Write protocol of :meth:`DedupCatalog.offer` (one batch):
 
@@ -143,7 +150,7 @@ class DedupCatalog:
         self.gc_watermark_us = int(row[0]) if row else 0
         capacity = max(int(cfg.expected_rate_per_s * cfg.bucket_s), 1)
         self.blooms = BucketBlooms(capacity, cfg.fpr)
-        self._arrivals: dict[int, int] = {}
+        self._checked: dict[int, int] = {}
         self._tables = {int(name[len("dedup_b"):]) for (name,) in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'dedup_b[0-9]*'")}
 
@@ -165,16 +172,21 @@ class DedupCatalog:
                 f"SELECT event_id FROM {self._table(bucket)} WHERE event_id IN ({marks})", part))
         return found
 
-    def _maybe_build(self, bucket: int) -> None:
-        if self.blooms.has(bucket) or self._arrivals.get(bucket, 0) < self.cfg.bloom_threshold:
-            return
-        ids: list[str] = []
-        if bucket in self._tables:
-            ids = [r[0] for r in self.conn.execute(f"SELECT event_id FROM {self._table(bucket)}")]
-        self.blooms.build(bucket, ids)
+    def _demand(self, buckets: Sequence[int], n: int) -> None:
+        """Count ``n`` more records checked against each bucket; build filters due now."""
+        for b in buckets:
+            before = self._checked.get(b, 0)
+            self._checked[b] = before + n
+            if not self.blooms.has(b) and before + n >= self.cfg.bloom_threshold:
+                self.blooms.build(b, (r[0] for r in self.conn.execute(
+                    f"SELECT event_id FROM {self._table(b)}")))
 
     def classify(self, records: Sequence[tuple[str, int]]) -> list[Status]:
         """Step 1: the status of every record, writing nothing.
+
+        An id is a DUPLICATE when any live bucket holds it, whatever the record's own system
+        time: a sender's retry carries its original's time, but an application that sends the
+        same id again gets a new stamp from its sender, and is still caught within the GC delay.
 
         Args:
             records: ``(event_id, system_time_us)`` pairs.
@@ -184,33 +196,37 @@ class DedupCatalog:
         """
         self.metrics.lookups += len(records)
         statuses: list[Status | None] = [None] * len(records)
-        to_read: dict[int, list[int]] = {}
-        bloom_maybe: set[int] = set()
-        for i, (event_id, ts) in enumerate(records):
+        pending = []
+        for i, (_, ts) in enumerate(records):
             if ts < self.gc_watermark_us:
                 statuses[i] = Status.TOO_OLD
-                continue
-            bucket = ts // self.bucket_us
-            arrived = self._arrivals.get(bucket, 0) + 1
-            self._arrivals[bucket] = arrived
-            if arrived == self.cfg.bloom_threshold or (arrived == 1 and self.cfg.bloom_threshold == 0):
-                self._maybe_build(bucket)
-            answer = self.blooms.maybe_contains(bucket, event_id)
-            if answer is False:
-                statuses[i] = Status.NEW
-                self.metrics.lookups_avoided += 1
-                continue
-            if answer:
+            else:
+                pending.append(i)
+        live = sorted(self._tables)  # the buckets that hold ids
+        self._demand(live, len(pending))
+        filtered = [(b, f) for b in live if (f := self.blooms.get(b)) is not None]
+        unfiltered = [b for b in live if not self.blooms.has(b)]
+        to_read: dict[int, list[int]] = {b: list(pending) for b in unfiltered}
+        read: set[int] = set(pending) if unfiltered else set()
+        bloom_maybe: set[int] = set()
+        for i in pending:
+            event_id = records[i][0]
+            maybe = [b for b, f in filtered if event_id in f]
+            if maybe:
                 bloom_maybe.add(i)
-            to_read.setdefault(bucket, []).append(i)
+                read.add(i)
+                for b in maybe:
+                    to_read.setdefault(b, []).append(i)
+            elif not unfiltered and filtered:
+                self.metrics.lookups_avoided += 1  # every filter says "certainly not seen"
+        self.metrics.store_reads += len(read)
+        seen: set[int] = set()
         for bucket, idxs in to_read.items():
-            self.metrics.store_reads += len(idxs)
             stored = self._stored(bucket, [records[i][0] for i in idxs])
-            for i in idxs:
-                seen = records[i][0] in stored
-                statuses[i] = Status.DUPLICATE if seen else Status.NEW
-                if i in bloom_maybe and not seen:
-                    self.metrics.false_positives += 1
+            seen.update(i for i in idxs if records[i][0] in stored)
+        self.metrics.false_positives += len(bloom_maybe - seen)
+        for i in pending:
+            statuses[i] = Status.DUPLICATE if i in seen else Status.NEW
         first: set[str] = set()
         out: list[Status] = []
         for (event_id, _), status in zip(records, statuses, strict=True):
@@ -301,8 +317,8 @@ class DedupCatalog:
         self.gc_watermark_us = mark
         self._tables.difference_update(gone)
         self.blooms.drop_before(mark // self.bucket_us)
-        for b in [b for b in self._arrivals if (b + 1) * self.bucket_us <= mark]:
-            del self._arrivals[b]
+        for b in [b for b in self._checked if (b + 1) * self.bucket_us <= mark]:
+            del self._checked[b]
         self.metrics.ids_gcd += deleted
         return deleted
 
