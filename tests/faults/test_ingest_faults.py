@@ -61,8 +61,8 @@ def _health(port: int) -> dict[str, object] | None:
         return None
 
 
-def _receiver(tmp: Path, port: int, life: int, env: dict[str, str]) -> Proc:
-    proc = Proc(["ingest", "serve", "--log", str(tmp / "log"), "--catalog", str(tmp / "catalog.db"),
+def _receiver(tmp: Path, port: int, life: int, env: dict[str, str], catalog: list[str]) -> Proc:
+    proc = Proc(["ingest", "serve", "--log", str(tmp / "log"), *catalog,
                  "--port", str(port)], tmp / f"receiver{life}.out", env)
     deadline = time.monotonic() + 60
     while _health(port) is None:
@@ -79,7 +79,11 @@ def _new_events(port: int) -> int:
     return int(h["receiver"]["events_new"]) if h else 0  # type: ignore[index]
 
 
-def test_every_event_exactly_once_through_receiver_and_sender_crashes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
+def test_every_event_exactly_once_through_receiver_and_sender_crashes(
+        tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
+    catalog = (["--catalog", str(tmp_path / "catalog.db")] if store == "sqlite"
+               else ["--catalog-dsn", request.getfixturevalue("pg_dsn")])
     port = _port()
     url = f"http://127.0.0.1:{port}"
     per_sender = 6_000
@@ -91,20 +95,20 @@ def test_every_event_exactly_once_through_receiver_and_sender_crashes(tmp_path: 
 
     drop = {DROP_ACKS_ENV: "0.3"}
     # life 1 dies by itself after recording group 5's ids, before publishing its segment
-    recv = _receiver(tmp_path, port, 1, {**drop, CRASH_ENV: "ingest_after_record@5"})
+    recv = _receiver(tmp_path, port, 1, {**drop, CRASH_ENV: "ingest_after_record@5"}, catalog)
     senders = {"s1": sender("s1", 1), "s2": sender("s2", 1)}
     assert recv.wait(timeout=120) == -9
     # life 2 dies after staging group 3's segment, before recording its ids
-    recv = _receiver(tmp_path, port, 2, {**drop, CRASH_ENV: "ingest_after_stage@3"})
+    recv = _receiver(tmp_path, port, 2, {**drop, CRASH_ENV: "ingest_after_stage@3"}, catalog)
     assert recv.wait(timeout=120) == -9
-    recv = _receiver(tmp_path, port, 3, drop)
+    recv = _receiver(tmp_path, port, 3, drop, catalog)
     deadline = time.monotonic() + 120
     while _new_events(port) < 1_500:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     senders["s1"].kill()  # a sender dies mid-stream; its outbox survives
     recv.kill()  # and the receiver, mid-batch
-    recv = _receiver(tmp_path, port, 4, drop)
+    recv = _receiver(tmp_path, port, 4, drop, catalog)
     senders["s1"] = sender("s1", 2)
     try:
         for name, proc in senders.items():

@@ -1,5 +1,6 @@
 """The dedup catalog: Bloom filters in front of the store, GC watermark, metrics.
 
+The scenario tests run against both stores (SQLite and a real PostgreSQL server).
 Property tests (hypothesis) check: no false negative ever, measured FPR within the bound,
 offering a batch twice changes nothing the second time, and the GC never lets a duplicate
 younger than the watermark through.
@@ -8,6 +9,7 @@ younger than the watermark through.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,15 +19,29 @@ from rbloom import Bloom
 
 from onceflow.dedup import CatalogConfig, DedupCatalog, Status
 from onceflow.dedup.bloom import BucketBlooms, bloom_bits
+from onceflow.dedup.pgstore import PostgresStore
+from onceflow.dedup.store import CatalogStore
 from onceflow.errors import ConfigError
 
 MIN = 60_000_000  # one minute in microseconds
 
 
-def _catalog(path: Path, **kw: float) -> DedupCatalog:
+def _catalog(path: Path | CatalogStore, **kw: float) -> DedupCatalog:
     cfg = CatalogConfig(**{"gc_delay_s": 3600, "bucket_s": 600, "expected_rate_per_s": 10,
                            "bloom_threshold": 5, **kw})
     return DedupCatalog(path, cfg, now_us=lambda: 0)
+
+
+Opener = Callable[..., DedupCatalog]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
+    """Opens (and reopens, after a close) one catalog on the parametrized store."""
+    if request.param == "sqlite":
+        return lambda **kw: _catalog(tmp_path / "c.db", **kw)
+    dsn = request.getfixturevalue("pg_dsn")
+    return lambda **kw: _catalog(PostgresStore(dsn, "t"), **kw)
 
 
 def test_unbounded_configuration_is_rejected() -> None:
@@ -37,18 +53,18 @@ def test_unbounded_configuration_is_rejected() -> None:
         CatalogConfig(gc_delay_s=60, bucket_s=600)
 
 
-def test_new_duplicate_and_within_batch_repeat(tmp_path: Path) -> None:
-    cat = _catalog(tmp_path / "c.db")
+def test_new_duplicate_and_within_batch_repeat(opener: Opener) -> None:
+    cat = opener()
     assert cat.offer([("a", MIN), ("b", MIN), ("a", MIN)]) == [Status.NEW, Status.NEW, Status.DUPLICATE]
     assert cat.offer([("a", MIN), ("c", MIN)]) == [Status.DUPLICATE, Status.NEW]
     cat.close()
-    again = _catalog(tmp_path / "c.db")  # a restart: no start-up scan, the store still knows
+    again = opener()  # a restart: no start-up scan, the store still knows
     assert again.offer([("b", MIN)]) == [Status.DUPLICATE]
     assert again.metrics.store_reads == 1 and not again.blooms.buckets
 
 
-def test_bloom_is_built_lazily_and_then_avoids_store_reads(tmp_path: Path) -> None:
-    cat = _catalog(tmp_path / "c.db", bloom_threshold=100)
+def test_bloom_is_built_lazily_and_then_avoids_store_reads(opener: Opener) -> None:
+    cat = opener(bloom_threshold=100)
     cat.offer([(f"w{i}", MIN) for i in range(10)])  # an empty store has nothing to read
     assert cat.metrics.store_reads == 0
     cat.offer([(f"x{i}", MIN) for i in range(89)])
@@ -61,10 +77,10 @@ def test_bloom_is_built_lazily_and_then_avoids_store_reads(tmp_path: Path) -> No
     assert cat.offer([("x5", MIN), ("y7", MIN), ("w1", MIN)]) == [Status.DUPLICATE] * 3
 
 
-def test_an_id_sent_again_with_a_later_stamp_is_a_duplicate(tmp_path: Path) -> None:
+def test_an_id_sent_again_with_a_later_stamp_is_a_duplicate(opener: Opener) -> None:
     # the application handed its sender the same id twice: the second copy got a new system
     # time in a later bucket, and must still be caught while the first is younger than GC
-    cat = _catalog(tmp_path / "c.db", bloom_threshold=3)
+    cat = opener(bloom_threshold=3)
     cat.offer([(f"a{i}", MIN) for i in range(10)])
     assert cat.offer([("a1", 25 * MIN), ("b", 25 * MIN)]) == [Status.DUPLICATE, Status.NEW]
     for _ in range(3):  # filters of both buckets built: the answer holds
@@ -74,8 +90,8 @@ def test_an_id_sent_again_with_a_later_stamp_is_a_duplicate(tmp_path: Path) -> N
     assert cat.offer([("a3", 69 * MIN), ("b", 69 * MIN)]) == [Status.NEW, Status.DUPLICATE]
 
 
-def test_gc_drops_old_buckets_and_answers_too_old(tmp_path: Path) -> None:
-    cat = _catalog(tmp_path / "c.db")
+def test_gc_drops_old_buckets_and_answers_too_old(opener: Opener) -> None:
+    cat = opener()
     cat.offer([(f"old{i}", MIN) for i in range(10)] + [(f"new{i}", 70 * MIN) for i in range(10)])
     deleted = cat.advance_gc(now_us=80 * MIN)  # watermark 20 min: bucket [0, 10 min) goes
     assert deleted == 10 and cat.metrics.ids_gcd == 10
@@ -86,7 +102,10 @@ def test_gc_drops_old_buckets_and_answers_too_old(tmp_path: Path) -> None:
     cat.advance_gc(now_us=10 * MIN)  # the watermark never moves back
     assert cat.gc_watermark_us == 20 * MIN
     cat.close()
-    assert _catalog(tmp_path / "c.db").gc_watermark_us == 20 * MIN  # persisted
+    again = opener()
+    assert again.gc_watermark_us == 20 * MIN  # persisted
+    assert again.store.buckets() == {7}  # the dropped bucket's table is gone
+    assert again.offer([("new4", 70 * MIN), ("old4", 25 * MIN)]) == [Status.DUPLICATE, Status.NEW]
 
 
 ids = st.lists(st.text(min_size=1, max_size=12), min_size=1, max_size=200)
@@ -125,9 +144,9 @@ def test_offering_a_batch_twice_is_idempotent(batch: list[tuple[str, int]]) -> N
         cat = _catalog(Path(d) / "c.db", bloom_threshold=3)
         first = cat.offer(batch)
         assert sum(s is Status.NEW for s in first) == len({e for e, _ in batch})
-        tables = set(cat._tables)
+        tables = cat.store.buckets()
         assert cat.offer(batch) == [Status.DUPLICATE] * len(batch)
-        assert cat._tables == tables
+        assert cat.store.buckets() == tables
         cat.close()
 
 
@@ -163,3 +182,25 @@ def test_each_id_is_new_once_whatever_its_stamps(sends: list[tuple[str, int]]) -
             new += [e for (e, _), st_ in zip(part, cat.offer(part), strict=True) if st_ is Status.NEW]
         assert sorted(new) == sorted({e for e, _ in sends})
         cat.close()
+
+
+def test_pending_rows_commit_with_the_ids(opener: Opener) -> None:
+    cat = opener()
+    cat.record([("p1", MIN)], [Status.NEW], pending=("tok", ".ingest-tok.parquet.tmp"))
+    assert cat.store.pending() == [("tok", ".ingest-tok.parquet.tmp")]
+    cat.store.pending_done("tok")
+    cat.store.pending_done("tok")  # twice: a no-op
+    assert cat.store.pending() == []
+    assert cat.offer([("p1", MIN)]) == [Status.DUPLICATE]
+
+
+def test_postgres_catalog_is_one_process_at_a_time(pg_dsn: str) -> None:
+    first = PostgresStore(pg_dsn, "solo")
+    with pytest.raises(ConfigError, match="in use by another process"):
+        PostgresStore(pg_dsn, "solo")
+    other = PostgresStore(pg_dsn, "other")  # another catalog in the same database is fine
+    first.close()
+    PostgresStore(pg_dsn, "solo").close()  # released with the connection
+    other.close()
+    with pytest.raises(ConfigError, match="catalog name"):
+        PostgresStore(pg_dsn, "Bad-Name")

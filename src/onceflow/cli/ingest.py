@@ -20,8 +20,12 @@ def ingest() -> None:
 @ingest.command()
 @click.option("--log", "log_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Event log directory the receiver appends to (it must be its only writer).")
-@click.option("--catalog", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="SQLite file of the dedup catalog.")
+@click.option("--catalog", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="SQLite file of the dedup catalog (or use --catalog-dsn).")
+@click.option("--catalog-dsn", default=None, envvar="ONCEFLOW_CATALOG_DSN", show_envvar=True,
+              help="Keep the dedup catalog in PostgreSQL instead (libpq DSN or URL).")
+@click.option("--catalog-name", default="ingest", show_default=True,
+              help="Name of the catalog in PostgreSQL ([a-z0-9_], one receiver per name).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8787, show_default=True, type=click.IntRange(0, 65535))
 @click.option("--gc-delay", default="1h", show_default=True, type=Duration(),
@@ -34,16 +38,34 @@ def ingest() -> None:
               help="Target false-positive rate of each Bloom filter.")
 @click.option("--max-events", default=10_000, show_default=True, type=click.IntRange(min=1),
               help="Most events one request may carry (more: 413).")
-def serve(log_dir: Path, catalog: Path, host: str, port: int, gc_delay: float, bucket: float,
-          expected_rate: float, fpr: float, max_events: int) -> None:
+def serve(log_dir: Path, catalog: Path | None, catalog_dsn: str | None, catalog_name: str, host: str,
+          port: int, gc_delay: float, bucket: float, expected_rate: float, fpr: float,
+          max_events: int) -> None:
     """Receive events over HTTP (POST /v1/events), deduplicate, append to the log exactly once."""
     from onceflow.dedup import CatalogConfig
+    from onceflow.dedup.store import CatalogStore
+    from onceflow.errors import OnceflowError
     from onceflow.ingest.receiver import Receiver
     from onceflow.ingest.receiver import serve as run_server
 
-    cfg = CatalogConfig(gc_delay_s=gc_delay, bucket_s=min(bucket, gc_delay),
-                        expected_rate_per_s=expected_rate, fpr=fpr)
-    run_server(Receiver(log_dir, catalog, cfg, max_events=max_events), host, port)
+    if (catalog is None) == (catalog_dsn is None):
+        raise click.UsageError("give the dedup catalog: --catalog FILE (SQLite) or --catalog-dsn DSN "
+                               "(PostgreSQL), not both")
+    try:
+        cfg = CatalogConfig(gc_delay_s=gc_delay, bucket_s=min(bucket, gc_delay),
+                            expected_rate_per_s=expected_rate, fpr=fpr)
+        store: Path | CatalogStore
+        if catalog_dsn is not None:
+            from onceflow.dedup.pgstore import PostgresStore
+
+            store = PostgresStore(catalog_dsn, catalog_name)
+        else:
+            assert catalog is not None
+            store = catalog
+        receiver = Receiver(log_dir, store, cfg, max_events=max_events)
+    except OnceflowError as exc:
+        raise click.ClickException(str(exc)) from exc
+    run_server(receiver, host, port)
 
 
 @click.command()

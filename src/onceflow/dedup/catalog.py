@@ -12,9 +12,10 @@ decides per record:
   still be sending it for the first time, so the catalog cannot tell: it answers with this
   distinct status, counts it, and never passes it on silently as new.
 
-Store: SQLite, one table per system-time bucket, ``dedup_b<bucket>(event_id PRIMARY KEY)
-WITHOUT ROWID``; an id lives in the bucket of the system time it first came with, and GC drops
-whole tables. The GC watermark is persisted and never moves back.
+Store (:mod:`onceflow.dedup.store`): SQLite by default, or PostgreSQL
+(:class:`onceflow.dedup.pgstore.PostgresStore`); one table per system-time bucket; an id
+lives in the bucket of the system time it first came with, and GC drops whole tables. The
+GC watermark is persisted and never moves back.
 
 A record is checked against every live bucket, not only its own: a retry by the sender
 carries its original's system time (same bucket), but an application that hands its sender
@@ -31,16 +32,15 @@ read; when all filters say "no" the store is skipped.
 Write protocol of :meth:`DedupCatalog.offer` (one batch):
 
 1. Classify every record (Bloom, then the store for the rest); nothing written yet.
-2. In one SQLite transaction (``BEGIN IMMEDIATE``), insert the ``NEW`` ids into their
-   buckets' tables (``INSERT OR IGNORE``: a concurrent writer that recorded the same id
-   first makes it a duplicate on the next batch, never a loss), commit durably.
+2. In one store transaction, insert the ``NEW`` ids into their buckets' tables (ids
+   already present are ignored: a concurrent writer that recorded the same id first makes
+   it a duplicate on the next batch, never a loss), commit durably.
 3. Only then add them to the Bloom filters and return the statuses. A crash before 3 leaves
    the ids recorded and the filters (in memory) gone: they are rebuilt from the store.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -49,9 +49,8 @@ from enum import Enum
 from pathlib import Path
 
 from onceflow.dedup.bloom import BucketBlooms
+from onceflow.dedup.store import CatalogStore, SqliteStore
 from onceflow.errors import ConfigError
-
-_CHUNK = 500
 
 
 class Status(str, Enum):
@@ -125,13 +124,16 @@ def _wall_us() -> int:
 class DedupCatalog:
     """Seen ids with rolling Bloom filters and a GC watermark (see the module).
 
+    Not thread-safe: one caller at a time (the ingest receiver serializes its group commits
+    and its GC under one lock).
+
     Args:
-        path: SQLite file of the store.
+        store: A SQLite file for the embedded store, or a :class:`CatalogStore`.
         cfg: Bucketing, sizing and GC.
         now_us: Clock for the GC watermark (microseconds); the wall clock by default.
     """
 
-    def __init__(self, path: str | Path, cfg: CatalogConfig,
+    def __init__(self, store: str | Path | CatalogStore, cfg: CatalogConfig,
                  now_us: Callable[[], int] = _wall_us) -> None:
         assert cfg.gc_delay_s is not None  # checked by CatalogConfig
         self.cfg = cfg
@@ -139,38 +141,15 @@ class DedupCatalog:
         self.gc_delay_us = int(cfg.gc_delay_s * 1_000_000)
         self.now_us = now_us
         self.metrics = CatalogMetrics()
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=60,
-                                    check_same_thread=False)
-        self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.execute("CREATE TABLE IF NOT EXISTS dedup_meta(key TEXT PRIMARY KEY, value INTEGER)")
-        row = self.conn.execute("SELECT value FROM dedup_meta WHERE key = 'gc_watermark_us'").fetchone()
-        self.gc_watermark_us = int(row[0]) if row else 0
+        self.store = store if isinstance(store, CatalogStore) else SqliteStore(store)
+        self.gc_watermark_us = self.store.watermark()
         capacity = max(int(cfg.expected_rate_per_s * cfg.bucket_s), 1)
         self.blooms = BucketBlooms(capacity, cfg.fpr)
         self._checked: dict[int, int] = {}
-        self._tables = {int(name[len("dedup_b"):]) for (name,) in self.conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'dedup_b[0-9]*'")}
 
     def bucket_of(self, system_time_us: int) -> int:
         """The bucket a system time falls in."""
         return system_time_us // self.bucket_us
-
-    def _table(self, bucket: int) -> str:
-        return f"dedup_b{bucket}"  # an int: safe to compose
-
-    def _stored(self, bucket: int, ids: Sequence[str]) -> set[str]:
-        if bucket not in self._tables or not ids:
-            return set()
-        found: set[str] = set()
-        for i in range(0, len(ids), _CHUNK):
-            part = ids[i:i + _CHUNK]
-            marks = ",".join("?" * len(part))
-            found.update(r[0] for r in self.conn.execute(
-                f"SELECT event_id FROM {self._table(bucket)} WHERE event_id IN ({marks})", part))
-        return found
 
     def _demand(self, buckets: Sequence[int], n: int) -> None:
         """Count ``n`` more records checked against each bucket; build filters due now."""
@@ -178,8 +157,7 @@ class DedupCatalog:
             before = self._checked.get(b, 0)
             self._checked[b] = before + n
             if not self.blooms.has(b) and before + n >= self.cfg.bloom_threshold:
-                self.blooms.build(b, (r[0] for r in self.conn.execute(
-                    f"SELECT event_id FROM {self._table(b)}")))
+                self.blooms.build(b, self.store.scan(b))
 
     def classify(self, records: Sequence[tuple[str, int]]) -> list[Status]:
         """Step 1: the status of every record, writing nothing.
@@ -202,7 +180,7 @@ class DedupCatalog:
                 statuses[i] = Status.TOO_OLD
             else:
                 pending.append(i)
-        live = sorted(self._tables)  # the buckets that hold ids
+        live = sorted(self.store.buckets())  # the buckets that hold ids
         self._demand(live, len(pending))
         filtered = [(b, f) for b in live if (f := self.blooms.get(b)) is not None]
         unfiltered = [b for b in live if not self.blooms.has(b)]
@@ -222,7 +200,7 @@ class DedupCatalog:
         self.metrics.store_reads += len(read)
         seen: set[int] = set()
         for bucket, idxs in to_read.items():
-            stored = self._stored(bucket, [records[i][0] for i in idxs])
+            stored = self.store.stored(bucket, [records[i][0] for i in idxs])
             seen.update(i for i in idxs if records[i][0] in stored)
         self.metrics.false_positives += len(bloom_maybe - seen)
         for i in pending:
@@ -242,38 +220,23 @@ class DedupCatalog:
         return out
 
     def record(self, records: Sequence[tuple[str, int]], statuses: Sequence[Status],
-               in_txn: Callable[[sqlite3.Connection], None] | None = None) -> None:
+               pending: tuple[str, str] | None = None) -> None:
         """Steps 2-3: durably insert the NEW ids, then add them to the filters.
 
         Args:
             records: As given to :meth:`classify`.
             statuses: What :meth:`classify` returned for them.
-            in_txn: Runs inside the same transaction (the ingest receiver records its pending
-                segment there, so ids and segment are committed together).
+            pending: A ``(token, file)`` row committed in the same transaction (the ingest
+                receiver's pending segment, so ids and segment are recorded together).
         """
         by_bucket: dict[int, list[str]] = {}
         for (event_id, ts), status in zip(records, statuses, strict=True):
             if status is Status.NEW:
                 by_bucket.setdefault(self.bucket_of(ts), []).append(event_id)
-        if not by_bucket:
+        if not by_bucket and pending is None:
             return
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if in_txn is not None:
-                in_txn(conn)
-            for bucket, ids in by_bucket.items():
-                if bucket not in self._tables:
-                    conn.execute(f"CREATE TABLE IF NOT EXISTS {self._table(bucket)}"
-                                 "(event_id TEXT PRIMARY KEY) WITHOUT ROWID")
-                conn.executemany(f"INSERT OR IGNORE INTO {self._table(bucket)} VALUES (?)",
-                                 [(i,) for i in ids])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        self.store.insert(by_bucket, pending)
         for bucket, ids in by_bucket.items():
-            self._tables.add(bucket)
             self.blooms.add(bucket, ids)
 
     def offer(self, records: Sequence[tuple[str, int]]) -> list[Status]:
@@ -301,21 +264,9 @@ class DedupCatalog:
         now = self.now_us() if now_us is None else now_us
         mark = max(self.gc_watermark_us, now - self.gc_delay_us)
         # a bucket goes once all of it is behind the watermark
-        gone = sorted(b for b in self._tables if (b + 1) * self.bucket_us <= mark)
-        deleted = 0
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.execute("INSERT OR REPLACE INTO dedup_meta VALUES ('gc_watermark_us', ?)", (mark,))
-            for b in gone:
-                deleted += int(conn.execute(f"SELECT count(*) FROM {self._table(b)}").fetchone()[0])
-                conn.execute(f"DROP TABLE {self._table(b)}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        gone = sorted(b for b in self.store.buckets() if (b + 1) * self.bucket_us <= mark)
+        deleted = self.store.advance(mark, gone)
         self.gc_watermark_us = mark
-        self._tables.difference_update(gone)
         self.blooms.drop_before(mark // self.bucket_us)
         for b in [b for b in self._checked if (b + 1) * self.bucket_us <= mark]:
             del self._checked[b]
@@ -328,4 +279,4 @@ class DedupCatalog:
 
     def close(self) -> None:
         """Close the store."""
-        self.conn.close()
+        self.store.close()

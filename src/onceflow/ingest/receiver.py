@@ -35,8 +35,8 @@ import asyncio
 import json
 import os
 import random
-import sqlite3
 import sys
+import threading
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -47,6 +47,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from onceflow.dedup import CatalogConfig, DedupCatalog, Status
+from onceflow.dedup.store import CatalogStore
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.ingest.events import EventBatchError, parse_batch
 from onceflow.records import EVENT_SCHEMA
@@ -93,19 +94,19 @@ class Receiver:
 
     Args:
         log_dir: The event log it appends to (it must be the log's only writer).
-        catalog_path: SQLite file of the dedup catalog.
+        catalog: The dedup catalog's SQLite file, or its store (e.g. PostgreSQL).
         cfg: Catalog configuration (GC delay required).
         max_events: Largest batch a request may carry.
         max_group_events: Most events one group commit takes.
     """
 
-    def __init__(self, log_dir: Path, catalog_path: Path, cfg: CatalogConfig,
+    def __init__(self, log_dir: Path, catalog: Path | CatalogStore, cfg: CatalogConfig,
                  max_events: int = 10_000, max_group_events: int = 100_000) -> None:
         self.log = EventLog(log_dir)
         self.log.directory.mkdir(parents=True, exist_ok=True)
-        self.catalog = DedupCatalog(catalog_path, cfg)
-        self.catalog.conn.execute(
-            "CREATE TABLE IF NOT EXISTS ingest_pending(token TEXT PRIMARY KEY, file TEXT NOT NULL)")
+        self.catalog = DedupCatalog(catalog, cfg)
+        self.store = self.catalog.store
+        self._lock = threading.Lock()  # group commits and GC, one at a time
         self.max_events = max_events
         self.max_group_events = max_group_events
         self.stats = ReceiverStats()
@@ -115,15 +116,14 @@ class Receiver:
     # ----------------------------------------------------------------- recovery
     def recover(self) -> int:
         """Finish the protocol of groups a crash interrupted; return segments published."""
-        conn = self.catalog.conn
         published = 0
-        for token, name in conn.execute("SELECT token, file FROM ingest_pending").fetchall():
+        for token, name in self.store.pending():
             staged = self.log.directory / name
             if staged.exists():  # 4: recorded, not yet published
                 self.log.publish(staged)
                 published += 1
-            conn.execute("DELETE FROM ingest_pending WHERE token = ?", (token,))  # 5
-        pending = {r[0] for r in conn.execute("SELECT file FROM ingest_pending")}
+            self.store.pending_done(token)  # 5
+        pending = {f for _, f in self.store.pending()}
         for orphan in self.log.directory.glob(".ingest-*.tmp"):
             if orphan.name not in pending:  # staged, never recorded: no ack was sent
                 orphan.unlink()
@@ -140,6 +140,10 @@ class Receiver:
         Returns:
             Each request's statuses.
         """
+        with self._lock:
+            return self._commit_group(groups)
+
+    def _commit_group(self, groups: list[pa.Table]) -> list[list[Status]]:
         flat = pa.concat_tables(groups)
         records = list(zip(flat.column("event_id").to_pylist(),
                            flat.column("system_time").to_pylist(), strict=True))
@@ -151,15 +155,11 @@ class Receiver:
             token = uuid.uuid4().hex
             staged = self.log.stage(_to_table(fresh), f".ingest-{token}.parquet.tmp")  # 2
             maybe_crash(CrashPoint.INGEST_AFTER_STAGE, n)
-
-            def pending(conn: sqlite3.Connection) -> None:
-                conn.execute("INSERT INTO ingest_pending VALUES (?, ?)", (token, staged.name))
-
-            self.catalog.record(records, statuses, in_txn=pending)  # 3
+            self.catalog.record(records, statuses, pending=(token, staged.name))  # 3
             maybe_crash(CrashPoint.INGEST_AFTER_RECORD, n)
             self.log.publish(staged)  # 4
             maybe_crash(CrashPoint.INGEST_AFTER_PUBLISH, n)
-            self.catalog.conn.execute("DELETE FROM ingest_pending WHERE token = ?", (token,))  # 5
+            self.store.pending_done(token)  # 5
             self.stats.segments += 1
         counts = Counter(statuses)
         self.stats.events_new += fresh.num_rows
@@ -238,7 +238,12 @@ class Receiver:
     async def _gc_loop(self) -> None:
         while True:
             await asyncio.sleep(5)
-            await asyncio.to_thread(self.catalog.advance_gc)
+            await asyncio.to_thread(self.advance_gc)
+
+    def advance_gc(self) -> int:
+        """Move the catalog's GC watermark (between group commits); return ids deleted."""
+        with self._lock:
+            return self.catalog.advance_gc()
 
     def app(self) -> web.Application:
         """The aiohttp application (starts the committer and the GC loop with it)."""

@@ -15,16 +15,17 @@ Metadata tables (created on first use, in the connection's current schema):
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
+from onceflow.errors import CheckpointMismatchError, ConfigError
+from onceflow.pgconn import DSN_ENV, PostgresError, connect, redact, resolve_dsn, scrub
 
-DSN_ENV = "ONCEFLOW_PG_DSN"
+__all__ = ["DSN_ENV", "PostgresError", "connect", "redact", "resolve_dsn", "scrub"]
+
 SINK_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 META_DDL = """
@@ -45,85 +46,6 @@ MARKER_COLUMNS = (
     "input_rows", "late_dropped", "duplicates_dropped", "events_counted", "rows_written",
     "late_watermark_ms",
 )
-
-
-class PostgresError(OnceflowError):
-    """PostgreSQL refused or failed an operation (message without secrets)."""
-
-
-def resolve_dsn(dsn: str | None) -> str:
-    """The DSN to use: the given one, else ``$ONCEFLOW_PG_DSN``.
-
-    Args:
-        dsn: A libpq connection string or URL, or None/empty.
-
-    Returns:
-        The DSN.
-
-    Raises:
-        ConfigError: Neither is set.
-    """
-    found = (dsn or "").strip() or os.environ.get(DSN_ENV, "").strip()
-    if not found:
-        raise ConfigError(
-            "no PostgreSQL connection string: pass one (--pg-dsn, or the 'dsn' option of the "
-            f"onceflow_postgres data source) or set {DSN_ENV}, e.g. "
-            "'host=127.0.0.1 port=5432 dbname=app user=app'"
-        )
-    return found
-
-
-def redact(dsn: str) -> str:
-    """The DSN without its password, for messages.
-
-    Args:
-        dsn: A libpq connection string or URL.
-
-    Returns:
-        ``key=value`` pairs of every parameter but the password.
-    """
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        params = conninfo_to_dict(dsn)
-    except Exception:
-        return "<unparsable connection string>"
-    return " ".join(f"{k}={v}" for k, v in params.items() if k != "password")
-
-
-def _scrub(text: str, dsn: str) -> str:
-    """Remove the DSN's password from ``text``."""
-    from psycopg.conninfo import conninfo_to_dict
-
-    try:
-        password = conninfo_to_dict(dsn).get("password")
-    except Exception:
-        password = None
-    return text.replace(str(password), "***") if password else text
-
-
-def connect(dsn: str, autocommit: bool = True) -> Any:
-    """Open a psycopg connection.
-
-    Args:
-        dsn: Connection string (see :func:`resolve_dsn`).
-        autocommit: Whether statements commit on their own (transactions are then
-            opened explicitly with ``conn.transaction()``).
-
-    Returns:
-        A ``psycopg.Connection``.
-
-    Raises:
-        PostgresError: The server cannot be reached or refused the login.
-    """
-    import psycopg
-
-    try:
-        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=30)
-    except psycopg.Error as exc:
-        raise PostgresError(
-            f"cannot connect to PostgreSQL ({redact(dsn)}): {_scrub(str(exc), dsn).strip()}"
-        ) from None
 
 
 def check_sink_id(sink_id: str) -> str:

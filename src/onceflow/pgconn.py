@@ -1,0 +1,95 @@
+"""PostgreSQL connections for every part of onceflow that talks to a server.
+
+The DSN comes from an option or ``ONCEFLOW_PG_DSN``; passwords never reach a message
+(:func:`redact`, :func:`scrub`). psycopg 3 is the ``postgres`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from onceflow.errors import ConfigError, OnceflowError
+
+DSN_ENV = "ONCEFLOW_PG_DSN"
+
+
+class PostgresError(OnceflowError):
+    """PostgreSQL refused or failed an operation (message without secrets)."""
+
+
+def resolve_dsn(dsn: str | None) -> str:
+    """The DSN to use: the given one, else ``$ONCEFLOW_PG_DSN``.
+
+    Args:
+        dsn: A libpq connection string or URL, or None/empty.
+
+    Returns:
+        The DSN.
+
+    Raises:
+        ConfigError: Neither is set.
+    """
+    found = (dsn or "").strip() or os.environ.get(DSN_ENV, "").strip()
+    if not found:
+        raise ConfigError(
+            "no PostgreSQL connection string: pass one (--pg-dsn, or the 'dsn' option of the "
+            f"onceflow_postgres data source) or set {DSN_ENV}, e.g. "
+            "'host=127.0.0.1 port=5432 dbname=app user=app'"
+        )
+    return found
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password, for messages.
+
+    Args:
+        dsn: A libpq connection string or URL.
+
+    Returns:
+        ``key=value`` pairs of every parameter but the password.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = conninfo_to_dict(dsn)
+    except Exception:
+        return "<unparsable connection string>"
+    return " ".join(f"{k}={v}" for k, v in params.items() if k != "password")
+
+
+def scrub(text: str, dsn: str) -> str:
+    """Remove the DSN's password from ``text``."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+    except Exception:
+        password = None
+    return text.replace(str(password), "***") if password else text
+
+
+def connect(dsn: str, autocommit: bool = True) -> Any:
+    """Open a psycopg connection.
+
+    Args:
+        dsn: Connection string (see :func:`resolve_dsn`).
+        autocommit: Whether statements commit on their own (transactions are then
+            opened explicitly with ``conn.transaction()``).
+
+    Returns:
+        A ``psycopg.Connection``.
+
+    Raises:
+        PostgresError: The server cannot be reached or refused the login.
+    """
+    try:
+        import psycopg
+    except ImportError:
+        raise ConfigError("PostgreSQL support needs psycopg: pip install 'onceflow[postgres]'") from None
+    try:
+        return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=30)
+    except psycopg.Error as exc:
+        raise PostgresError(
+            f"cannot connect to PostgreSQL ({redact(dsn)}): {scrub(str(exc), dsn).strip()}"
+        ) from None
