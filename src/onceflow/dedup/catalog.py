@@ -42,11 +42,13 @@ Write protocol of :meth:`DedupCatalog.offer` (one batch):
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
 
 from onceflow.dedup.bloom import BucketBlooms
 from onceflow.dedup.store import CatalogStore, SqliteStore
@@ -59,6 +61,12 @@ class Status(str, Enum):
     NEW = "new"
     DUPLICATE = "duplicate"
     TOO_OLD = "too_old"
+
+
+NEW, DUPLICATE, TOO_OLD = 0, 1, 2
+"""The statuses as int8 codes (the columnar entry points)."""
+_STATUSES = (Status.NEW, Status.DUPLICATE, Status.TOO_OLD)
+_CODES = {s: i for i, s in enumerate(_STATUSES)}
 
 
 @dataclass(frozen=True)
@@ -172,52 +180,62 @@ class DedupCatalog:
         Returns:
             One status per record; a repeat within ``records`` is a DUPLICATE.
         """
-        self.metrics.lookups += len(records)
-        statuses: list[Status | None] = [None] * len(records)
-        pending = []
-        for i, (_, ts) in enumerate(records):
-            if ts < self.gc_watermark_us:
-                statuses[i] = Status.TOO_OLD
-            else:
-                pending.append(i)
+        ids = [r[0] for r in records]
+        codes = self.classify_codes(ids, np.fromiter((r[1] for r in records), np.int64, len(records)))
+        return [_STATUSES[c] for c in codes.tolist()]
+
+    def classify_codes(self, ids: list[str], times_us: np.ndarray) -> np.ndarray:
+        """:meth:`classify` on columns (the receiver's fast path).
+
+        Args:
+            ids: The event ids.
+            times_us: Their system times (int64 microseconds), same length.
+
+        Returns:
+            int8 codes: :data:`NEW`, :data:`DUPLICATE` or :data:`TOO_OLD` per record.
+        """
+        n = len(ids)
+        self.metrics.lookups += n
+        codes = np.full(n, NEW, np.int8)
+        old = times_us < self.gc_watermark_us
+        codes[old] = TOO_OLD
+        pend = np.flatnonzero(~old)
+        pids = ids if len(pend) == n else [ids[i] for i in pend.tolist()]
         live = sorted(self.store.buckets())  # the buckets that hold ids
-        self._demand(live, len(pending))
-        filtered = [(b, f) for b in live if (f := self.blooms.get(b)) is not None]
+        self._demand(live, len(pids))
         unfiltered = [b for b in live if not self.blooms.has(b)]
-        to_read: dict[int, list[int]] = {b: list(pending) for b in unfiltered}
-        read: set[int] = set(pending) if unfiltered else set()
-        bloom_maybe: set[int] = set()
-        for i in pending:
-            event_id = records[i][0]
-            maybe = [b for b, f in filtered if event_id in f]
-            if maybe:
-                bloom_maybe.add(i)
-                read.add(i)
-                for b in maybe:
-                    to_read.setdefault(b, []).append(i)
-            elif not unfiltered and filtered:
-                self.metrics.lookups_avoided += 1  # every filter says "certainly not seen"
-        self.metrics.store_reads += len(read)
-        seen: set[int] = set()
-        for bucket, idxs in to_read.items():
-            stored = self.store.stored(bucket, [records[i][0] for i in idxs])
-            seen.update(i for i in idxs if records[i][0] in stored)
-        self.metrics.false_positives += len(bloom_maybe - seen)
-        for i in pending:
-            statuses[i] = Status.DUPLICATE if i in seen else Status.NEW
-        first: set[str] = set()
-        out: list[Status] = []
-        for (event_id, _), status in zip(records, statuses, strict=True):
-            assert status is not None
-            if status is Status.NEW:
-                if event_id in first:
-                    status = Status.DUPLICATE
-                first.add(event_id)
-            out.append(status)
-        counts = Counter(out)
-        self.metrics.duplicates_dropped += counts[Status.DUPLICATE]
-        self.metrics.too_old += counts[Status.TOO_OLD]
-        return out
+        maybe = np.zeros(len(pids), bool)
+        hits: dict[int, np.ndarray] = {}
+        for b in live:
+            f = self.blooms.get(b)
+            if f is not None:
+                hit = np.fromiter(map(f.__contains__, pids), bool, len(pids))
+                if hit.any():
+                    hits[b] = np.flatnonzero(hit)
+                    maybe |= hit
+        if live and not unfiltered:
+            self.metrics.lookups_avoided += int(len(pids) - maybe.sum())  # every filter said "no"
+        self.metrics.store_reads += len(pids) if unfiltered else int(maybe.sum())
+        seen = np.zeros(len(pids), bool)
+        everything = np.arange(len(pids))
+        for b in sorted(set(unfiltered) | set(hits)):
+            idx = everything if b in unfiltered else hits[b]
+            sub = pids if b in unfiltered else [pids[i] for i in idx.tolist()]
+            stored = self.store.stored(b, sub)
+            if stored:
+                seen[idx[np.fromiter(map(stored.__contains__, sub), bool, len(sub))]] = True
+        self.metrics.false_positives += int((maybe & ~seen).sum())
+        codes[pend[seen]] = DUPLICATE
+        fresh = np.flatnonzero(codes == NEW)
+        if len(fresh):  # a repeat within the batch: only its first copy is new
+            enc = pa.array([ids[i] for i in fresh.tolist()] if len(fresh) < n else ids,
+                           pa.string()).dictionary_encode().indices.to_numpy(zero_copy_only=False)
+            first = np.zeros(len(fresh), bool)
+            first[np.unique(enc, return_index=True)[1]] = True
+            codes[fresh[~first]] = DUPLICATE
+        self.metrics.duplicates_dropped += int((codes == DUPLICATE).sum())
+        self.metrics.too_old += int(old.sum())
+        return codes
 
     def record(self, records: Sequence[tuple[str, int]], statuses: Sequence[Status],
                pending: tuple[str, str] | None = None) -> None:
@@ -229,15 +247,31 @@ class DedupCatalog:
             pending: A ``(token, file)`` row committed in the same transaction (the ingest
                 receiver's pending segment, so ids and segment are recorded together).
         """
+        codes = np.fromiter((_CODES[s] for s in statuses), np.int8, len(statuses))
+        self.record_codes([r[0] for r in records],
+                          np.fromiter((r[1] for r in records), np.int64, len(records)), codes, pending)
+
+    def record_codes(self, ids: list[str], times_us: np.ndarray, codes: np.ndarray,
+                     pending: tuple[str, str] | None = None) -> None:
+        """:meth:`record` on columns (the receiver's fast path).
+
+        Args:
+            ids: The event ids.
+            times_us: Their system times (int64 microseconds).
+            codes: What :meth:`classify_codes` returned for them.
+            pending: As in :meth:`record`.
+        """
+        new = np.flatnonzero(codes == NEW)
+        buckets = times_us[new] // self.bucket_us
         by_bucket: dict[int, list[str]] = {}
-        for (event_id, ts), status in zip(records, statuses, strict=True):
-            if status is Status.NEW:
-                by_bucket.setdefault(self.bucket_of(ts), []).append(event_id)
+        for b in np.unique(buckets).tolist():
+            sel = new[buckets == b]
+            by_bucket[int(b)] = ids if len(sel) == len(ids) else [ids[i] for i in sel.tolist()]
         if not by_bucket and pending is None:
             return
         self.store.insert(by_bucket, pending)
-        for bucket, ids in by_bucket.items():
-            self.blooms.add(bucket, ids)
+        for bucket, bucket_ids in by_bucket.items():
+            self.blooms.add(bucket, bucket_ids)
 
     def offer(self, records: Sequence[tuple[str, int]]) -> list[Status]:
         """Classify and record a batch (the whole protocol of the module).

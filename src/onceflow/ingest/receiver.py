@@ -38,20 +38,23 @@ import random
 import sys
 import threading
 import uuid
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from aiohttp import web
 
 from onceflow.dedup import CatalogConfig, DedupCatalog, Status
+from onceflow.dedup.catalog import DUPLICATE, NEW, TOO_OLD
 from onceflow.dedup.store import CatalogStore
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.ingest.events import EventBatchError, parse_batch
 from onceflow.records import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
+
+_NAMES = np.array([Status.NEW.value, Status.DUPLICATE.value, Status.TOO_OLD.value])
 
 DROP_ACKS_ENV = "ONCEFLOW_INGEST_DROP_ACKS"
 """Fault switch: the probability of dropping a group's acks after it committed."""
@@ -60,7 +63,7 @@ DROP_ACKS_ENV = "ONCEFLOW_INGEST_DROP_ACKS"
 @dataclass
 class _Pending:
     events: pa.Table
-    done: asyncio.Future[list[Status]]
+    done: asyncio.Future[np.ndarray]
 
 
 @dataclass
@@ -131,44 +134,44 @@ class Receiver:
         return published
 
     # ----------------------------------------------------------------- commit
-    def commit_group(self, groups: list[pa.Table]) -> list[list[Status]]:
+    def commit_group(self, groups: list[pa.Table]) -> list[np.ndarray]:
         """Steps 1-5 for the events of several requests (blocking).
 
         Args:
             groups: Each request's validated events (columns of the wire format).
 
         Returns:
-            Each request's statuses.
+            Each request's statuses, as catalog codes (``NEW``, ``DUPLICATE``, ``TOO_OLD``).
         """
         with self._lock:
             return self._commit_group(groups)
 
-    def _commit_group(self, groups: list[pa.Table]) -> list[list[Status]]:
+    def _commit_group(self, groups: list[pa.Table]) -> list[np.ndarray]:
         flat = pa.concat_tables(groups)
-        records = list(zip(flat.column("event_id").to_pylist(),
-                           flat.column("system_time").to_pylist(), strict=True))
-        statuses = self.catalog.classify(records)  # 1
-        fresh = flat.filter(pa.array([s is Status.NEW for s in statuses], pa.bool_()))
+        ids = flat.column("event_id").to_pylist()
+        times = flat.column("system_time").to_numpy()
+        codes = self.catalog.classify_codes(ids, times)  # 1
+        fresh = flat.filter(pa.array(codes == NEW, pa.bool_()))
         self.stats.groups += 1
         n = self.stats.groups
         if fresh.num_rows:
             token = uuid.uuid4().hex
             staged = self.log.stage(_to_table(fresh), f".ingest-{token}.parquet.tmp")  # 2
             maybe_crash(CrashPoint.INGEST_AFTER_STAGE, n)
-            self.catalog.record(records, statuses, pending=(token, staged.name))  # 3
+            self.catalog.record_codes(ids, times, codes, pending=(token, staged.name))  # 3
             maybe_crash(CrashPoint.INGEST_AFTER_RECORD, n)
             self.log.publish(staged)  # 4
             maybe_crash(CrashPoint.INGEST_AFTER_PUBLISH, n)
             self.store.pending_done(token)  # 5
             self.stats.segments += 1
-        counts = Counter(statuses)
+        counts = np.bincount(codes, minlength=3)
         self.stats.events_new += fresh.num_rows
-        self.stats.events_duplicate += counts[Status.DUPLICATE]
-        self.stats.events_too_old += counts[Status.TOO_OLD]
+        self.stats.events_duplicate += int(counts[DUPLICATE])
+        self.stats.events_too_old += int(counts[TOO_OLD])
         self.stats.group_sizes.append(flat.num_rows)
         out, i = [], 0
         for g in groups:
-            out.append(statuses[i:i + g.num_rows])
+            out.append(codes[i:i + g.num_rows])
             i += g.num_rows
         return out
 
@@ -217,12 +220,12 @@ class Receiver:
             request.transport.close()  # fault: committed, but the ack never arrives
             return web.Response(status=500)
         self.stats.requests += 1
-        counts = Counter(statuses)
+        counts = np.bincount(statuses, minlength=3).tolist()
         return web.json_response({
-            "statuses": [s.value for s in statuses],
-            "accepted": counts[Status.NEW],
-            "duplicates": counts[Status.DUPLICATE],
-            "too_old": counts[Status.TOO_OLD],
+            "statuses": _NAMES[statuses].tolist(),
+            "accepted": counts[NEW],
+            "duplicates": counts[DUPLICATE],
+            "too_old": counts[TOO_OLD],
         })
 
     async def handle_health(self, request: web.Request) -> web.Response:
