@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.audit.driver import Driver, busy_executor, wait_until
+from onceflow.audit.driver import Driver, ProcessGroup, busy_executor, wait_until
 from onceflow.audit.ingest_rig import (
     DROP_ACKS,
     INGEST_INPUT_FAULTS,
@@ -44,6 +44,7 @@ from onceflow.audit.ingest_rig import (
     IngestRig,
 )
 from onceflow.audit.oracle import expect
+from onceflow.audit.resume import kill_stale, load_state, rng_state, save_state
 from onceflow.audit.targets import KINDS, SinkTarget
 from onceflow.audit.verdict import Verdict
 from onceflow.errors import ConfigError
@@ -203,49 +204,78 @@ class _Feeder:
         self._thread.join()
 
 
-def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyResult:
+def _config(cfg: VerifyConfig) -> dict[str, Any]:
+    conf = asdict(cfg)
+    conf["workdir"] = str(cfg.workdir)
+    conf["pg_dsn"] = None  # reports never hold connection strings
+    return conf
+
+
+def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bool = False) -> VerifyResult:
     """Run the rounds, drain, and judge (see the module protocol).
 
     Args:
         cfg: What to run.
         say: Progress output (one line per round).
+        resume: Continue the run whose state is in ``cfg.workdir`` (see
+            :mod:`onceflow.audit.resume`).
 
     Returns:
         The rounds and the verdict.
+
+    Raises:
+        ConfigError: ``resume`` without a state, or with another configuration.
     """
-    t0 = time.monotonic()
-    started_epoch_ms = int(time.time() * 1000)
-    rng = random.Random(cfg.seed)
     work = cfg.workdir
     log_dir, ck, outs = work / "log", work / "checkpoint", work / "out"
     outs.mkdir(parents=True, exist_ok=True)
+    state = load_state(work, _config(cfg)) if resume else {}
+    if resume:
+        say(f"resuming after round {len(state['rounds'])} ({kill_stale(work)} stale process groups killed)")
+    ProcessGroup.registry = work
+    t0 = time.monotonic() - state.get("elapsed_s", 0.0)
+    started_epoch_ms = state.get("started_epoch_ms", int(time.time() * 1000))
+    rng = random.Random(cfg.seed)
+    if state:
+        rng.setstate(rng_state(state["rng"]))
     target = SinkTarget(cfg.sink, work, cfg.pg_dsn)
-    target.prepare()
+    target.prepare(state.get("schema"))
     say(f"sink: {target.name}")
     log = EventLog(log_dir)
     chunks = _chunks(cfg)
     kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
     master = CLUSTER_MASTER if cfg.cluster else None
-    records: list[RoundRecord] = []
-    input_rows = 0
+    records = [RoundRecord(**r) for r in state.get("rounds", [])]
+    input_rows = state.get("input_rows", 0)
     rig = None
     if cfg.ingest:
         rig = IngestRig(work, log_dir, DROP_ACKS if "dropped_acks" in cfg.faults else 0.0)
+        rig.receiver_lives = state.get("receiver_lives", 0)
+        rig.sender_lives = state.get("sender_lives", 0)
+        for chunk in chunks[:len(records)]:
+            for t in chunk:
+                rig.sent_ids.update(t.column("event_id").to_pylist())
         rig.start_receiver()
         say(f"ingest: receiver on {rig.url}")
+    # segments of a cut-off round that already reached the log (resume step 3)
+    in_log = len(log.segments()) - sum(len(c) for c in chunks[:len(records)]) if rig is None else 0
 
     def driver(tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
         return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
                       env={**target.env(), **(env or {})}, **kw)
 
     for i, chunk in enumerate(chunks):
+        if i < len(records):
+            continue
         fault = kinds[i % len(kinds)]
         rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
         input_rows += sum(t.num_rows for t in chunk)
         tag = f"round{i + 1:04d}-{fault}"
         if rig is None:
-            log.append(chunk[0])
-            feeder = _Feeder(log, chunk[1:], pace_s=0.5)
+            todo, in_log = chunk[max(in_log, 0):], 0
+            if todo:
+                log.append(todo[0])
+            feeder = _Feeder(log, todo[1:], pace_s=0.5)
             try:
                 _inject(fault, driver, tag, rec, target, rng, cfg.round_timeout_s, t0)
             finally:
@@ -256,6 +286,13 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
         rec.markers_after = target.committed_batches()
         rec.ended_s = time.monotonic() - t0
         records.append(rec)
+        save_state(work, {
+            "config": _config(cfg), "rounds": [asdict(r) for r in records], "input_rows": input_rows,
+            "elapsed_s": time.monotonic() - t0, "started_epoch_ms": started_epoch_ms,
+            "rng": rng.getstate(), "schema": target.schema or None,
+            "receiver_lives": rig.receiver_lives if rig else 0,
+            "sender_lives": rig.sender_lives if rig else 0,
+        })
         say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
             f"(markers {rec.markers_before} -> {rec.markers_after})")
     ingest = None
@@ -272,9 +309,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print) -> VerifyR
     say(f"final drain: exit code {final_rc}")
     verdict = target.judge(expect(ck))
     verdict.violations += ingest["violations"] if ingest else []
-    conf = asdict(cfg)
-    conf["workdir"] = str(cfg.workdir)
-    conf["pg_dsn"] = None  # reports never hold connection strings
+    conf = _config(cfg)
     conf["sink_location"] = target.name
     return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
                         target.batches(), started_epoch_ms, drain, ingest)

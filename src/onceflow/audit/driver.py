@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from onceflow.audit.resume import register
 from onceflow.faults import CRASH_ENV
 
 RETAIN_ALL = 1_000_000_000
@@ -28,7 +29,13 @@ class ProcessGroup:
         args: The command's arguments (after ``onceflow``).
         out: File that receives the process's stdout and stderr (appended to).
         env: Extra environment variables (a crash point is never inherited).
+
+    Attributes:
+        registry: When set (a verify work directory), every new group's id is recorded
+            there, so that a resumed run can kill what the previous one left running.
     """
+
+    registry: Path | None = None
 
     def __init__(self, args: list[str], out: Path, env: dict[str, str] | None = None) -> None:
         full = os.environ.copy()
@@ -39,6 +46,8 @@ class ProcessGroup:
         self.proc = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", *args],
                                      stdout=self._out, stderr=subprocess.STDOUT, env=full,
                                      start_new_session=True)
+        if ProcessGroup.registry is not None:
+            register(ProcessGroup.registry, self.proc.pid)
 
     def output(self) -> str:
         """Everything the process printed so far."""

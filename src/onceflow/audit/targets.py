@@ -52,16 +52,20 @@ class SinkTarget:
         """Whether the sink is in PostgreSQL."""
         return self.db is None
 
-    def prepare(self) -> None:
-        """Create the empty place the run writes to (a new PostgreSQL schema)."""
+    def prepare(self, schema: str | None = None) -> None:
+        """Create the empty place the run writes to (a new PostgreSQL schema).
+
+        Args:
+            schema: Reuse this schema of a resumed run instead.
+        """
         if not self.is_postgres:
             return
         from psycopg import sql
         from psycopg.conninfo import make_conninfo
 
-        self.schema = f"onceflow_verify_{uuid.uuid4().hex[:10]}"
+        self.schema = schema or f"onceflow_verify_{uuid.uuid4().hex[:10]}"
         with pg.session(self._base_dsn) as conn:
-            conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
         self.dsn = make_conninfo(self._base_dsn, options=f"-c search_path={self.schema}")
 
     @property

@@ -29,9 +29,11 @@ from onceflow.sinks import SINKS
 @click.option("--report", "report_dir", required=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory for report.json, report.html and the run's work files.")
+@click.option("--resume", is_flag=True,
+              help="Continue the run in --report DIR after an interruption (same other options).")
 @click.option("--events-per-round", default=4_000, show_default=True, type=click.IntRange(min=100))
 def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, cluster: bool,
-           ingest: bool, report_dir: Path, events_per_round: int) -> None:
+           ingest: bool, resume: bool, report_dir: Path, events_per_round: int) -> None:
     """Run the pipeline under injected faults and check the sink against the oracle.
 
     Exit 0 when nothing was lost or duplicated, 1 on any violation, 2 for bad usage.
@@ -51,11 +53,14 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
                            pg_dsn=pg_dsn, cluster=cluster, ingest=ingest, events_per_round=events_per_round)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
-    if work.exists():
+    if work.exists() and not resume:
         shutil.rmtree(work)
     click.echo(f"verify: {rounds} rounds, faults {', '.join(names)}, sink {sink}, seed {seed}"
                + (", through senders and the ingest receiver" if ingest else ""))
-    result = run_verify(cfg, say=click.echo)
+    try:
+        result = run_verify(cfg, say=click.echo, resume=resume)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
     print_summary(result)
     jpath, hpath = write_reports(result, report_dir)
     click.echo(f"report written to {hpath} and {jpath}")
