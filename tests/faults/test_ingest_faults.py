@@ -129,4 +129,5 @@ def test_every_event_exactly_once_through_receiver_and_sender_crashes(
     assert "crash point ingest_after_record" in outs and "crash point ingest_after_stage" in outs
     assert '"recovered_segments": 1' in (tmp_path / "receiver2.out").read_text()
     assert health["receiver"]["events_duplicate"] > 0  # type: ignore[index]  # dropped acks were retried
+    assert int(health["system_lag_us"]) >= 3_600_000_000  # type: ignore[call-overload]  # GC delay 1h
     assert not list((tmp_path / "log").glob(".ingest-*"))

@@ -236,7 +236,8 @@ class Receiver:
                                   "catalog": vars(m),
                                   "bloom_bytes": self.catalog.blooms.nbytes,
                                   "bloom_buckets": self.catalog.blooms.buckets,
-                                  "gc_watermark_us": self.catalog.gc_watermark_us})
+                                  "gc_watermark_us": self.catalog.gc_watermark_us,
+                                  "system_lag_us": self.catalog.system_lag_us()})
 
     async def _gc_loop(self) -> None:
         while True:
