@@ -85,10 +85,6 @@ class PostgresStore(CatalogStore):
                                 (self.name,)).fetchone()
         return int(row[0]) if row else 0
 
-    def buckets(self) -> set[int]:
-        """See :class:`CatalogStore`."""
-        return set(self._tables)
-
     def stored(self, bucket: int, ids: Sequence[str]) -> set[str]:
         """See :class:`CatalogStore`."""
         if bucket not in self._tables or not ids:

@@ -24,15 +24,22 @@ CHUNK = 500
 
 
 class CatalogStore(ABC):
-    """The operations the catalog runs on its store."""
+    """The operations the catalog runs on its store.
+
+    Attributes:
+        _tables: Buckets that have a table; kept by the subclass (read at open, updated
+            by its inserts and drops).
+    """
+
+    _tables: set[int]
 
     @abstractmethod
     def watermark(self) -> int:
         """The persisted GC watermark (microseconds; 0 if never set)."""
 
-    @abstractmethod
     def buckets(self) -> set[int]:
         """Buckets that have a table (may hold ids)."""
+        return set(self._tables)
 
     @abstractmethod
     def stored(self, bucket: int, ids: Sequence[str]) -> set[str]:
@@ -105,10 +112,6 @@ class SqliteStore(CatalogStore):
         """See :class:`CatalogStore`."""
         row = self.conn.execute("SELECT value FROM dedup_meta WHERE key = 'gc_watermark_us'").fetchone()
         return int(row[0]) if row else 0
-
-    def buckets(self) -> set[int]:
-        """See :class:`CatalogStore`."""
-        return set(self._tables)
 
     def stored(self, bucket: int, ids: Sequence[str]) -> set[str]:
         """See :class:`CatalogStore`."""
