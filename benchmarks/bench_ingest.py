@@ -14,8 +14,12 @@ receiver costs on top of writing the log.
 With ``--catalog-dsn DSN`` the catalog lives in PostgreSQL instead of SQLite (bytes per id
 are then the catalog tables' size as the server reports it).
 
+The events' system times are spread over the last ``--span-minutes`` (55 by default), so the
+catalog holds six 10-minute buckets and every fresh id is checked against all their filters,
+as in a receiver's steady state.
+
 Usage: python benchmarks/bench_ingest.py [--events 1000000] [--batch 5000] [--clients 8]
-       [--catalog-dsn DSN]
+       [--catalog-dsn DSN] [--span-minutes 55]
 """
 
 from __future__ import annotations
@@ -46,10 +50,10 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def bodies(events: int, batch: int, t0_us: int) -> list[bytes]:
+def bodies(events: int, batch: int, t0_us: int, step_us: int) -> list[bytes]:
     out = []
     for start in range(0, events, batch):
-        evs = [{"event_id": f"bench-{i}", "sender": f"s{i % 8}", "system_time": t0_us + i,
+        evs = [{"event_id": f"bench-{i}", "sender": f"s{i % 8}", "system_time": t0_us + i * step_us,
                 "user": f"user-{i % 1000:05d}", "event_time": t0_us + i, "bytes": i % 5000}
                for i in range(start, min(start + batch, events))]
         out.append(json.dumps({"events": evs}).encode())
@@ -84,12 +88,18 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=5_000)
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--catalog-dsn", default=None, help="keep the catalog in PostgreSQL")
+    ap.add_argument("--span-minutes", type=float, default=55.0,
+                    help="sender system times spread over this many past minutes (0: one bucket)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="onceflow-bench-ingest-"))
     port = _port()
     url = f"http://127.0.0.1:{port}"
-    t0_us = time.time_ns() // 1000
-    payloads = bodies(args.events, args.batch, t0_us)
+    now_us = time.time_ns() // 1000
+    # system times spread over the last --span-minutes: the steady state of a receiver whose
+    # catalog holds several live buckets (10-minute buckets, 1 h GC delay: up to 7)
+    span_us = int(args.span_minutes * 60e6)
+    t0_us = now_us - span_us
+    payloads = bodies(args.events, args.batch, t0_us, max(span_us // args.events, 1))
     name = f"bench{t0_us}"  # a fresh PostgreSQL catalog per run
 
     # baseline: the same rows straight into a log, segment per batch
@@ -113,7 +123,7 @@ def main() -> None:
         [sys.executable, "-m", "onceflow.cli.main", "ingest", "serve", "--log", str(work / "log"),
          *(["--catalog-dsn", args.catalog_dsn, "--catalog-name", name] if args.catalog_dsn
            else ["--catalog", str(work / "catalog.db")]), "--port", str(port),
-         "--expected-rate", str(max(args.events / 600, 1)),
+         "--expected-rate", str(max(args.events / max(span_us / 1e6, 600), 1)),  # ids/s of system time
          "--max-events", str(args.batch)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -204,3 +204,18 @@ def test_postgres_catalog_is_one_process_at_a_time(pg_dsn: str) -> None:
     other.close()
     with pytest.raises(ConfigError, match="catalog name"):
         PostgresStore(pg_dsn, "Bad-Name")
+
+
+def test_fresh_ids_stay_within_the_fpr_across_all_live_buckets(tmp_path: Path) -> None:
+    # a fresh id is checked against every live bucket's filter: the configured FPR must bound
+    # the whole check, not each filter (7 filters at 1% each would send ~7% to the store)
+    cat = _catalog(tmp_path / "c.db", expected_rate_per_s=5, fpr=0.01, bloom_threshold=1)
+    assert cat.cfg.live_buckets == 7
+    for b in range(6):  # six full buckets of 3,000 ids (the filters' capacity)
+        cat.offer([(f"b{b}-{i}", b * 10 * MIN + i) for i in range(3_000)])
+    before = cat.metrics.store_reads
+    probes = 30_000
+    statuses = cat.offer([(f"fresh-{i}", 55 * MIN) for i in range(probes)])
+    assert all(s is Status.NEW for s in statuses)
+    assert cat.blooms.buckets == list(range(6))  # the last one built lazily, by these probes
+    assert (cat.metrics.store_reads - before) / probes <= 0.01 * 1.3

@@ -35,7 +35,7 @@ def ingest() -> None:
 @click.option("--expected-rate", default=10_000.0, show_default=True, type=float,
               help="Expected new events per second (sizes the Bloom filters).")
 @click.option("--fpr", default=0.01, show_default=True, type=float, callback=fraction,
-              help="Target false-positive rate of each Bloom filter.")
+              help="Target false-positive rate of a fresh id's check (split over the live buckets' filters).")
 @click.option("--max-events", default=10_000, show_default=True, type=click.IntRange(min=1),
               help="Most events one request may carry (more: 413).")
 def serve(log_dir: Path, catalog: Path | None, catalog_dsn: str | None, catalog_name: str, host: str,
