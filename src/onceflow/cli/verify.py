@@ -16,7 +16,8 @@ from onceflow.sinks import SINKS
               help="Fault rounds (each restarts the pipeline from its checkpoint).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--faults", default="all", show_default=True,
-              help="Comma-separated fault names, or 'all' (executor_kill only with --cluster).")
+              help="Comma-separated fault names, or 'all' (executor_kill only with --cluster, the "
+                   "receiver_*, sender_kill and dropped_acks faults only with --ingest).")
 @click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'); naive, lossy and postgres-naive "
                    "are negative controls: verify must fail.")
