@@ -5,12 +5,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
+
+from onceflow.audit.resume import kill_stale
 
 pytestmark = pytest.mark.faults
 
@@ -38,25 +43,67 @@ SPARK_FAULTS = ("kill_random", "crash_before_sink_write", "crash_inside_sink_txn
                 "crash_after_commit_log", "ambiguous_commit", "trigger_change")
 
 
-def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path: Path) -> None:
-    """Every fault kind once (sqlite); verify itself is SIGKILLed mid-run and resumed."""
-    args = ["--rounds", "7", "--seed", "3", "--events-per-round", "3000"]
-    first = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(tmp_path),
-                              *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
-                             start_new_session=True)
-    state = tmp_path / "work" / "state.json"
+def _markers(db: Path) -> int:
+    if not db.exists():
+        return 0
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as conn:
+        try:
+            return int(conn.execute("SELECT count(*) FROM onceflow_batches").fetchone()[0])
+        except sqlite3.OperationalError:  # not created yet
+            return 0
+
+
+def _kill_verify_when(report: Path, args: list[str], ready: Callable[[int, int], bool],
+                      resume: bool) -> None:
+    """Run verify until ``ready(rounds saved, log segments)`` holds, then SIGKILL it (its
+    round's driver runs on, in its own session, until the resume kills it)."""
+    flags = ["--resume"] if resume else []
+    proc = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report),
+                             *flags, *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    state, log = report / "work" / "state.json", report / "work" / "log"
     deadline = time.monotonic() + 600
-    while not (state.exists() and len(json.loads(state.read_text())["rounds"]) >= 3):
-        assert first.poll() is None and time.monotonic() < deadline
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline
+        rounds = len(json.loads(state.read_text())["rounds"]) if state.exists() else 0
+        if ready(rounds, len(list(log.glob("*.parquet"))) if log.exists() else 0):
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.fixture
+def stale_killed(tmp_path: Path) -> Iterator[Path]:
+    """The report directory; whatever the verify runs in it left running is killed at the end."""
+    yield tmp_path
+    if (tmp_path / "work").exists():
+        kill_stale(tmp_path / "work")
+
+
+def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path: Path,
+                                                                       stale_killed: Path) -> None:
+    """Every fault kind once (sqlite); verify itself is SIGKILLed twice and resumed: after all of
+    round 1's input was fed and its driver had processed it (nothing left to feed: the round is
+    recorded as verify_kill and drained, the schedule moves on), and while round 3's input is
+    being fed (the rest of it is fed, none twice)."""
+    args = ["--rounds", "8", "--seed", "3", "--events-per-round", "3000"]
+    per = 3  # segments a round (3000 events, 1000 a segment)
+    _kill_verify_when(tmp_path, args, lambda rounds, segs: segs >= per, resume=False)
+    # round 1's driver runs on: let it commit all of its input (markers unchanged for 6 s), so
+    # that the resumed round 1 has nothing left to process (a fault waiting for a batch would hang)
+    deadline, seen, since = time.monotonic() + 180, -1, time.monotonic()
+    while (n := _markers(tmp_path / "work" / "sink.db")) < 2 or time.monotonic() - since < 6:
+        assert time.monotonic() < deadline
+        if n != seen:
+            seen, since = n, time.monotonic()
         time.sleep(0.2)
-    time.sleep(3)  # into round 4: its driver runs on (its own session) after verify dies
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait()
+    _kill_verify_when(tmp_path, args, lambda rounds, segs: rounds >= 2 and segs > 2 * per, resume=True)
     rc, out, _ = _verify(tmp_path, "--resume", *args[:-1], "4000", timeout=120)
     assert rc == 2 and "these differ: events_per_round" in out  # another configuration is refused
     rc, out, rep = _verify(tmp_path, "--resume", *args)
     assert rc == 0, out
-    assert "resuming after round 3" in out
+    assert "resuming after round 2" in out
     assert rep["ok"] is True
     kinds = rep["faults_by_kind"]
     assert isinstance(kinds, dict)
@@ -64,14 +111,16 @@ def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path:
         assert kinds.get(kind, 0) >= 1, kind
     rounds = rep["rounds"]
     assert isinstance(rounds, list)
-    assert [r["round"] for r in rounds] == list(range(1, 8))
+    assert [r["round"] for r in rounds] == list(range(1, 9))
+    assert [r["fault"] for r in rounds][:3] == ["verify_kill", "kill_random", "crash_before_sink_write"]
     for r in rounds:  # each fault really happened as intended
         assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
+    assert all("timed out" not in r["outcome"] for r in rounds)
     verdict = rep["verdict"]
     assert isinstance(verdict, dict)
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0
     assert verdict["late_expected"] == verdict["late_recorded"] > 0
-    assert rep["input_rows"] == 22_050  # 21,000 events + 5% producer retries: the resume fed none twice
+    assert rep["input_rows"] == 25_200  # 24,000 events + 5% producer retries: the resumes fed none twice
     html = (tmp_path / "report.html").read_text()
     assert "onceflow verify: OK" in html and "<svg" in html
     assert f"report written to {tmp_path / 'report.html'}" in out

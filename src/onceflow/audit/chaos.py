@@ -66,6 +66,9 @@ SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_chang
 ROUND_FAULTS = SPARK_FAULTS + INGEST_ROUND_FAULTS
 """Faults that make a round."""
 
+VERIFY_KILL = "verify_kill"
+"""Record kind of a resumed round whose input was all in the log when verify was killed."""
+
 INPUT_FAULTS = ["producer_duplicates", "late_events", *INGEST_INPUT_FAULTS]
 """Faults that hold for the whole run (in the input, or the receiver dropping acks)."""
 
@@ -264,15 +267,33 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
                       env={**target.env(), **(env or {})}, **kw)
 
+    def persist() -> None:
+        save_state(work, {
+            "config": _config(cfg), "rounds": [asdict(r) for r in records], "input_rows": input_rows,
+            "elapsed_s": time.monotonic() - t0, "started_epoch_ms": started_epoch_ms,
+            "rng": rng.getstate(), "schema": target.schema or None,
+            "receiver_lives": rig.receiver_lives if rig else 0,
+            "sender_lives": rig.sender_lives if rig else 0,
+        })
+
+    persist()  # resume step 1: a run cut off in its first round can resume too
+    scheduled = sum(r.fault != VERIFY_KILL for r in records)
     for i, chunk in enumerate(chunks):
         if i < len(records):
             continue
-        fault = kinds[i % len(kinds)]
+        todo, in_log = chunk[max(in_log, 0):], 0
+        if rig is None and not todo:  # resume step 4: nothing left to feed
+            fault = VERIFY_KILL
+        else:
+            fault, scheduled = kinds[scheduled % len(kinds)], scheduled + 1
         rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
         input_rows += sum(t.num_rows for t in chunk)
         tag = f"round{i + 1:04d}-{fault}"
-        if rig is None:
-            todo, in_log = chunk[max(in_log, 0):], 0
+        if fault == VERIFY_KILL:
+            _drain(driver(tag, once=True), rec, cfg.round_timeout_s,
+                   "verify and this round's driver were SIGKILLed after its input was fed; "
+                   "restarted, drained with --once")
+        elif rig is None:
             if todo:
                 log.append(todo[0])
             feeder = _Feeder(log, todo[1:], pace_s=0.5)
@@ -286,13 +307,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         rec.markers_after = target.committed_batches()
         rec.ended_s = time.monotonic() - t0
         records.append(rec)
-        save_state(work, {
-            "config": _config(cfg), "rounds": [asdict(r) for r in records], "input_rows": input_rows,
-            "elapsed_s": time.monotonic() - t0, "started_epoch_ms": started_epoch_ms,
-            "rng": rng.getstate(), "schema": target.schema or None,
-            "receiver_lives": rig.receiver_lives if rig else 0,
-            "sender_lives": rig.sender_lives if rig else 0,
-        })
+        persist()
         say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
             f"(markers {rec.markers_before} -> {rec.markers_after})")
     ingest = None
@@ -367,6 +382,18 @@ def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], driver: Cal
         rec.exit_code = d.proc.returncode
 
 
+def _drain(d: Driver, rec: RoundRecord, timeout: float, done: str) -> None:
+    """Wait for a ``--once`` driver; record ``done``, or how it failed (killed after ``timeout``)."""
+    try:
+        rec.exit_code = d.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+        rec.outcome = f"timed out after {timeout} s draining; killed"
+        return
+    rec.outcome = done if rec.exit_code == 0 else f"unexpected exit code {rec.exit_code}"
+
+
 def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecord, target: SinkTarget,
             rng: random.Random, timeout: float, t0: float) -> None:
     """Run one round's driver and inject ``fault`` into it."""
@@ -390,10 +417,8 @@ def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecor
                        else f"unexpected exit code {rec.exit_code}")
         return
     if fault == "trigger_change":
-        d = driver(tag, once=True, max_files=rng.choice([1, 3, 5]))
-        rec.exit_code = d.wait(timeout=timeout)
-        rec.outcome = "restarted with another batch size, drained" if rec.exit_code == 0 else (
-            f"exit code {rec.exit_code}")
+        _drain(driver(tag, once=True, max_files=rng.choice([1, 3, 5])), rec, timeout,
+               "restarted with another batch size, drained")
         return
     # WARN level shows Spark's "Lost task" lines: the proof that the executor died mid-task
     d = driver(tag, env={"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"} if fault == "executor_kill" else None)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from onceflow.audit.resume import register
+from onceflow.audit.resume import PIDS, REGISTRY_ENV, register
 from onceflow.faults import CRASH_ENV
 
 RETAIN_ALL = 1_000_000_000
@@ -41,6 +41,9 @@ class ProcessGroup:
         full = os.environ.copy()
         full.pop(CRASH_ENV, None)
         full.update(env or {})
+        full.pop(REGISTRY_ENV, None)
+        if ProcessGroup.registry is not None:
+            full[REGISTRY_ENV] = str(ProcessGroup.registry / PIDS)
         self.out_path = out
         self._out = open(out, "a")  # noqa: SIM115 - closed in wait()/kill()
         self.proc = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", *args],

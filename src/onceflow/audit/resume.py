@@ -2,12 +2,14 @@
 
 Resume contract:
 
-1. After every round, the run writes ``state.json`` in its work directory (atomically:
-   temp file, fsync, rename): the configuration, the rounds done with their records, the
-   input rows fed, the active seconds so far, the RNG state and the PostgreSQL schema of
-   the sink, if any. A round that was cut off is not in it.
+1. Before its first round and after every round, the run writes ``state.json`` in its work
+   directory (atomically: temp file, fsync, rename): the configuration, the rounds done with
+   their records, the input rows fed, the active seconds so far, the RNG state and the
+   PostgreSQL schema of the sink, if any. A round that was cut off is not in it.
 2. Every process the run starts (drivers, receiver, senders) appends its process-group id
-   to ``pids``. On resume, each listed group whose leader is still an onceflow process is
+   to ``pids`` — the run after starting it, and the process itself first thing (through
+   ``ONCEFLOW_PROCESS_REGISTRY``), so a run killed between the two leaves no unlisted
+   process behind. On resume, each listed group whose leader is still an onceflow process is
    SIGKILLed first — nothing of the old run may keep writing — and the list is cleared.
 3. The input is regenerated from the seed (it is deterministic) and the run continues with
    the first round not in the state. Segments of the cut-off round that already reached the
@@ -15,7 +17,12 @@ Resume contract:
    round's sender resumes from its own outbox instead). The checkpoint, the sink and the log
    are kept as they are: the resumed pipeline restarts from its checkpoint, one more restart
    for the auditor to check.
-4. Resuming requires the same configuration (seed, rounds, faults, sink, sizes); a mismatch is
+4. A cut-off round whose segments had all reached the log has nothing left to feed, and
+   whatever its driver had processed is committed: a fault that waits for a new batch would
+   wait forever. That round is recorded as ``verify_kill`` (verify and the round's driver
+   were SIGKILLed — a fault in its own right) and its pipeline restarts with ``--once`` to
+   drain; the scheduled fault moves to the next round.
+5. Resuming requires the same configuration (seed, rounds, faults, sink, sizes); a mismatch is
    a usage error, as is a work directory without state.
 """
 
@@ -46,7 +53,7 @@ def save_state(work: Path, state: dict[str, Any]) -> None:
 
 
 def load_state(work: Path, config: dict[str, Any]) -> dict[str, Any]:
-    """Step 4: read the state and check the configuration matches.
+    """Step 5: read the state and check the configuration matches.
 
     Args:
         work: The verify work directory.
@@ -70,10 +77,26 @@ def load_state(work: Path, config: dict[str, Any]) -> dict[str, Any]:
     return state
 
 
+REGISTRY_ENV = "ONCEFLOW_PROCESS_REGISTRY"
+"""Set for the processes a run starts: the file each appends its own process group to."""
+
+
 def register(work: Path, pid: int) -> None:
-    """Step 2: remember a process group the run started."""
+    """Step 2: remember a process group the run started (by the run, after starting it)."""
     with open(work / PIDS, "a") as f:
         f.write(f"{pid}\n")
+
+
+def register_self() -> None:
+    """Step 2, by the started process itself, first thing.
+
+    A run killed between starting a process and its own :func:`register` would otherwise
+    leave that process unlisted, running on unseen.
+    """
+    path = os.environ.get(REGISTRY_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpgrp()}\n")
 
 
 def kill_stale(work: Path) -> int:

@@ -7,6 +7,7 @@ import sys
 import click
 
 from onceflow import __version__
+from onceflow.audit.resume import register_self
 from onceflow.cli.demo import demo
 from onceflow.cli.generate import generate
 from onceflow.cli.ingest import ingest, send
@@ -31,6 +32,7 @@ cli.add_command(send)
 
 def main() -> None:
     """Run the CLI; onceflow errors print one clear message and exit 1."""
+    register_self()  # a process started by ``onceflow verify``: list it for a resume
     try:
         cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:

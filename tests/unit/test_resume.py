@@ -1,0 +1,54 @@
+"""The resume contract's bookkeeping (``onceflow.audit.resume``), on real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from onceflow.audit.resume import PIDS, REGISTRY_ENV, kill_stale, load_state, save_state
+from onceflow.errors import ConfigError
+
+
+def test_a_started_process_lists_itself(tmp_path: Path) -> None:
+    """Step 2: the process registers its own group, without the parent's help."""
+    env = {**os.environ, REGISTRY_ENV: str(tmp_path / PIDS)}
+    proc = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", "--version"], env=env,
+                            start_new_session=True, stdout=subprocess.DEVNULL)
+    assert proc.wait(timeout=60) == 0
+    assert (tmp_path / PIDS).read_text().split() == [str(proc.pid)]  # its own group
+
+
+def test_kill_stale_kills_listed_onceflow_groups_only(tmp_path: Path) -> None:
+    """Step 2: a listed onceflow group dies; a listed pid of another program is left alone."""
+    code = "import time; time.sleep(120)"
+    ours = subprocess.Popen([sys.executable, "-c", code, "onceflow"], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        (tmp_path / PIDS).write_text(f"{ours.pid}\n{other.pid}\n")
+        assert kill_stale(tmp_path) == 1
+        assert ours.wait(timeout=10) == -9
+        time.sleep(0.2)
+        assert other.poll() is None
+        assert (tmp_path / PIDS).read_text() == ""
+    finally:
+        ours.kill()
+        other.kill()
+        ours.wait()
+        other.wait()
+
+
+def test_state_round_trip_and_config_mismatch(tmp_path: Path) -> None:
+    """Steps 1 and 5: the state comes back; another configuration is refused, by name."""
+    config = {"rounds": 10, "faults": ["kill_random"], "seed": 1, "sink": "sqlite", "cluster": False,
+              "ingest": False, "events_per_round": 4000, "segment_size": 1000}
+    save_state(tmp_path, {"config": config, "rounds": []})
+    assert load_state(tmp_path, config)["rounds"] == []
+    with pytest.raises(ConfigError, match=r"these differ: seed \(was 1, now 2\)"):
+        load_state(tmp_path, {**config, "seed": 2})
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        load_state(tmp_path / "elsewhere", config)
