@@ -5,7 +5,8 @@ the in-memory state store lives there in local mode), ``spark.sql.shuffle.partit
 to the core count (the 200 default is several times slower on a small machine;
 note that the value is fixed in a checkpoint at its first run), UTC session
 time, workers running this interpreter, the UI off, and corrupt files never
-ignored.
+ignored. ``ONCEFLOW_DRIVER_JAVA_OPTIONS`` adds driver JVM options (see
+:mod:`onceflow.jvmstart`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from onceflow import faults
 from onceflow.errors import JavaNotFoundError
+from onceflow.jvmstart import JAVA_OPTIONS_ENV
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -97,8 +99,16 @@ def session(
         .config("spark.sql.files.ignoreMissingFiles", "false")
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
         .config("spark.driver.memory", os.environ.get("ONCEFLOW_DRIVER_MEMORY", "4g"))
+        # State store snapshots are written by maintenance only (default every 60 s): a
+        # driver restarted more often would replay every delta file since the first batch.
+        .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
     )
-    for key, value in (conf or {}).items():
+    conf = dict(conf or {})
+    extra = os.environ.get(JAVA_OPTIONS_ENV, "").strip()
+    if extra:  # e.g. a class-data archive (onceflow.jvmstart)
+        key = "spark.driver.extraJavaOptions"
+        conf[key] = f"{conf[key]} {extra}" if conf.get(key) else extra
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("ONCEFLOW_SPARK_LOG_LEVEL", "ERROR"))

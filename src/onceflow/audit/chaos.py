@@ -35,7 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.audit.driver import Driver, ProcessGroup, busy_executor, wait_until
+from onceflow.audit.driver import Driver, ProcessGroup, busy_executor, fast_start_archive, wait_until
 from onceflow.audit.ingest_rig import (
     DROP_ACKS,
     INGEST_INPUT_FAULTS,
@@ -49,6 +49,7 @@ from onceflow.audit.targets import KINDS, SinkTarget
 from onceflow.audit.verdict import Verdict
 from onceflow.errors import ConfigError
 from onceflow.generator import GeneratorConfig, generate_segments
+from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sinks import pg
 from onceflow.sources.log import EventLog
 
@@ -95,6 +96,8 @@ class VerifyConfig:
         events_per_round: Distinct events generated per round.
         segment_size: Rows per segment.
         round_timeout_s: Longest a round may wait for its fault to happen.
+        fast_start: Start drivers from a class-data archive with the quick JIT
+            (:mod:`onceflow.jvmstart`): ~3x faster restarts, the same commits.
     """
 
     workdir: Path
@@ -108,6 +111,7 @@ class VerifyConfig:
     events_per_round: int = 4_000
     segment_size: int = 1_000
     round_timeout_s: float = 240.0
+    fast_start: bool = True
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.faults if f not in ALL_FAULTS]
@@ -263,9 +267,14 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
     # segments of a cut-off round that already reached the log (resume step 3)
     in_log = len(log.segments()) - sum(len(c) for c in chunks[:len(records)]) if rig is None else 0
 
+    jvm: dict[str, str] = {}
+    if cfg.fast_start:
+        archive = fast_start_archive(work / "jvm-training", say)
+        jvm[JAVA_OPTIONS_ENV] = use_options(archive)
+
     def driver(tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
         return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
-                      env={**target.env(), **(env or {})}, **kw)
+                      env={**jvm, **target.env(), **(env or {})}, **kw)
 
     def persist() -> None:
         save_state(work, {

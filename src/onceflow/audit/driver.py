@@ -190,3 +190,52 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def fast_start_archive(scratch: Path, say: Callable[[str], None] = print) -> Path | None:
+    """The driver class-data archive, trained first if this machine has none yet.
+
+    Training runs the real pipeline once (``onceflow run --once`` on a small generated log
+    into a scratch SQLite sink) in a JVM that dumps the classes it loaded when it exits.
+
+    Args:
+        scratch: A directory for the training run's log, checkpoint and database (removed).
+        say: Progress output.
+
+    Returns:
+        The archive (see :func:`onceflow.jvmstart.archive_path`), or None when training
+        failed to produce one (drivers then start the normal way).
+    """
+    import shutil
+
+    from onceflow.generator import GeneratorConfig, generate_segments
+    from onceflow.jvmstart import JAVA_OPTIONS_ENV, archive_path, dump_options, publish
+    from onceflow.sources.log import EventLog
+
+    archive = archive_path()
+    if archive.exists():
+        return archive
+    say(f"fast start: training the driver class-data archive {archive} (once per machine)")
+    scratch.mkdir(parents=True, exist_ok=True)
+    log = EventLog(scratch / "log")
+    for t in generate_segments(GeneratorConfig(events=3_000, users=5, minutes=3, seed=1,
+                                               duplicates=0.05, late=0.02, segment_size=1_000)):
+        log.append(t)
+    tmp = archive.parent / f".{archive.name}.{os.getpid()}.tmp"
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    d = Driver(scratch / "log", scratch / "ck", scratch / "sink.db", scratch / "train.out", once=True,
+               max_files=1, env={JAVA_OPTIONS_ENV: dump_options(tmp)})
+    try:
+        rc = d.wait(timeout=600)
+    except subprocess.TimeoutExpired:
+        d.kill()
+        rc = None
+    ok = rc == 0 and publish(tmp, archive)
+    tmp.unlink(missing_ok=True)
+    if not ok:
+        say(f"fast start: no archive (training exit code {rc}, see {scratch / 'train.out'}); "
+            "drivers start the normal way")
+        return None
+    shutil.rmtree(scratch / "log")
+    shutil.rmtree(scratch / "ck", ignore_errors=True)
+    return archive

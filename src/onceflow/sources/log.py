@@ -64,6 +64,10 @@ class Segment:
     path: Path
 
 
+_VALIDATED: dict[str, tuple[int, int]] = {}
+"""Segments checked in this process, by path: (size, mtime_ns) when checked."""
+
+
 class EventLog:
     """An append-only log of event segments in one directory.
 
@@ -73,7 +77,7 @@ class EventLog:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).absolute()
-        self._validated: dict[str, tuple[int, int]] = {}
+        self._validated = _VALIDATED
 
     # ----------------------------------------------------------------- reading
     def segments(self) -> list[Segment]:
@@ -106,8 +110,9 @@ class EventLog:
     def validate(self, paths: Iterable[Path] | None = None) -> int:
         """Check that segments are readable Parquet with the event schema.
 
-        Each file is checked once per process (segments are immutable; a
-        changed size or mtime is checked again). Only the footer is read.
+        Each file is checked once per process, whichever ``EventLog`` object asks
+        (segments are immutable; a changed size or mtime is checked again). Only the
+        footer is read.
 
         Args:
             paths: Files to check; all published segments when omitted.
