@@ -61,7 +61,8 @@ def archive_path(java: str | None = None) -> Path:
     exe = Path(java or find_java()).resolve()
     jars = Path(pyspark.__file__).parent / "jars"
     names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
-    ident = "\n".join([str(exe), str(exe.stat().st_mtime_ns), pyspark.__version__, *names])
+    # the JVM maps an archive only for the classpath it was dumped with: the jars' place counts
+    ident = "\n".join([str(exe), str(exe.stat().st_mtime_ns), pyspark.__version__, str(jars), *names])
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return cache_dir() / f"spark-driver-{pyspark.__version__}-{digest}.jsa"
 
