@@ -35,7 +35,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.audit.driver import Driver, ProcessGroup, busy_executor, fast_start_archive, wait_until
+from onceflow.audit.driver import (
+    Driver,
+    ProcessGroup,
+    Standby,
+    busy_executor,
+    fast_start_archive,
+    wait_until,
+)
 from onceflow.audit.ingest_rig import (
     DROP_ACKS,
     INGEST_INPUT_FAULTS,
@@ -287,6 +294,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
 
     persist()  # resume step 1: a run cut off in its first round can resume too
     scheduled = sum(r.fault != VERIFY_KILL for r in records)
+    standby = Standby(driver, outs) if cfg.fast_start and rig is None else None
     for i, chunk in enumerate(chunks):
         if i < len(records):
             continue
@@ -297,9 +305,18 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
             fault, scheduled = kinds[scheduled % len(kinds)], scheduled + 1
         rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
         input_rows += sum(t.num_rows for t in chunk)
-        tag = f"round{i + 1:04d}-{fault}"
+        tag, kw = _spec(fault, i + 1, cfg.seed)
+        ahead = min(STANDBYS, len(chunks) - i - 1)
+        upcoming = [_spec(kinds[(scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
+                    for k in range(ahead)] + [FINAL]
+
+        def start(tag: str = tag, kw: dict[str, Any] = kw, upcoming: list[Spec] = upcoming) -> Driver:
+            if standby is None:
+                return driver(tag, **kw)
+            return standby.take(tag, upcoming[:STANDBYS], **kw)
+
         if fault == VERIFY_KILL:
-            _drain(driver(tag, once=True), rec, cfg.round_timeout_s,
+            _drain(start(), rec, cfg.round_timeout_s,
                    "verify and this round's driver were SIGKILLed after its input was fed; "
                    "restarted, drained with --once")
         elif rig is None:
@@ -307,11 +324,11 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
                 log.append(todo[0])
             feeder = _Feeder(log, todo[1:], pace_s=0.5)
             try:
-                _inject(fault, driver, tag, rec, target, rng, cfg.round_timeout_s, t0)
+                _inject(fault, start, rec, target, rng, cfg.round_timeout_s, t0)
             finally:
                 feeder.join()
         else:
-            _ingest_round(fault, rig, chunk, driver, tag, rec, target, rng, cfg.round_timeout_s, t0)
+            _ingest_round(fault, rig, chunk, start, rec, target, rng, cfg.round_timeout_s, t0)
         rec.segments_appended = len(chunk)
         rec.markers_after = target.committed_batches()
         rec.ended_s = time.monotonic() - t0
@@ -327,7 +344,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
             f"{chk.lost} lost, {chk.duplicated} duplicated ({chk.receiver_lives} receiver lives, "
             f"{chk.sender_lives} sender lives)")
     drain_start = time.monotonic() - t0
-    final = driver("final", once=True, max_files=3)
+    final = standby.take(FINAL[0], **FINAL[1]) if standby is not None else driver(FINAL[0], **FINAL[1])
     final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
     drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
@@ -339,8 +356,8 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
                         target.batches(), started_epoch_ms, drain, ingest)
 
 
-def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], driver: Callable[..., Driver],
-                  tag: str, rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float,
+def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Callable[[], Driver],
+                  rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float,
                   t0: float) -> None:
     """One round of a run with ``ingest``: the input goes through a sender and the receiver."""
     point = RECEIVER_CRASHES.get(fault)
@@ -350,13 +367,13 @@ def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], driver: Cal
     base = rig.events_new()
     rig.feed(rec.round, chunk)
     if fault not in INGEST_ROUND_FAULTS:
-        _inject(fault, driver, tag, rec, target, rng, timeout, t0)
+        _inject(fault, start, rec, target, rng, timeout, t0)
         try:
             rig.wait_sender(timeout)
         except (AssertionError, subprocess.TimeoutExpired) as exc:
             rec.outcome += f"; the sender did not finish: {exc}"
         return
-    d = driver(tag)
+    d = start()
     try:
         if point:
             assert rig.receiver is not None
@@ -403,9 +420,37 @@ def _drain(d: Driver, rec: RoundRecord, timeout: float, done: str) -> None:
     rec.outcome = done if rec.exit_code == 0 else f"unexpected exit code {rec.exit_code}"
 
 
-def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecord, target: SinkTarget,
+Spec = tuple[str, dict[str, Any]]
+"""A round's driver: its tag (output file name) and :class:`Driver` keywords."""
+
+FINAL: Spec = ("final", {"once": True, "max_files": 3})
+"""The final drain's driver."""
+
+STANDBYS = 2
+"""Drivers pre-started ahead (``fast_start``): a standby needs ~2 rounds to be ready."""
+
+
+def _spec(fault: str, round_no: int, seed: int) -> Spec:
+    """The driver a round with ``fault`` runs (known ahead, so a standby can be pre-started).
+
+    The batch size of a ``trigger_change`` round comes from an RNG of its own (seed, round),
+    so it is the same whether or not the round was resumed.
+    """
+    tag = f"round{round_no:04d}-{fault}"
+    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
+        return tag, {"crash_at": f"{CRASH_FAULTS.get(fault, 'ambiguous_commit')}@0"}
+    if fault == "trigger_change":
+        return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
+    if fault == VERIFY_KILL:
+        return tag, {"once": True}
+    if fault == "executor_kill":  # WARN level shows Spark's "Lost task" lines
+        return tag, {"env": {"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"}}
+    return tag, {}
+
+
+def _inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: SinkTarget,
             rng: random.Random, timeout: float, t0: float) -> None:
-    """Run one round's driver and inject ``fault`` into it."""
+    """Run one round's driver (``start()``, see :func:`_spec`) and inject ``fault`` into it."""
     before = rec.markers_before
 
     def progressed() -> bool:
@@ -413,7 +458,7 @@ def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecor
 
     if fault in CRASH_FAULTS or fault == "ambiguous_commit":
         point = CRASH_FAULTS.get(fault, "ambiguous_commit")
-        d = driver(tag, crash_at=f"{point}@0")
+        d = start()
         try:
             rec.exit_code = d.wait(timeout=timeout)
         except Exception:
@@ -426,11 +471,10 @@ def _inject(fault: str, driver: Callable[..., Driver], tag: str, rec: RoundRecor
                        else f"unexpected exit code {rec.exit_code}")
         return
     if fault == "trigger_change":
-        _drain(driver(tag, once=True, max_files=rng.choice([1, 3, 5])), rec, timeout,
+        _drain(start(), rec, timeout,
                "restarted with another batch size, drained")
         return
-    # WARN level shows Spark's "Lost task" lines: the proof that the executor died mid-task
-    d = driver(tag, env={"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"} if fault == "executor_kill" else None)
+    d = start()
     try:
         wait_until(progressed, timeout, "a committed batch")
         if fault == "executor_kill":

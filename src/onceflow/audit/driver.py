@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from onceflow.audit.resume import PIDS, REGISTRY_ENV, register
 from onceflow.faults import CRASH_ENV
@@ -104,11 +105,13 @@ class Driver(ProcessGroup):
         max_files: ``--max-files-per-trigger``.
         master: Spark master URL, if not the local default.
         env: Extra environment variables for the process.
+        standby: Start as a hot standby released by this file (see :class:`Standby`).
     """
 
     def __init__(self, log: Path, ck: Path, db: Path | None, out: Path, *, once: bool = False,
                  crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
-                 master: str | None = None, env: dict[str, str] | None = None) -> None:
+                 master: str | None = None, env: dict[str, str] | None = None,
+                 standby: Path | None = None) -> None:
         args = ["run", "--log", str(log), "--checkpoint", str(ck), "--sink", sink,
                 "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds",
                 "--retain-batches", str(RETAIN_ALL)]
@@ -118,8 +121,63 @@ class Driver(ProcessGroup):
             args.append("--once")
         if master:
             args += ["--master", master]
+        if standby is not None:
+            args += ["--standby", str(standby)]
         out.write_text("")
         super().__init__(args, out, {**(env or {}), **({CRASH_ENV: crash_at} if crash_at else {})})
+
+
+class Standby:
+    """Hot standby drivers: the next rounds' drivers start while this round's runs.
+
+    Protocol:
+
+    1. :meth:`take` with the spec (tag and :class:`Driver` keywords) of the driver a round
+       needs. If the oldest pre-started driver has that spec, its release file is created: it
+       has its JVM and SparkSession up and has touched nothing else (not the log, the sink or
+       the checkpoint; ``onceflow run --standby``), and now goes on as a fresh
+       ``onceflow run`` would — a restart from the checkpoint by a new process. Otherwise
+       every pre-started driver is killed and the round's driver is started the normal way.
+    2. Right after that, drivers for the ``upcoming`` specs (the next rounds', in order) that
+       are not running yet are started as standbys, each in its own process group, so their
+       start-up (~5 s of CPU) overlaps the rounds before theirs.
+    3. :meth:`close` kills the unused standbys. A standby whose starter dies exits by itself;
+       a resumed verify kills listed groups anyway (resume step 2).
+
+    Args:
+        make: Starts a driver: ``make(tag, standby=go_file_or_None, **keywords)``.
+        outs: Directory for the release files.
+    """
+
+    def __init__(self, make: Callable[..., Driver], outs: Path) -> None:
+        self._make = make
+        self._outs = outs
+        self._queue: list[tuple[tuple[str, str], Driver, Path]] = []
+
+    @staticmethod
+    def _key(tag: str, kw: dict[str, Any]) -> tuple[str, str]:
+        return tag, repr(sorted(kw.items()))
+
+    def take(self, tag: str, upcoming: list[tuple[str, dict[str, Any]]] | None = None,
+             **kw: Any) -> Driver:
+        """Steps 1 and 2: the driver for ``tag``/``kw``, running; pre-start ``upcoming``."""
+        if self._queue and self._queue[0][0] == self._key(tag, kw):
+            _, d, go = self._queue.pop(0)
+            go.touch()
+        else:
+            self.close()
+            d = self._make(tag, **kw)
+        for utag, ukw in (upcoming or [])[len(self._queue):]:
+            go = self._outs / f"{utag}.go"
+            go.unlink(missing_ok=True)
+            self._queue.append((self._key(utag, ukw), self._make(utag, standby=go, **ukw), go))
+        return d
+
+    def close(self) -> None:
+        """Step 3: kill the unused standbys."""
+        for _, d, _go in self._queue:
+            d.kill()
+        self._queue = []
 
 
 def committed_batches(db: Path) -> int:
