@@ -60,7 +60,8 @@ def archive_path(java: str | None = None) -> Path:
 
     exe = Path(java or find_java()).resolve()
     jars = Path(pyspark.__file__).parent / "jars"
-    names = sorted(p.name for p in jars.glob("*.jar")) if jars.is_dir() else []
+    # the JVM also refuses an archive when a jar's size or mtime changed (a reinstall)
+    names = sorted(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in jars.glob("*.jar"))
     # the JVM maps an archive only for the classpath it was dumped with: the jars' place counts
     ident = "\n".join([str(exe), str(exe.stat().st_mtime_ns), pyspark.__version__, str(jars), *names])
     digest = hashlib.sha256(ident.encode()).hexdigest()[:16]
