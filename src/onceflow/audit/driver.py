@@ -74,20 +74,26 @@ class ProcessGroup:
         self.proc.wait(timeout=30)
         self._reap()
 
-    def wait(self, timeout: float = 300) -> int:
-        """Wait for the process to exit and for its group to be gone; return its exit code."""
+    def wait(self, timeout: float = 300, linger_s: float = 20) -> int:
+        """Wait for the process to exit and for its group to be gone; return its exit code.
+
+        Args:
+            timeout: Longest wait for the process itself.
+            linger_s: Longest wait for the rest of its group afterwards (a JVM exits after
+                its Python driver).
+        """
         rc = self.proc.wait(timeout=timeout)
-        self._reap()
+        self._reap(linger_s)
         return rc
 
-    def _reap(self) -> None:
+    def _reap(self, linger_s: float = 20) -> None:
         # After a self-kill at a crash point, nothing of the group may survive for long.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + linger_s
         while self.group_alive() and time.monotonic() < deadline:
             time.sleep(0.2)
         if self.group_alive():
             os.killpg(self.proc.pid, signal.SIGKILL)
-            raise AssertionError("processes of the killed process outlived it by 20 s")
+            raise AssertionError(f"processes of the killed process outlived it by {linger_s} s")
         self._out.close()
 
 
@@ -284,8 +290,8 @@ def fast_start_archive(scratch: Path, say: Callable[[str], None] = print) -> Pat
     d = Driver(scratch / "log", scratch / "ck", scratch / "sink.db", scratch / "train.out", once=True,
                max_files=1, env={JAVA_OPTIONS_ENV: dump_options(tmp)})
     try:
-        rc = d.wait(timeout=600)
-    except subprocess.TimeoutExpired:
+        rc = d.wait(timeout=600, linger_s=300)  # the JVM writes the archive as it exits
+    except (subprocess.TimeoutExpired, AssertionError):
         d.kill()
         rc = None
     ok = rc == 0 and publish(tmp, archive)
