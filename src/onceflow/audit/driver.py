@@ -173,11 +173,15 @@ class Standby:
         else:
             self.close()
             d = self._make(tag, **kw)
-        for utag, ukw in (upcoming or [])[len(self._queue):]:
+        self.prestart(upcoming or [])
+        return d
+
+    def prestart(self, upcoming: list[tuple[str, dict[str, Any]]]) -> None:
+        """Step 2: start standbys for the specs of ``upcoming`` beyond those already queued."""
+        for utag, ukw in upcoming[len(self._queue):]:
             go = self._outs / f"{utag}.go"
             go.unlink(missing_ok=True)
             self._queue.append((self._key(utag, ukw), self._make(utag, standby=go, **ukw), go))
-        return d
 
     def close(self) -> None:
         """Step 3: kill the unused standbys."""

@@ -112,6 +112,7 @@ def wait_for_release(go: Path, poll_s: float = 0.02) -> None:
     import time
 
     parent = os.getppid()
+    click.echo(f"standby: Spark is up; waiting for {go}")
     while not go.exists():
         if os.getppid() != parent:
             click.echo("onceflow: standby released by nobody: its starter exited", err=True)
