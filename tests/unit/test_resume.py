@@ -52,3 +52,31 @@ def test_state_round_trip_and_config_mismatch(tmp_path: Path) -> None:
         load_state(tmp_path, {**config, "seed": 2})
     with pytest.raises(ConfigError, match="nothing to resume"):
         load_state(tmp_path / "elsewhere", config)
+
+
+def test_kill_stale_kills_what_is_left_of_a_group_whose_leader_exited(tmp_path: Path) -> None:
+    """Step 2: a listed group whose leader already exited still has a member (like a driver's
+    JVM outliving its Python process): it is killed too."""
+    leader = subprocess.Popen(["sh", "-c", "sleep 120 & echo $!"], start_new_session=True,
+                              stdout=subprocess.PIPE, text=True)
+    assert leader.stdout is not None
+    member = int(leader.stdout.readline())
+    assert leader.wait(timeout=30) == 0
+    (tmp_path / PIDS).write_text(f"{leader.pid}\n")
+    assert os.getpgid(member) == leader.pid
+    kill_stale(tmp_path)
+    assert _gone_or_zombie(member, timeout=10), "the group member outlived kill_stale"
+
+
+def _gone_or_zombie(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` exits within ``timeout`` (a killed orphan may show as a zombie briefly)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False

@@ -9,8 +9,9 @@ Resume contract:
 2. Every process the run starts (drivers, receiver, senders) appends its process-group id
    to ``pids`` — the run after starting it, and the process itself first thing (through
    ``ONCEFLOW_PROCESS_REGISTRY``), so a run killed between the two leaves no unlisted
-   process behind. On resume, each listed group whose leader is still an onceflow process is
-   SIGKILLed first — nothing of the old run may keep writing — and the list is cleared.
+   process behind. On resume, each listed group whose leader is still an onceflow process (or
+   has exited, leaving members such as its JVM behind) is SIGKILLed first — nothing of the old
+   run may keep writing — and the list is cleared.
 3. The input is regenerated from the seed (it is deterministic) and the run continues with
    the first round not in the state. Segments of the cut-off round that already reached the
    log are not appended again (the log's segment count says how many; with ``--ingest`` the
@@ -113,7 +114,11 @@ def kill_stale(work: Path) -> int:
         pid = int(line)
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (FileNotFoundError, ProcessLookupError):
+            # The leader is gone; members of its group (a JVM) may live on. The number cannot
+            # belong to another group while any member is alive, so killing it is safe.
+            cmdline = b"onceflow"
+        except PermissionError:
             continue
         if b"onceflow" not in cmdline:
             continue  # the pid was reused by something else
