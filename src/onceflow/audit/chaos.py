@@ -23,6 +23,7 @@ when ``rounds >= len(faults)``; timings within a round come from the seeded RNG.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import subprocess
@@ -295,6 +296,12 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
     persist()  # resume step 1: a run cut off in its first round can resume too
     scheduled = sum(r.fault != VERIFY_KILL for r in records)
     standby = Standby(driver, outs) if cfg.fast_start and rig is None else None
+
+    def launch(spec: Spec, upcoming: list[Spec]) -> Driver:
+        """The driver of ``spec``: a released standby, or a fresh one; pre-starts ``upcoming``."""
+        tag, kw = spec
+        return standby.take(tag, upcoming, **kw) if standby is not None else driver(tag, **kw)
+
     for i, chunk in enumerate(chunks):
         if i < len(records):
             continue
@@ -305,15 +312,10 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
             fault, scheduled = kinds[scheduled % len(kinds)], scheduled + 1
         rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
         input_rows += sum(t.num_rows for t in chunk)
-        tag, kw = _spec(fault, i + 1, cfg.seed)
         ahead = min(STANDBYS, len(chunks) - i - 1)
-        upcoming = [_spec(kinds[(scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
-                    for k in range(ahead)] + [FINAL]
-
-        def start(tag: str = tag, kw: dict[str, Any] = kw, upcoming: list[Spec] = upcoming) -> Driver:
-            if standby is None:
-                return driver(tag, **kw)
-            return standby.take(tag, upcoming[:STANDBYS], **kw)
+        upcoming = ([_spec(kinds[(scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
+                     for k in range(ahead)] + [FINAL])[:STANDBYS]
+        start = functools.partial(launch, _spec(fault, i + 1, cfg.seed), upcoming)
 
         if fault == VERIFY_KILL:
             _drain(start(), rec, cfg.round_timeout_s,
@@ -344,7 +346,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
             f"{chk.lost} lost, {chk.duplicated} duplicated ({chk.receiver_lives} receiver lives, "
             f"{chk.sender_lives} sender lives)")
     drain_start = time.monotonic() - t0
-    final = standby.take(FINAL[0], **FINAL[1]) if standby is not None else driver(FINAL[0], **FINAL[1])
+    final = launch(FINAL, [])
     final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
     drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
@@ -430,6 +432,11 @@ STANDBYS = 2
 """Drivers pre-started ahead (``fast_start``): a standby needs ~2 rounds to be ready."""
 
 
+def _crash_point(fault: str) -> str:
+    """The crash point a crash fault (or ``ambiguous_commit``) arms."""
+    return CRASH_FAULTS.get(fault, "ambiguous_commit")
+
+
 def _spec(fault: str, round_no: int, seed: int) -> Spec:
     """The driver a round with ``fault`` runs (known ahead, so a standby can be pre-started).
 
@@ -438,7 +445,7 @@ def _spec(fault: str, round_no: int, seed: int) -> Spec:
     """
     tag = f"round{round_no:04d}-{fault}"
     if fault in CRASH_FAULTS or fault == "ambiguous_commit":
-        return tag, {"crash_at": f"{CRASH_FAULTS.get(fault, 'ambiguous_commit')}@0"}
+        return tag, {"crash_at": f"{_crash_point(fault)}@0"}
     if fault == "trigger_change":
         return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
     if fault == VERIFY_KILL:
@@ -457,7 +464,7 @@ def _inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: S
         return target.committed_batches() > before
 
     if fault in CRASH_FAULTS or fault == "ambiguous_commit":
-        point = CRASH_FAULTS.get(fault, "ambiguous_commit")
+        point = _crash_point(fault)
         d = start()
         try:
             rec.exit_code = d.wait(timeout=timeout)

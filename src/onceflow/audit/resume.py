@@ -113,14 +113,14 @@ def kill_stale(work: Path) -> int:
     for line in path.read_text().split():
         pid = int(line)
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            cmdline: bytes | None = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (FileNotFoundError, ProcessLookupError):
             # The leader is gone; members of its group (a JVM) may live on. The number cannot
             # belong to another group while any member is alive, so killing it is safe.
-            cmdline = b"onceflow"
+            cmdline = None
         except PermissionError:
             continue
-        if b"onceflow" not in cmdline:
+        if cmdline is not None and b"onceflow" not in cmdline:
             continue  # the pid was reused by something else
         try:
             os.killpg(pid, signal.SIGKILL)

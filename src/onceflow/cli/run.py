@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +110,6 @@ def wait_for_release(go: Path, poll_s: float = 0.02) -> None:
     (see :class:`onceflow.audit.driver.Standby`); once released it runs as a fresh
     ``onceflow run`` would.
     """
-    import os
-    import sys
-    import time
-
     parent = os.getppid()
     click.echo(f"standby: Spark is up; waiting for {go}")
     while not go.exists():

@@ -77,7 +77,6 @@ class EventLog:
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.directory = Path(directory).absolute()
-        self._validated = _VALIDATED
 
     # ----------------------------------------------------------------- reading
     def segments(self) -> list[Segment]:
@@ -129,7 +128,7 @@ class EventLog:
         for path in paths:
             st = path.stat()
             key = (st.st_size, st.st_mtime_ns)
-            if self._validated.get(str(path)) == key:
+            if _VALIDATED.get(str(path)) == key:
                 continue
             try:
                 schema = pq.read_schema(path)
@@ -138,7 +137,7 @@ class EventLog:
             problems = schema_problems(schema)
             if problems:
                 raise BadSegmentError(str(path), "wrong schema: " + "; ".join(problems))
-            self._validated[str(path)] = key
+            _VALIDATED[str(path)] = key
             checked += 1
         return checked
 
