@@ -61,3 +61,36 @@ def test_crash_point_env_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CRASH_ENV, "after_lunch")
     with pytest.raises(CrashPointError, match="before_sink_write"):
         armed()
+
+
+def test_fixed_schema_columns_and_keys(tmp_path: Path) -> None:
+    import sqlite3
+
+    SQLiteSink(tmp_path / "db.sqlite").bind("q1")
+    conn = sqlite3.connect(tmp_path / "db.sqlite")
+    cols = {t: [(r[1], r[2], r[5]) for r in conn.execute(f"PRAGMA table_info({t})")]
+            for t in ("user_counts", "global_counts")}
+    conn.close()
+    assert cols["user_counts"] == [("user", "TEXT", 1), ("window_start_ms", "INTEGER", 2),
+                                   ("window_end_ms", "INTEGER", 0), ("count", "INTEGER", 0)]
+    assert cols["global_counts"] == [("window_start_ms", "INTEGER", 1),
+                                     ("window_end_ms", "INTEGER", 0), ("count", "INTEGER", 0)]
+
+
+def test_database_with_rowid_tables_from_an_earlier_version_keeps_working(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "db.sqlite"
+    conn = sqlite3.connect(db)  # the tables as the first releases created them
+    conn.executescript(
+        "CREATE TABLE user_counts(user TEXT, window_start_ms INTEGER, window_end_ms INTEGER, "
+        "count INTEGER, PRIMARY KEY(user, window_start_ms));"
+        "INSERT INTO user_counts VALUES ('a', 0, 60000, 10);")
+    conn.close()
+    sink = SQLiteSink(db)
+    sink.bind("q1")
+    assert sink.commit_batch(0, B0, STATS)
+    assert sink.commit_batch(1, B1, STATS)
+    users, glob = read_counts(db)
+    assert users == {("a", 0): 13, ("b", 0): 2, ("a", 60_000): 5, ("c", 120_000): 5}
+    assert glob == {0: 5, 60_000: 5, 120_000: 5}

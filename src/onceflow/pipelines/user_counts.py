@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
@@ -129,6 +130,10 @@ class _BatchWriter:
     def close(self) -> None:
         self._pool.shutdown(wait=True)
 
+    def _check_and_count(self, batch: ckpt.BatchInput) -> BatchStats:
+        self.log.validate(batch.files)
+        return _batch_stats(batch)
+
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         try:
             self._write(df, batch_id)
@@ -145,9 +150,9 @@ class _BatchWriter:
             self.sink.bind(qid)
             self._bound = True
         batch = ckpt.batch_input(self.cfg.checkpoint, batch_id)
-        self.log.validate(batch.files)
-        # The late count reads the batch's files with pyarrow while Spark runs the batch.
-        pending = self._pool.submit(_batch_stats, batch)
+        # The batch's files are validated and their late rows counted with pyarrow while
+        # Spark runs the batch; nothing reaches the sink before both are done.
+        pending = self._pool.submit(self._check_and_count, batch)
         if self.sink.executor_side:  # the rows go from the executors to the sink
             frame = window_deltas(df).persist()
             stats = pending.result()
@@ -156,10 +161,14 @@ class _BatchWriter:
             frame.unpersist()
             counted, num_rows = int(total[0] or 0), int(total[1])
         else:
-            deltas = window_deltas(df).toArrow()
+            try:
+                deltas = window_deltas(df).toArrow()
+            except BaseException:
+                pending.result()  # a bad segment is the clearer error: it names the file
+                raise
             stats = pending.result()
             committed = self.sink.commit_batch(batch_id, deltas, stats)
-            counted, num_rows = sum(deltas.column("count").to_pylist()), deltas.num_rows
+            counted, num_rows = pc.sum(deltas.column("count")).as_py() or 0, deltas.num_rows
         info: dict[str, Any] = {
             "batch_id": batch_id,
             "committed": committed,
