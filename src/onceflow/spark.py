@@ -5,7 +5,8 @@ the in-memory state store lives there in local mode), ``spark.sql.shuffle.partit
 to the core count (the 200 default is several times slower on a small machine;
 note that the value is fixed in a checkpoint at its first run), UTC session
 time, workers running this interpreter, the UI off, and corrupt files never
-ignored. ``ONCEFLOW_DRIVER_JAVA_OPTIONS`` adds driver JVM options (see
+ignored, and the parallel collector in the driver JVM (unless the options name another).
+``ONCEFLOW_DRIVER_JAVA_OPTIONS`` adds driver JVM options (see
 :mod:`onceflow.jvmstart`).
 """
 
@@ -27,6 +28,12 @@ from onceflow.jvmstart import JAVA_OPTIONS_ENV
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+
+THROUGHPUT_GC = "-XX:+UseParallelGC"
+"""The driver JVM's collector unless the options name one: the parallel (throughput)
+collector ran Example 5-1 13-40% faster than Java's default G1 here (BENCHMARKS.md)."""
+
+_GC_OPTION = re.compile(r"-XX:\+Use\w*GC\b")
 
 SUPPORTED_JAVA = (17, 21)
 """Java major versions Spark 4 runs on."""
@@ -148,10 +155,12 @@ def session(
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
     )
     conf = dict(conf or {})
+    key = "spark.driver.extraJavaOptions"
     extra = os.environ.get(JAVA_OPTIONS_ENV, "").strip()
     if extra:  # e.g. a class-data archive (onceflow.jvmstart)
-        key = "spark.driver.extraJavaOptions"
         conf[key] = f"{conf[key]} {extra}" if conf.get(key) else extra
+    if not _GC_OPTION.search(conf.get(key, "")):
+        conf[key] = f"{conf.get(key, '')} {THROUGHPUT_GC}".strip()
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
