@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from onceflow import faults
 from onceflow.errors import JavaNotFoundError
-from onceflow.jvmstart import JAVA_OPTIONS_ENV
+from onceflow.jvmstart import JAVA_OPTIONS_ENV, cache_dir
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -108,8 +108,6 @@ def spark_ready_home(home: Path) -> Path:
     java = home / "bin" / "java"
     if "jdk.incubator.vector" in java_modules(str(java)):
         return home
-    from onceflow.jvmstart import cache_dir
-
     digest = hashlib.sha256(str(java.resolve()).encode()).hexdigest()[:12]
     shim_home = cache_dir() / f"java-without-vector-{digest}"
     shim = shim_home / "bin" / "java"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
@@ -13,7 +14,5 @@ def test_driver_jvm_uses_the_parallel_collector(spark: Any) -> None:
 
 
 def test_shuffle_partitions_match_the_cores(spark: Any) -> None:
-    import os
-
     assert spark.conf.get("spark.sql.shuffle.partitions") == str(os.cpu_count() or 2)
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
