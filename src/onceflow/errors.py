@@ -50,3 +50,11 @@ class JavaNotFoundError(OnceflowError, RuntimeError):
 
 class CrashPointError(OnceflowError, ValueError):
     """The crash-point environment variable names an unknown crash point."""
+
+
+class SinkApplyError(OnceflowError, RuntimeError):
+    """A durably staged batch could not be added to the sink's tables.
+
+    The batch stays staged (nothing is lost); a restart with the same checkpoint and
+    database applies it once the cause is fixed.
+    """

@@ -33,6 +33,9 @@ class CrashPoint(str, Enum):
     """Rows and marker written inside the open sink transaction, not committed."""
     AFTER_SINK_COMMIT = "after_sink_commit"
     """The sink transaction committed; Spark has not written its commit log."""
+    APPLY_PENDING = "apply_pending"
+    """Staged SQLite sink: the batch is staged and Spark wrote its commit log; the apply of
+    its deltas to the tables has not run (the process dies at the next batch or at the end)."""
     AFTER_COMMIT_LOG = "after_commit_log"
     """Spark wrote the commit log of the batch."""
     AMBIGUOUS_COMMIT = "ambiguous_commit"
@@ -139,6 +142,20 @@ def crash_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def armed_for(point: CrashPoint, batch_id: int) -> bool:
+    """Whether the environment selects ``point`` for batch ``batch_id``.
+
+    Args:
+        point: A crash point.
+        batch_id: The micro-batch being processed.
+
+    Returns:
+        True if :func:`maybe_crash` would fire for them.
+    """
+    selected = armed()
+    return selected is not None and selected[0] is point and batch_id >= selected[1]
+
+
 def maybe_crash(point: CrashPoint, batch_id: int) -> None:
     """Die (or raise, for ``ambiguous_commit``) if the environment selects this point.
 
@@ -146,8 +163,7 @@ def maybe_crash(point: CrashPoint, batch_id: int) -> None:
         point: The point the caller has reached.
         batch_id: The micro-batch being processed.
     """
-    selected = armed()
-    if selected is not None and selected[0] is point and batch_id >= selected[1]:
+    if armed_for(point, batch_id):
         if point is CrashPoint.AMBIGUOUS_COMMIT:
             raise AmbiguousCommitError(
                 f"injected fault: batch {batch_id} committed, reporting failure anyway"

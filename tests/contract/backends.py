@@ -19,7 +19,8 @@ from onceflow.sinks.postgres import PostgresSink, PostgresWriterSink
 from onceflow.sinks.postgres import read_counts as pg_counts
 from onceflow.sinks.sqlite import SQLiteSink, read_batches, read_counts
 
-KINDS = ["sqlite", "postgres", "postgres-staged", "postgres-2pc"]
+KINDS = ["sqlite", "sqlite-direct", "postgres", "postgres-staged", "postgres-2pc"]
+"""``sqlite`` is the staged SQLite sink (the default), ``sqlite-direct`` applies in the batch."""
 
 
 def deltas(rows: list[tuple[str, int, int]]) -> pa.Table:
@@ -50,30 +51,34 @@ class Backend:
         self.location = location
 
     @property
+    def sqlite(self) -> bool:
+        return self.kind.startswith("sqlite")
+
+    @property
     def spark_side(self) -> bool:
         return self.kind in ("postgres-staged", "postgres-2pc")
 
     def make(self, sink_id: str = "user_counts") -> ExactlyOnceSink:
-        if self.kind == "sqlite":
-            return SQLiteSink(self.location, sink_id=sink_id)
+        if self.sqlite:
+            return SQLiteSink(self.location, sink_id=sink_id, staged=self.kind == "sqlite")
         if self.kind == "postgres":
             return PostgresSink(self.location, sink_id=sink_id)
         return PostgresWriterSink(self.location, protocol=self.kind.removeprefix("postgres-"),
                                   sink_id=sink_id)
 
     def counts(self) -> tuple[dict[tuple[str, int], int], dict[int, int]]:
-        if self.kind == "sqlite":
+        if self.sqlite:
             return read_counts(self.location)
         return pg_counts(self.location)
 
     def batches(self, sink_id: str = "user_counts") -> list[dict[str, Any]]:
-        if self.kind == "sqlite":
+        if self.sqlite:
             return read_batches(self.location, sink_id)
         return pg.read_batches(self.location, sink_id)
 
     def break_window_999(self, broken: bool) -> None:
         """Make inserting a user_counts row of window 999 fail (a trigger), or repair it."""
-        if self.kind == "sqlite":
+        if self.sqlite:
             with sqlite3.connect(self.location) as conn:
                 conn.execute(
                     "CREATE TRIGGER boom BEFORE INSERT ON user_counts WHEN NEW.window_start_ms = 999 "
@@ -82,8 +87,16 @@ class Backend:
         with pg.session(self.location) as conn:
             conn.execute(_PG_BOOM if broken else "DROP TRIGGER boom ON user_counts")
 
+    def staged(self) -> list[int]:
+        """Batch ids durably staged but not yet applied (the staged SQLite sink only)."""
+        if self.kind != "sqlite":
+            return []
+        with sqlite3.connect(self.location) as conn:
+            return [r[0] for r in conn.execute(
+                "SELECT batch_id FROM onceflow_staged ORDER BY batch_id")]
+
     def prepared(self) -> list[str]:
-        if self.kind == "sqlite":
+        if self.sqlite:
             return []
         with pg.session(self.location) as conn:
             return pg.prepared_gids(conn, "of:")

@@ -2,13 +2,16 @@
 
 The driver runs as a subprocess in its own process group. It is killed (driver and JVM) at
 random moments, and once exactly between the SQLite commit and Spark's commit-log write
-(the ``after_sink_commit`` crash point). A negative control shows that the same crash
+(the ``after_sink_commit`` crash point: the batch is staged in SQLite, Spark has no commit-log
+entry), and once after Spark's commit log while the staged batch is not yet applied (the
+``apply_pending`` crash point: only the staged row has the batch). A negative control shows that the same crash
 against the naive sink (no batch marker) double-counts, so the check can fail.
 """
 
 from __future__ import annotations
 
 import random
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -62,13 +65,23 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     rc = d.wait(timeout=300)
     assert rc == -9, d.output()
     assert f"crash point after_sink_commit at batch {target}" in d.output()
-    gap_batch = max(b["batch_id"] for b in read_batches(db))
+    gap_batch = _staged(db)[0]
+    assert gap_batch >= target and not (ck / "commits" / str(gap_batch)).exists()
+    # after Spark's commit log, before the staged batch reaches the tables
+    target = gap_batch + 1
+    d = Driver(log, ck, db, tmp_path / "pending.out", crash_at=f"apply_pending@{target}")
+    assert d.wait(timeout=300) == -9, d.output()
+    # Spark re-ran the batch the sink had staged; bind applied it first, the marker made the
+    # re-run a no-op
+    assert f"batch {gap_batch}: already committed earlier, skipped (replay)" in d.output()
+    pending = _staged(db)
+    assert len(pending) == 1 and pending[0] >= target, pending
+    assert (ck / "commits" / str(pending[0])).exists()  # Spark will not re-run it
+    assert pending[0] not in [b["batch_id"] for b in read_batches(db)]
     feeder.join(timeout=300)
     final = Driver(log, ck, db, tmp_path / "final.out", once=True)
     assert final.wait(timeout=300) == 0, final.output()
-    out = final.output()
-    # Spark re-ran the batch the sink had committed; the marker made it a no-op
-    assert f"batch {gap_batch}: already committed earlier, skipped (replay)" in out, out
+    assert ", 0 replayed," in final.output()  # Spark had committed the pending batch
     users, glob = read_counts(db)
     exp_users, exp_glob = distinct_counts(log)
     diff = diff_counts(exp_users, users)  # type: ignore[arg-type]
@@ -80,6 +93,13 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     assert sum(b["input_rows"] for b in batches) == 88_000
     assert sum(b["late_dropped"] for b in batches) == 0
     assert kills == 3
+    assert _staged(db) == []
+
+
+def _staged(db: Path) -> list[int]:
+    """Batch ids the staged SQLite sink holds but has not applied."""
+    with sqlite3.connect(db) as conn:
+        return [r[0] for r in conn.execute("SELECT batch_id FROM onceflow_staged ORDER BY batch_id")]
 
 
 def test_negative_control_naive_sink_duplicates_after_the_same_crash(tmp_path: Path) -> None:

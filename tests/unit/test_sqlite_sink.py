@@ -33,6 +33,7 @@ def test_marker_records_counted_and_duplicates(tmp_path: Path) -> None:
     sink.bind("q1")
     assert sink.commit_batch(0, B0, STATS)
     assert sink.commit_batch(1, B1, STATS)
+    sink.flush()
     batches = read_batches(tmp_path / "db.sqlite")
     assert [b["batch_id"] for b in batches] == [0, 1]
     assert batches[0]["events_counted"] == 6
@@ -91,6 +92,7 @@ def test_database_with_rowid_tables_from_an_earlier_version_keeps_working(tmp_pa
     sink.bind("q1")
     assert sink.commit_batch(0, B0, STATS)
     assert sink.commit_batch(1, B1, STATS)
+    sink.close()
     users, glob = read_counts(db)
     assert users == {("a", 0): 13, ("b", 0): 2, ("a", 60_000): 5, ("c", 120_000): 5}
     assert glob == {0: 5, 60_000: 5, 120_000: 5}

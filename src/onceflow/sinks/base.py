@@ -24,6 +24,10 @@ Commit protocol, run by :meth:`ExactlyOnceSink.commit_batch` for batch N:
    same: the batch fails, is re-run, and step 4 skips it.
 7. Return True; Spark then writes ``commits/N``.
 
+A sink may instead make the batch durable in step 6 and apply it after returning
+(the staged SQLite sink, :mod:`onceflow.sinks.sqlite`); it then applies every staged
+batch in :meth:`ExactlyOnceSink.bind` and :meth:`ExactlyOnceSink.flush`.
+
 :meth:`ExactlyOnceSink.bind` runs before the first batch of a process: it ties
 the sink to the Spark checkpoint's query id, because a new checkpoint restarts
 batch ids at 0 and step 4 would then wrongly skip new data. It may be called
@@ -114,6 +118,14 @@ class ExactlyOnceSink(ABC):
             True if this call committed the batch, False if it was a replay.
         """
         return self.commit_batch(batch_id, deltas.toArrow(), stats)
+
+    def flush(self) -> None:
+        """Wait until every batch :meth:`commit_batch` accepted is in the tables.
+
+        A sink that applies batches in the background after making them durable (the
+        staged SQLite sink) finishes here; for the others it does nothing.
+        """
+        return None
 
     @abstractmethod
     def close(self) -> None:
