@@ -4,8 +4,9 @@ The driver runs as a subprocess in its own process group. It is killed (driver a
 random moments, and once exactly between the SQLite commit and Spark's commit-log write
 (the ``after_sink_commit`` crash point: the batch is staged in SQLite, Spark has no commit-log
 entry), and once after Spark's commit log while the staged batch is not yet applied (the
-``apply_pending`` crash point: only the staged row has the batch). A negative control shows that the same crash
-against the naive sink (no batch marker) double-counts, so the check can fail.
+``apply_pending`` crash point: only the staged row has the batch). A negative control shows
+that the same crash against the naive sink (no batch marker) double-counts, so the check can
+fail.
 """
 
 from __future__ import annotations
