@@ -5,7 +5,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from onceflow.errors import ConfigError, CrashPointError
+from onceflow.errors import ConfigError, CrashPointError, SinkApplyError
 from onceflow.faults import CRASH_ENV, CrashPoint, armed
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.sqlite import SQLiteSink, read_batches, read_counts
@@ -96,3 +96,32 @@ def test_database_with_rowid_tables_from_an_earlier_version_keeps_working(tmp_pa
     users, glob = read_counts(db)
     assert users == {("a", 0): 13, ("b", 0): 2, ("a", 60_000): 5, ("c", 120_000): 5}
     assert glob == {0: 5, 60_000: 5, 120_000: 5}
+
+
+def test_staged_batch_that_cannot_be_applied_is_kept_and_applied_by_the_restart(
+        tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "db.sqlite"
+    sink = SQLiteSink(db)
+    sink.bind("q1")
+    assert sink.commit_batch(0, B0, STATS)
+    sink.flush()
+    with sqlite3.connect(db) as conn:  # every insert of window 120000 fails
+        conn.execute("CREATE TRIGGER boom BEFORE INSERT ON user_counts "
+                     "WHEN NEW.window_start_ms = 120000 BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    assert sink.commit_batch(1, B1, STATS)  # staged: Spark may now write its commit log
+    with pytest.raises(SinkApplyError, match=r"batch 1 .*safely staged.*boom.*restart"):
+        sink.commit_batch(2, B0, STATS)  # the next batch reports it (and is not taken)
+    sink.close()  # reported once; closing leaves the staged batch where it is
+    assert read_counts(db)[0] == {("a", 0): 3, ("b", 0): 2, ("a", 60_000): 1}
+    with sqlite3.connect(db) as conn:
+        assert [r[0] for r in conn.execute("SELECT batch_id FROM onceflow_staged")] == [1]
+        conn.execute("DROP TRIGGER boom")
+    again = SQLiteSink(db)  # the restart applies the staged batch before anything else
+    again.bind("q1")
+    assert read_counts(db)[0] == {("a", 0): 3, ("b", 0): 2, ("a", 60_000): 5, ("c", 120_000): 5}
+    assert [b["batch_id"] for b in read_batches(db)] == [0, 1]
+    assert not again.commit_batch(1, B1, STATS)  # Spark's replay of 1, if any, is a no-op
+    again.close()
+    assert read_counts(db)[1] == {0: 5, 60_000: 5, 120_000: 5}
