@@ -17,7 +17,7 @@ from onceflow.sinks import pg
 from onceflow.sinks.base import BatchStats, ExactlyOnceSink
 from onceflow.sinks.postgres import PostgresSink, PostgresWriterSink
 from onceflow.sinks.postgres import read_counts as pg_counts
-from onceflow.sinks.sqlite import SQLiteSink, read_batches, read_counts
+from onceflow.sinks.sqlite import SQLiteSink, read_batches, read_counts, read_staged
 
 KINDS = ["sqlite", "sqlite-direct", "postgres", "postgres-staged", "postgres-2pc"]
 """``sqlite`` is the staged SQLite sink (the default), ``sqlite-direct`` applies in the batch."""
@@ -89,11 +89,7 @@ class Backend:
 
     def staged(self) -> list[int]:
         """Batch ids durably staged but not yet applied (the staged SQLite sink only)."""
-        if self.kind != "sqlite":
-            return []
-        with sqlite3.connect(self.location) as conn:
-            return [r[0] for r in conn.execute(
-                "SELECT batch_id FROM onceflow_staged ORDER BY batch_id")]
+        return read_staged(self.location) if self.kind == "sqlite" else []
 
     def prepared(self) -> list[str]:
         if self.sqlite:

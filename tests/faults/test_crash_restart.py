@@ -12,7 +12,6 @@ fail.
 from __future__ import annotations
 
 import random
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 from onceflow.audit.driver import Driver, committed_batches, wait_until
 from onceflow.audit.recompute import diff_counts
 from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks.sqlite import read_batches, read_counts
+from onceflow.sinks.sqlite import read_batches, read_counts, read_staged
 from onceflow.sources.log import EventLog
 from tests.helpers import distinct_counts
 
@@ -66,7 +65,7 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     rc = d.wait(timeout=300)
     assert rc == -9, d.output()
     assert f"crash point after_sink_commit at batch {target}" in d.output()
-    gap_batch = _staged(db)[0]
+    gap_batch = read_staged(db)[0]
     assert gap_batch >= target and not (ck / "commits" / str(gap_batch)).exists()
     # after Spark's commit log, before the staged batch reaches the tables
     target = gap_batch + 1
@@ -75,7 +74,7 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     # Spark re-ran the batch the sink had staged; bind applied it first, the marker made the
     # re-run a no-op
     assert f"batch {gap_batch}: already committed earlier, skipped (replay)" in d.output()
-    pending = _staged(db)
+    pending = read_staged(db)
     assert len(pending) == 1 and pending[0] >= target, pending
     assert (ck / "commits" / str(pending[0])).exists()  # Spark will not re-run it
     assert pending[0] not in [b["batch_id"] for b in read_batches(db)]
@@ -94,13 +93,7 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     assert sum(b["input_rows"] for b in batches) == 88_000
     assert sum(b["late_dropped"] for b in batches) == 0
     assert kills == 3
-    assert _staged(db) == []
-
-
-def _staged(db: Path) -> list[int]:
-    """Batch ids the staged SQLite sink holds but has not applied."""
-    with sqlite3.connect(db) as conn:
-        return [r[0] for r in conn.execute("SELECT batch_id FROM onceflow_staged ORDER BY batch_id")]
+    assert read_staged(db) == []
 
 
 def test_negative_control_naive_sink_duplicates_after_the_same_crash(tmp_path: Path) -> None:

@@ -414,3 +414,23 @@ def read_batches(path: str | Path, sink_id: str = "user_counts") -> list[dict[st
     finally:
         conn.close()
     return [dict(r) for r in rows]
+
+
+def read_staged(path: str | Path, sink_id: str = "user_counts") -> list[int]:
+    """Batch ids of one sink that are staged but not yet applied (the staged protocol).
+
+    Args:
+        path: Database file.
+        sink_id: The sink.
+
+    Returns:
+        Batch ids in order; none for a missing database.
+    """
+    if not Path(path).exists():
+        return []
+    conn = sqlite3.connect(str(path))
+    try:
+        return [r[0] for r in conn.execute(
+            "SELECT batch_id FROM onceflow_staged WHERE sink_id = ? ORDER BY batch_id", (sink_id,))]
+    finally:
+        conn.close()
