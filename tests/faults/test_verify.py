@@ -40,7 +40,7 @@ def _dsn_for(sink: str, request: pytest.FixtureRequest) -> str | None:
 
 
 SPARK_FAULTS = ("kill_random", "crash_before_sink_write", "crash_inside_sink_txn", "crash_after_sink_commit",
-                "crash_after_commit_log", "ambiguous_commit", "trigger_change")
+                "crash_after_commit_log", "crash_apply_pending", "ambiguous_commit", "trigger_change")
 
 
 def _markers(db: Path) -> int:
@@ -87,7 +87,7 @@ def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path:
     round 1's input was fed and its driver had processed it (nothing left to feed: the round is
     recorded as verify_kill and drained, the schedule moves on), and while round 3's input is
     being fed (the rest of it is fed, none twice)."""
-    args = ["--rounds", "8", "--seed", "3", "--events-per-round", "3000"]
+    args = ["--rounds", "9", "--seed", "3", "--events-per-round", "3000"]
     per = 3  # segments a round (3000 events, 1000 a segment)
     _kill_verify_when(tmp_path, args, lambda rounds, segs: segs >= per, resume=False)
     # round 1's driver runs on: let it commit all of its input (markers unchanged for 6 s), so
@@ -111,7 +111,7 @@ def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path:
         assert kinds.get(kind, 0) >= 1, kind
     rounds = rep["rounds"]
     assert isinstance(rounds, list)
-    assert [r["round"] for r in rounds] == list(range(1, 9))
+    assert [r["round"] for r in rounds] == list(range(1, 10))
     assert [r["fault"] for r in rounds][:3] == ["verify_kill", "kill_random", "crash_before_sink_write"]
     for r in rounds:  # each fault really happened as intended
         assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
@@ -120,7 +120,7 @@ def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path:
     assert isinstance(verdict, dict)
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0
     assert verdict["late_expected"] == verdict["late_recorded"] > 0
-    assert rep["input_rows"] == 25_200  # 24,000 events + 5% producer retries: the resumes fed none twice
+    assert rep["input_rows"] == 28_350  # 27,000 events + 5% producer retries: the resumes fed none twice
     html = (tmp_path / "report.html").read_text()
     assert "onceflow verify: OK" in html and "<svg" in html
     assert f"report written to {tmp_path / 'report.html'}" in out
@@ -169,6 +169,7 @@ def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, 
     (["--faults", "executor_kill"], "needs --cluster"),
     (["--faults", "late_events"], "needs at least one of"),
     (["--faults", "receiver_kill"], "need --ingest"),
+    (["--faults", "crash_apply_pending", "--sink", "naive"], "need --sink sqlite"),
 ])
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
     rc, out, _ = _verify(tmp_path, *args, timeout=60)

@@ -16,8 +16,9 @@ from onceflow.sinks import SINKS
               help="Fault rounds (each restarts the pipeline from its checkpoint).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--faults", default="all", show_default=True,
-              help="Comma-separated fault names, or 'all' (executor_kill only with --cluster, the "
-                   "receiver_*, sender_kill and dropped_acks faults only with --ingest).")
+              help="Comma-separated fault names, or 'all' (executor_kill only with --cluster, "
+                   "crash_apply_pending only with --sink sqlite, the receiver_*, sender_kill "
+                   "and dropped_acks faults only with --ingest).")
 @click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'); naive, lossy and postgres-naive "
                    "are negative controls: verify must fail.")
@@ -47,14 +48,13 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
 
     Exit 0 when nothing was lost or duplicated, 1 on any violation, 2 for bad usage.
     """
-    from onceflow.audit.chaos import ALL_FAULTS, INGEST_FAULTS, VerifyConfig, run_verify
+    from onceflow.audit.chaos import VerifyConfig, default_faults, run_verify
     from onceflow.audit.report import print_summary, write_reports
     from onceflow.errors import ConfigError
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if names == ["all"]:
-        names = [f for f in ALL_FAULTS if (cluster or f != "executor_kill")
-                 and (ingest or f not in INGEST_FAULTS)]
+        names = default_faults(sink, cluster, ingest)
     report_dir = report_dir.absolute()
     work = report_dir / "work"
     try:
