@@ -62,6 +62,15 @@ def batch_ms(progress: list[Any]) -> list[float]:
     return [float(p["durationMs"]["triggerExecution"]) for p in reports if p["numInputRows"] > 0]
 
 
+def drain(writer: Any, cfg: UserCountsConfig) -> Timing:
+    """Run a hand-built query (a ``DataStreamWriter``) over everything in the log, timed."""
+    t0 = time.perf_counter()
+    query = (writer.option("checkpointLocation", str(cfg.checkpoint))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return time.perf_counter() - t0, batch_ms(query.recentProgress)
+
+
 def run_onceflow(spark: Any, log: Path, work: Path, files: int, staged: bool = True) -> Timing:
     cfg = UserCountsConfig(log_dir=log, checkpoint=work / "ck", max_files_per_trigger=files)
     sink = SQLiteSink(work / "db.sqlite", staged=staged)
@@ -81,12 +90,7 @@ def run_noop(spark: Any, log: Path, work: Path, files: int) -> Timing:
     def batch(df: Any, _: int) -> None:
         window_deltas(df).write.format("noop").mode("overwrite").save()
 
-    t0 = time.perf_counter()
-    query = (deduplicated_events(spark, cfg).writeStream.foreachBatch(batch)
-             .option("checkpointLocation", str(cfg.checkpoint)).trigger(availableNow=True)
-             .start())
-    query.awaitTermination()
-    return time.perf_counter() - t0, batch_ms(query.recentProgress)
+    return drain(deduplicated_events(spark, cfg).writeStream.foreachBatch(batch), cfg)
 
 
 def run_plain(spark: Any, log: Path, work: Path, files: int) -> Timing:
@@ -103,14 +107,10 @@ def run_plain(spark: Any, log: Path, work: Path, files: int) -> Timing:
 
     counts = (deduplicated_events(spark, cfg)
               .groupBy(F.window("event_time", "1 minute"), "user").count())
-    t0 = time.perf_counter()
-    query = (counts.writeStream.outputMode("update").foreachBatch(batch)
-             .option("checkpointLocation", str(cfg.checkpoint)).trigger(availableNow=True)
-             .start())
-    query.awaitTermination()
-    elapsed = time.perf_counter() - t0
-    conn.close()
-    return elapsed, batch_ms(query.recentProgress)
+    try:
+        return drain(counts.writeStream.outputMode("update").foreachBatch(batch), cfg)
+    finally:
+        conn.close()
 
 
 VARIANTS = {"onceflow": run_onceflow, "noop": run_noop, "plain": run_plain, "direct": run_direct}
