@@ -58,3 +58,18 @@ class SinkApplyError(OnceflowError, RuntimeError):
     The batch stays staged (nothing is lost); a restart with the same checkpoint and
     database applies it once the cause is fixed.
     """
+
+
+class StorageError(OnceflowError, OSError):
+    """A durable write failed for a reason of the storage: a full disk, a read-only file.
+
+    Attributes:
+        kind: ``"full"``, ``"read_only"`` or ``"io"``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return str(self.args[0])

@@ -12,6 +12,8 @@ from typing import Any
 from onceflow.errors import ConfigError, OnceflowError
 
 DSN_ENV = "ONCEFLOW_PG_DSN"
+SECRET_KEYS = ("password", "sslpassword")
+"""Connection parameters never shown in a message (key=value and URL forms alike)."""
 
 
 class PostgresError(OnceflowError):
@@ -41,13 +43,13 @@ def resolve_dsn(dsn: str | None) -> str:
 
 
 def redact(dsn: str) -> str:
-    """The DSN without its password, for messages.
+    """The DSN without its secrets, for messages.
 
     Args:
-        dsn: A libpq connection string or URL.
+        dsn: A libpq connection string or URL (a password in a URL's user part included).
 
     Returns:
-        ``key=value`` pairs of every parameter but the password.
+        ``key=value`` pairs of every parameter but :data:`SECRET_KEYS`.
     """
     from psycopg.conninfo import conninfo_to_dict
 
@@ -55,18 +57,20 @@ def redact(dsn: str) -> str:
         params = conninfo_to_dict(dsn)
     except Exception:
         return "<unparsable connection string>"
-    return " ".join(f"{k}={v}" for k, v in params.items() if k != "password")
+    return " ".join(f"{k}={v}" for k, v in params.items() if k not in SECRET_KEYS)
 
 
 def scrub(text: str, dsn: str) -> str:
-    """Remove the DSN's password from ``text``."""
+    """Remove the DSN's secrets (and the DSN itself, if quoted whole) from ``text``."""
     from psycopg.conninfo import conninfo_to_dict
 
     try:
-        password = conninfo_to_dict(dsn).get("password")
+        secrets = [str(v) for k, v in conninfo_to_dict(dsn).items() if k in SECRET_KEYS and v]
     except Exception:
-        password = None
-    return text.replace(str(password), "***") if password else text
+        secrets = []
+    for secret in [dsn, *secrets]:
+        text = text.replace(secret, "***")
+    return text
 
 
 def connect(dsn: str, autocommit: bool = True) -> Any:

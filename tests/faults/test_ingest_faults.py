@@ -21,7 +21,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.faults import CRASH_ENV
-from onceflow.ingest.receiver import DROP_ACKS_ENV
+from onceflow.ingest.auth import new_token
+from onceflow.ingest.sender import generated_id, id_key
+from onceflow.ingest.server import DROP_ACKS_ENV
 from onceflow.sources.log import EventLog
 
 pytestmark = pytest.mark.faults
@@ -62,7 +64,7 @@ def _health(port: int) -> dict[str, object] | None:
 
 
 def _receiver(tmp: Path, port: int, life: int, env: dict[str, str], catalog: list[str]) -> Proc:
-    proc = Proc(["ingest", "serve", "--log", str(tmp / "log"), *catalog,
+    proc = Proc(["ingest", "serve", "--log", str(tmp / "log"), *catalog, "--tokens", str(tmp / "tokens"),
                  "--port", str(port)], tmp / f"receiver{life}.out", env)
     deadline = time.monotonic() + 60
     while _health(port) is None:
@@ -88,8 +90,16 @@ def test_every_event_exactly_once_through_receiver_and_sender_crashes(
     url = f"http://127.0.0.1:{port}"
     per_sender = 6_000
 
+    lines = []
+    for name in ("s1", "s2"):
+        secret, hashed = new_token()
+        (tmp_path / f"{name}.token").write_text(secret)
+        lines.append(f"{name} {hashed}\n")
+    (tmp_path / "tokens").write_text("".join(lines))
+
     def sender(name: str, life: int) -> Proc:
         return Proc(["send", "--url", url, "--outbox", str(tmp_path / f"{name}.db"), "--sender-id", name,
+                     "--token-file", str(tmp_path / f"{name}.token"),
                      "--events", str(per_sender), "--batch-size", "250", "--rate", "3000"],
                     tmp_path / f"{name}-{life}.out")
 
@@ -122,7 +132,8 @@ def test_every_event_exactly_once_through_receiver_and_sender_crashes(
     ids = []
     for seg in EventLog(tmp_path / "log").segments():
         ids += pq.read_table(seg.path, columns=["event_id"]).column(0).to_pylist()
-    expected = {f"ev-{s}-{i}" for s in ("s1", "s2") for i in range(per_sender)}
+    expected = {f"{s}/{generated_id(id_key(tmp_path / f'{s}.db'), s, i)}"
+                for s in ("s1", "s2") for i in range(per_sender)}
     assert len(ids) == len(set(ids)), "an event was published twice"
     assert set(ids) == expected
     outs = "".join(p.read_text() for p in tmp_path.glob("receiver*.out"))

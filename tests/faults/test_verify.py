@@ -215,6 +215,9 @@ def test_end_to_end_through_senders_and_the_receiver(tmp_path: Path) -> None:
     assert ingest["ids_sent"] == 12_000 and ingest["rows_in_log"] == 12_000
     assert ingest["lost"] == ingest["duplicated"] == ingest["unexpected"] == 0
     assert ingest["receiver_lives"] >= 6 and ingest["sender_lives"] >= 7
+    receivers = "".join(p.read_text() for p in (tmp_path / "work" / "out").glob("receiver*.out"))
+    assert "no authentication" not in receivers  # senders authenticated with a token
+    assert (tmp_path / "work" / "tokens").read_text().startswith("verify sha256:")
     senders = (tmp_path / "work" / "out" / "sender.out").read_text()
     assert " retries" in senders and any(  # dropped acks made senders repeat delivered batches
         int(line.split(" retries")[0].rsplit(" ", 1)[1]) > 0 for line in senders.splitlines()

@@ -28,7 +28,7 @@ MIN = 60_000_000  # one minute in microseconds
 
 def _catalog(path: Path | CatalogStore, **kw: float) -> DedupCatalog:
     cfg = CatalogConfig(**{"gc_delay_s": 3600, "bucket_s": 600, "expected_rate_per_s": 10,
-                           "bloom_threshold": 5, **kw})
+                           "bloom_threshold": 5, "max_clock_skew_s": None, **kw})
     return DedupCatalog(path, cfg, now_us=lambda: 0)
 
 
@@ -219,3 +219,44 @@ def test_fresh_ids_stay_within_the_fpr_across_all_live_buckets(tmp_path: Path) -
     assert all(s is Status.NEW for s in statuses)
     assert cat.blooms.buckets == list(range(6))  # the last one built lazily, by these probes
     assert (cat.metrics.store_reads - before) / probes <= 0.01 * 1.3
+
+
+def test_ids_are_stored_and_found_byte_exactly(opener: Opener) -> None:
+    # SQLite's json_each cut strings at NUL: "a\x00b" was stored as "a", and then "a" was
+    # answered DUPLICATE although it had never been sent (a silent loss)
+    cat = opener(bloom_threshold=10_000)  # every lookup goes to the store
+    sep = "\x00"
+    if isinstance(cat.store, PostgresStore):  # text cannot hold NUL: refused, nothing written
+        with pytest.raises(ConfigError, match="NUL"):
+            cat.offer([("fine", MIN), ("a\x00b", MIN)])
+        assert cat.offer([("fine", MIN)]) == [Status.NEW]
+        sep = "\x01"
+    stored = [f"a{sep}b", f"a{sep}c", sep, "x\u2028y", "é", "e\u0301", "a" * 300]
+    assert cat.offer([(t, MIN) for t in stored]) == [Status.NEW] * 7
+    assert cat.offer([(t, MIN) for t in [*stored, "a"]]) == [Status.DUPLICATE] * 7 + [Status.NEW]
+    assert set(stored) <= set(cat.store.scan(0))
+
+
+def test_too_old_from_the_first_record_and_far_future_refused(tmp_path: Path) -> None:
+    now = 1_000 * 60 * MIN
+    cfg = CatalogConfig(gc_delay_s=3600, bucket_s=600, max_clock_skew_s=300)
+    cat = DedupCatalog(tmp_path / "c.db", cfg, now_us=lambda: now)
+    assert cat.gc_watermark_us == 0  # the GC never ran: the floor still holds
+    assert cat.offer([("ancient", 1), ("fresh", now)]) == [Status.TOO_OLD, Status.NEW]
+    assert cat.offer([("soon", now + 5 * MIN)]) == [Status.NEW]
+    with pytest.raises(ConfigError, match="ahead of the catalog's clock"):
+        cat.offer([("far", now + 6 * MIN), ("ok", now)])
+    assert cat.offer([("ok", now)]) == [Status.NEW]  # nothing of the refused batch was recorded
+    assert cfg.live_buckets == 8  # (1 h + 5 min) / 10 min, plus a partial bucket
+
+
+def test_unrecord_takes_back_exactly_the_ids_of_a_pending_row(opener: Opener) -> None:
+    cat = opener()
+    cat.offer([("kept", MIN)])
+    cat.record([("lost1", MIN), ("lost2", 20 * MIN)], [Status.NEW] * 2, pending=("tok", ".x.tmp"))
+    assert cat.store.unrecord("tok") == 2
+    assert cat.store.pending() == []
+    cat.reset_filters()
+    assert cat.offer([("lost1", MIN), ("lost2", 20 * MIN), ("kept", MIN)]) == [
+        Status.NEW, Status.NEW, Status.DUPLICATE]
+    assert cat.store.unrecord("tok") == 0  # twice: a no-op

@@ -292,8 +292,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         rig.receiver_lives = state.get("receiver_lives", 0)
         rig.sender_lives = state.get("sender_lives", 0)
         for chunk in chunks[:len(records)]:
-            for t in chunk:
-                rig.sent_ids.update(t.column("event_id").to_pylist())
+            rig.expect(chunk)
         rig.start_receiver()
         say(f"ingest: receiver on {rig.url}")
     # segments of a cut-off round that already reached the log (resume step 3)

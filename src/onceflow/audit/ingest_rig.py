@@ -5,17 +5,20 @@ round's input goes through a real ``onceflow send`` process (durable outbox, ret
 real ``onceflow ingest serve`` process (dedup catalog, group commit), which is the log's
 only writer. Protocol of the rig:
 
-1. At the start one receiver is started on a free loopback port (with the
-   ``dropped_acks`` fault its replies are dropped at random after the commit, so senders
-   retry batches that did get in).
+1. At the start one receiver is started on a free loopback port, with authentication on
+   (a token file granting the sender name ``verify`` one token; the senders read it from a
+   file); with the ``dropped_acks`` fault its replies are dropped at random after the
+   commit, so senders retry batches that did get in.
 2. Each round writes its input as Parquet files under ``input/round-NNNN`` and starts one
-   sender for them (its own outbox and sender id). Ingest faults of the round: the
+   sender for them (its own outbox, the sender name ``verify``: a producer retry sent in a
+   later round is the same id, ``verify/<event_id>`` in the log). Ingest faults of the round: the
    receiver SIGKILLed mid-stream, the receiver dying at one of its crash points
    (restarted with ``ONCEFLOW_CRASH_AT`` before the round, restarted clean after it
    died), or the sender SIGKILLed mid-stream and restarted with the same arguments.
 3. A round ends only when its sender exited 0: every event of the round acknowledged.
 4. After the last round the receiver is stopped and :func:`check_log` compares the log
-   with the input: every distinct ``event_id`` sent must be in the log exactly once.
+   with the input: every distinct ``event_id`` sent must be in the log exactly once (as
+   ``verify/<event_id>``: the receiver scopes ids by sender).
 
 The Spark side of each round (driver faults, the oracle) is unchanged: the oracle reads the
 log the receiver wrote and Spark's checkpoint.
@@ -36,7 +39,7 @@ import pyarrow.parquet as pq
 
 from onceflow.audit.driver import ProcessGroup
 from onceflow.faults import CRASH_ENV
-from onceflow.ingest.receiver import DROP_ACKS_ENV
+from onceflow.ingest.server import DROP_ACKS_ENV
 from onceflow.sources.log import EventLog
 
 RECEIVER_CRASHES = {
@@ -54,6 +57,9 @@ INGEST_INPUT_FAULTS = ["dropped_acks"]
 
 DROP_ACKS = 0.2
 """Share of receiver replies dropped under the ``dropped_acks`` fault."""
+
+SENDER = "verify"
+"""The sender name of every round (ids in the log: ``verify/<event_id>``)."""
 
 
 def free_port() -> int:
@@ -139,6 +145,20 @@ class IngestRig:
         self.receiver_lives = 0
         self.sender_lives = 0
         self.sent_ids: set[str] = set()
+        self.tokens = work / "tokens"
+        self.sender_token = work / "sender.token"
+        if not self.tokens.exists():  # kept across a resumed verify
+            from onceflow.ingest.auth import new_token
+
+            secret, hashed = new_token()
+            self.sender_token.write_text(secret)
+            self.tokens.write_text(f"{SENDER} {hashed}\n")
+            self.tokens.chmod(0o600)
+
+    def expect(self, tables: list[pa.Table]) -> None:
+        """Remember the ids of input sent to the receiver (as the log will hold them)."""
+        for t in tables:
+            self.sent_ids.update(f"{SENDER}/{i}" for i in t.column("event_id").to_pylist())
 
     # ------------------------------------------------------------- receiver
     def start_receiver(self, crash_at: str | None = None, timeout: float = 60.0) -> None:
@@ -147,7 +167,8 @@ class IngestRig:
         env = {**self.env, **({CRASH_ENV: crash_at} if crash_at else {})}
         self.receiver = ProcessGroup(
             ["ingest", "serve", "--log", str(self.log_dir), "--catalog", str(self.work / "catalog.db"),
-             "--port", str(self.port)], self.work / "out" / f"receiver{self.receiver_lives:04d}.out", env)
+             "--port", str(self.port), "--tokens", str(self.tokens)],
+            self.work / "out" / f"receiver{self.receiver_lives:04d}.out", env)
         deadline = time.monotonic() + timeout
         while self.health() is None:
             if self.receiver.proc.poll() is not None:
@@ -184,11 +205,11 @@ class IngestRig:
         folder.mkdir(parents=True, exist_ok=True)
         for i, t in enumerate(tables):
             pq.write_table(t, folder / f"part-{i:05d}.parquet")
-            self.sent_ids.update(t.column("event_id").to_pylist())
-        name = f"verify-{round_no:04d}"
-        self._sender_args = ["send", "--url", self.url, "--outbox", str(self.work / "senders" / f"{name}.db"),
-                             "--sender-id", name, "--input", str(folder), "--batch-size", "500",
-                             "--rate", str(self.rate)]
+        self.expect(tables)
+        outbox = self.work / "senders" / f"round-{round_no:04d}.db"
+        self._sender_args = ["send", "--url", self.url, "--outbox", str(outbox), "--sender-id", SENDER,
+                             "--token-file", str(self.sender_token), "--input", str(folder),
+                             "--batch-size", "500", "--rate", str(self.rate)]
         self.start_sender()
 
     def start_sender(self) -> None:

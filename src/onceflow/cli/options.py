@@ -28,3 +28,38 @@ def fraction(ctx: click.Context, param: click.Parameter, value: float) -> float:
     if not 0.0 <= value <= 1.0:
         raise click.BadParameter(f"must be a fraction between 0 and 1, got {value}")
     return value
+
+
+def secret_dsn(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A DSN option: warn when it came on the command line with a password (``ps`` shows it)."""
+    from click.core import ParameterSource
+
+    if value and ctx.get_parameter_source(str(param.name)) is ParameterSource.COMMANDLINE:
+        try:
+            from psycopg.conninfo import conninfo_to_dict
+
+            secret = any(k in conninfo_to_dict(value) for k in ("password", "sslpassword"))
+        except Exception:  # unparsable or psycopg missing: assume the worst
+            secret = True
+        if secret:
+            env = param.envvar if isinstance(param.envvar, str) else "the environment"
+            click.echo(f"onceflow: warning: {param.opts[0]} on the command line shows its password to every "
+                       f"user of this machine (ps); set {env} or use a ~/.pgpass file instead", err=True)
+    return value
+
+
+def read_secret_file(path: str | None, what: str) -> str | None:
+    """The stripped content of a secret file (a DSN or a token), or None without a path.
+
+    Raises:
+        click.BadParameter: The file cannot be read or is empty.
+    """
+    if path is None:
+        return None
+    try:
+        text = open(path, encoding="utf-8").read().strip()  # noqa: SIM115
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {what} from {path}: {exc.strerror}") from None
+    if not text:
+        raise click.BadParameter(f"{path} is empty; it should hold {what}")
+    return text

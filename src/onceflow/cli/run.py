@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from onceflow.cli.options import Duration
+from onceflow.cli.options import Duration, secret_dsn
 from onceflow.sinks import SINKS, make_sink
 
 
@@ -34,7 +34,7 @@ def print_batch(info: dict[str, Any]) -> None:
               help="Spark checkpoint directory; reuse it to resume exactly.")
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="SQLite database for user_counts and global_counts (SQLite sinks).")
-@click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True,
+@click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL connection string (postgres* sinks); prefer the environment "
                    "variable, which keeps a password out of the process list.")
 @click.option("--once", is_flag=True, help="Process everything available now, then exit 0.")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from onceflow.cli.options import secret_dsn
 from onceflow.sinks import SINKS
 
 
@@ -22,7 +23,7 @@ from onceflow.sinks import SINKS
 @click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'); naive, lossy and postgres-naive "
                    "are negative controls: verify must fail.")
-@click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True,
+@click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
 @click.option("--cluster", is_flag=True, help="Run on local-cluster[2,1,1024] (executor JVMs).")
 @click.option("--ingest", is_flag=True,

@@ -6,11 +6,12 @@ decides per record:
 
 * ``NEW`` — never seen: recorded (store + Bloom) and passed on;
 * ``DUPLICATE`` — seen before (or earlier in the same batch): dropped and counted;
-* ``TOO_OLD`` — its system time is behind the **GC watermark** (now minus the GC delay), whose
-  ids were deleted. In Dataflow such a record is a duplicate by construction (the sender had
-  its ack). An external sender that kept an event in its outbox longer than the GC delay may
-  still be sending it for the first time, so the catalog cannot tell: it answers with this
-  distinct status, counts it, and never passes it on silently as new.
+* ``TOO_OLD`` — its system time is behind the **GC watermark** (now minus the GC delay, from
+  the first record on: also before the GC has run once), whose ids were deleted. In Dataflow
+  such a record is a duplicate by construction (the sender had its ack). An external sender
+  that kept an event in its outbox longer than the GC delay may still be sending it for the
+  first time, so the catalog cannot tell: it answers with this distinct status, counts it,
+  and never passes it on silently as new.
 
 Store (:mod:`onceflow.dedup.store`): SQLite by default, or PostgreSQL
 (:class:`onceflow.dedup.pgstore.PostgresStore`); one table per system-time bucket; an id
@@ -22,6 +23,11 @@ carries its original's system time (same bucket), but an application that hands 
 the same ``event_id`` again gets a new stamp, possibly in a later bucket, and is still a
 duplicate as long as the first one is younger than the GC watermark (measured by ``onceflow
 verify --ingest`` with producer duplicates: checking only the own bucket let them through).
+
+System times ahead of the catalog's clock by more than ``max_clock_skew_s`` are refused
+(:class:`onceflow.errors.ConfigError`; the ingest receiver rejects such events before they
+get here): they would create buckets the GC cannot drop, so the number of live buckets is
+bounded by ``(gc_delay + max_clock_skew) / bucket + 1``.
 
 Bloom filters: one per bucket, sized from the expected rate and the target false-positive
 rate divided by the number of live buckets (a fresh id is checked against all of them, so
@@ -85,6 +91,8 @@ class CatalogConfig:
         fpr: Target false-positive rate of a fresh id's check (against every live bucket's
             filter: each filter gets ``fpr / live_buckets``).
         bloom_threshold: Records of a bucket seen by this process before its filter is built.
+        max_clock_skew_s: How far a system time may be ahead of the catalog's clock; None:
+            not checked (the caller bounds system times, e.g. a test's synthetic clock).
     """
 
     gc_delay_s: float | None
@@ -92,6 +100,7 @@ class CatalogConfig:
     expected_rate_per_s: float = 10_000.0
     fpr: float = 0.01
     bloom_threshold: int = 1_000
+    max_clock_skew_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         if self.gc_delay_s is None or self.gc_delay_s <= 0:
@@ -105,12 +114,17 @@ class CatalogConfig:
             raise ConfigError(f"fpr must be in (0, 1), got {self.fpr}")
         if self.expected_rate_per_s <= 0 or self.bloom_threshold < 0:
             raise ConfigError("expected_rate_per_s must be > 0 and bloom_threshold >= 0")
+        if self.max_clock_skew_s is not None and not 0 <= self.max_clock_skew_s <= self.gc_delay_s:
+            raise ConfigError(f"max_clock_skew_s must be in [0, gc_delay_s], got {self.max_clock_skew_s}")
 
     @property
     def live_buckets(self) -> int:
-        """Most buckets alive at once (ids younger than the GC delay, plus a partial one)."""
+        """Most buckets alive at once.
+
+        Ids younger than the GC delay or up to the clock skew ahead, plus a partial bucket.
+        """
         assert self.gc_delay_s is not None
-        return math.ceil(self.gc_delay_s / self.bucket_s) + 1
+        return math.ceil((self.gc_delay_s + (self.max_clock_skew_s or 0)) / self.bucket_s) + 1
 
 
 @dataclass
@@ -158,6 +172,7 @@ class DedupCatalog:
         self.cfg = cfg
         self.bucket_us = int(cfg.bucket_s * 1_000_000)
         self.gc_delay_us = int(cfg.gc_delay_s * 1_000_000)
+        self.skew_us = None if cfg.max_clock_skew_s is None else int(cfg.max_clock_skew_s * 1_000_000)
         self.now_us = now_us
         self.metrics = CatalogMetrics()
         self.store = store if isinstance(store, CatalogStore) else SqliteStore(store)
@@ -207,9 +222,14 @@ class DedupCatalog:
             int8 codes: :data:`NEW`, :data:`DUPLICATE` or :data:`TOO_OLD` per record.
         """
         n = len(ids)
+        now = self.now_us()
+        if n and self.skew_us is not None and int(times_us.max()) > now + self.skew_us:
+            raise ConfigError(f"{int((times_us > now + self.skew_us).sum())} system times are more than "
+                              f"{self.skew_us / 1e6:.0f} s ahead of the catalog's clock; a sender's clock "
+                              "is wrong (such ids would outlive the GC delay)")
         self.metrics.lookups += n
         codes = np.full(n, NEW, np.int8)
-        old = times_us < self.gc_watermark_us
+        old = times_us < max(self.gc_watermark_us, now - self.gc_delay_us)
         codes[old] = TOO_OLD
         pend = np.flatnonzero(~old)
         pids = ids if len(pend) == n else [ids[i] for i in pend.tolist()]
@@ -318,6 +338,15 @@ class DedupCatalog:
             del self._checked[b]
         self.metrics.ids_gcd += deleted
         return deleted
+
+    def reset_filters(self) -> None:
+        """Forget every Bloom filter (rebuilt from the store on demand).
+
+        After a write whose outcome is unknown (a commit that raised), the store may hold
+        ids the filters lack; a filter's "certainly not seen" would then be wrong.
+        """
+        self.blooms.drop_before(2**62)
+        self._checked.clear()
 
     def system_lag_us(self, now_us: int | None = None) -> int:
         """Now minus the GC watermark (how far back duplicates are still caught)."""

@@ -6,13 +6,17 @@ catalog's name, so several catalogs can share a database):
 * ``onceflow_dedup_<name>_b<bucket>(event_id text PRIMARY KEY)`` — one per system-time
   bucket; GC drops whole tables;
 * ``onceflow_dedup_meta(catalog, gc_watermark_us)`` — the persisted GC watermark;
-* ``onceflow_dedup_pending(catalog, token, file)`` — the ingest receiver's pending segments.
+* ``onceflow_dedup_settings(catalog, key, value)`` — settings fixed at first use (the id scope);
+* ``onceflow_dedup_pending(catalog, token, file, ids)`` — the ingest receiver's pending segments
+  (``ids``: what their transaction recorded, see :mod:`onceflow.dedup.store`).
 
 One process at a time may use a catalog: the store holds a session advisory lock on its
 name and refuses to open while another process holds it (two receivers deduplicating
 against one catalog but appending to different logs would both accept an id).
-Identifiers are composed with ``psycopg.sql``; every write is its own transaction, durable
-when it returns (the server's ``synchronous_commit`` must stay on).
+PostgreSQL's ``text`` cannot hold a NUL character: ids with one are refused with a
+:class:`onceflow.errors.ConfigError` before anything is written (the ingest receiver rejects
+them in its validation already). Identifiers are composed with ``psycopg.sql``; every
+write is its own transaction, durable when it returns (the server's ``synchronous_commit`` must stay on).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from onceflow.dedup.store import CHUNK, CatalogStore
+from onceflow.dedup.store import CHUNK, CatalogStore, parse_pending_ids, pending_ids
 from onceflow.errors import ConfigError
 from onceflow.pgconn import PostgresError, connect, redact, resolve_dsn
 
@@ -32,6 +36,9 @@ CREATE TABLE IF NOT EXISTS onceflow_dedup_meta(
     catalog text PRIMARY KEY, gc_watermark_us bigint NOT NULL);
 CREATE TABLE IF NOT EXISTS onceflow_dedup_pending(
     catalog text NOT NULL, token text NOT NULL, file text NOT NULL, PRIMARY KEY(catalog, token));
+ALTER TABLE onceflow_dedup_pending ADD COLUMN IF NOT EXISTS ids text;
+CREATE TABLE IF NOT EXISTS onceflow_dedup_settings(
+    catalog text NOT NULL, key text NOT NULL, value text NOT NULL, PRIMARY KEY(catalog, key));
 """
 
 
@@ -76,6 +83,12 @@ class PostgresStore(CatalogStore):
     def __repr__(self) -> str:
         return f"postgres:{redact(self.dsn)} catalog {self.name}"
 
+    @staticmethod
+    def _check(ids: Sequence[str]) -> None:
+        if any("\x00" in i for i in ids):
+            raise ConfigError("an event id contains a NUL character, which PostgreSQL text cannot hold; "
+                              "such ids are refused (nothing was written)")
+
     def _table(self, bucket: int) -> Any:
         return self._sql.Identifier(f"{self.prefix}{int(bucket)}")
 
@@ -85,8 +98,16 @@ class PostgresStore(CatalogStore):
                                 (self.name,)).fetchone()
         return int(row[0]) if row else 0
 
+    def setting(self, name: str, value: str) -> str:
+        """See :class:`CatalogStore`."""
+        self.conn.execute("INSERT INTO onceflow_dedup_settings VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                          (self.name, name, value))
+        return str(self.conn.execute("SELECT value FROM onceflow_dedup_settings WHERE catalog = %s "
+                                     "AND key = %s", (self.name, name)).fetchone()[0])
+
     def stored(self, bucket: int, ids: Sequence[str]) -> set[str]:
         """See :class:`CatalogStore`."""
+        self._check(ids)
         if bucket not in self._tables or not ids:
             return set()
         q = self._sql.SQL("SELECT event_id FROM {} WHERE event_id = ANY(%s)").format(self._table(bucket))
@@ -104,13 +125,15 @@ class PostgresStore(CatalogStore):
     def insert(self, by_bucket: dict[int, list[str]], pending: tuple[str, str] | None = None) -> None:
         """See :class:`CatalogStore`."""
         sql = self._sql
+        for ids in by_bucket.values():
+            self._check(ids)
         try:
             with self.conn.transaction():
                 if pending is not None:
                     self.conn.execute(
-                        "INSERT INTO onceflow_dedup_pending VALUES (%s, %s, %s) "
-                        "ON CONFLICT (catalog, token) DO UPDATE SET file = EXCLUDED.file",
-                        (self.name, *pending))
+                        "INSERT INTO onceflow_dedup_pending VALUES (%s, %s, %s, %s) ON CONFLICT "
+                        "(catalog, token) DO UPDATE SET file = EXCLUDED.file, ids = EXCLUDED.ids",
+                        (self.name, *pending, pending_ids(by_bucket)))
                 for bucket, ids in by_bucket.items():
                     if bucket not in self._tables:
                         self.conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {}(event_id text PRIMARY KEY)")
@@ -142,6 +165,24 @@ class PostgresStore(CatalogStore):
         """See :class:`CatalogStore`."""
         return [(str(t), str(f)) for t, f in self.conn.execute(
             "SELECT token, file FROM onceflow_dedup_pending WHERE catalog = %s", (self.name,))]
+
+    def unrecord(self, token: str) -> int:
+        """See :class:`CatalogStore`."""
+        sql = self._sql
+        deleted = 0
+        try:
+            with self.conn.transaction():
+                row = self.conn.execute("SELECT ids FROM onceflow_dedup_pending WHERE catalog = %s "
+                                        "AND token = %s", (self.name, token)).fetchone()
+                for bucket, ids in parse_pending_ids(row[0] if row else None).items():
+                    if bucket in self._tables:
+                        deleted += self.conn.execute(sql.SQL("DELETE FROM {} WHERE event_id = ANY(%s)")
+                                                     .format(self._table(bucket)), (ids,)).rowcount
+                self.conn.execute("DELETE FROM onceflow_dedup_pending WHERE catalog = %s AND token = %s",
+                                  (self.name, token))
+        except self._error as exc:
+            raise PostgresError(f"taking back ids in the dedup catalog {self.name!r} failed: {exc}") from None
+        return deleted
 
     def pending_done(self, token: str) -> None:
         """See :class:`CatalogStore`."""

@@ -14,14 +14,26 @@ Protocol:
 4. A timeout, a dropped connection or a 5xx is ambiguous (the batch may have been
    appended): the same batch is retried after an exponential backoff; the receiver's
    catalog makes the retry harmless.
-5. A 4xx other than 413/429 is a permanent refusal of the batch: its events move to
+   So are 408 (the body was too slow), 429, 503 (busy, or the receiver's storage is
+   recovering) and 507 (its disk is full): nothing was accepted, the batch is retried.
+5. A 401 or 403 (the token is refused, or the events name another sender than the token's)
+   stops the sender with an error; the events stay in the outbox for a restart with the
+   right token. Any other 4xx is a permanent refusal of the batch: its events move to
    ``outbox_rejected`` with the receiver's reasons (an oversized batch is split instead).
+
+Generated event ids (:func:`generated_id`) are unguessable by other parties but the same
+after a restart: an HMAC of the event's number under a random key kept beside the outbox.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import os
+import secrets
 import sqlite3
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -30,8 +42,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, OnceflowError
+from onceflow.ingest.events import SENDER_RE
 from onceflow.records import SenderClock
+
+RETRY_STATUSES = {0, 408, 429, 500, 502, 503, 504, 507}
+"""Answers after which a batch is retried as it is (0: no answer at all)."""
+
+
+class SenderRefusedError(OnceflowError, PermissionError):
+    """The receiver refused this sender (401/403); its events stay in the outbox."""
+
+
+def id_key(outbox: str | Path) -> bytes:
+    """The secret key of generated ids, created beside the outbox on first use."""
+    path = Path(outbox)
+    path = path.with_name(path.name + ".idkey")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return bytes.fromhex(path.read_text().strip())
+
+
+def generated_id(key: bytes, sender_id: str, n: int) -> str:
+    """The id of a sender's ``n``-th generated event: ``ev-<sender>-<n>-<20 hex digits of HMAC>``."""
+    mac = hmac.new(key, f"{sender_id}/{n}".encode(), hashlib.sha256).hexdigest()[:20]
+    return f"ev-{sender_id}-{n}-{mac}"
 
 
 @dataclass
@@ -59,8 +101,10 @@ class Sender:
     Args:
         url: The receiver's base URL, e.g. ``http://127.0.0.1:8787``.
         outbox: SQLite file of the outbox (the clock's state file sits beside it).
-        sender_id: This producer's name (stored in every event).
+        sender_id: This producer's name (stored in every event), ``[A-Za-z0-9._-]{1,64}``.
         batch_size: Events per request.
+        token: Bearer token for the receiver (``onceflow ingest serve --tokens``).
+        ssl_context: TLS settings for an ``https://`` receiver (``onceflow.ingest.auth.client_tls``).
         timeout_s: Request timeout; a timeout is an ambiguous outcome (retried).
         max_backoff_s: Cap of the exponential backoff between retries.
         now_us: Wall clock for the sender clock (tests).
@@ -68,10 +112,14 @@ class Sender:
 
     def __init__(self, url: str, outbox: str | Path, sender_id: str, batch_size: int = 1_000,
                  timeout_s: float = 30.0, max_backoff_s: float = 5.0,
-                 now_us: Callable[[], int] | None = None) -> None:
-        if not sender_id.strip():
-            raise ConfigError("sender_id must be a non-empty string")
+                 now_us: Callable[[], int] | None = None, token: str | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        if not SENDER_RE.match(sender_id):
+            raise ConfigError(f"sender_id must match [A-Za-z0-9._-]{{1,64}}, got {sender_id[:80]!r}")
         self.url = url.rstrip("/") + "/v1/events"
+        self.headers = {"Content-Type": "application/json",
+                        **({"Authorization": f"Bearer {token}"} if token else {})}
+        self.ssl_context = ssl_context
         self.sender_id = sender_id
         self.batch_size = batch_size
         self.timeout_s = timeout_s
@@ -116,11 +164,10 @@ class Sender:
 
     def _post(self, bodies: list[str]) -> tuple[int, dict[str, Any]]:
         data = ('{"events": [' + ",".join(bodies) + "]}").encode()
-        req = urllib.request.Request(self.url, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(self.url, data=data, method="POST", headers=self.headers)
         self.stats.posts += 1
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self.ssl_context) as resp:
                 return resp.status, json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             try:
@@ -156,11 +203,15 @@ class Sender:
                 backoff, size = 0.05, self.batch_size
             elif status == 413 and size > 1:
                 size = max(size // 2, 1)  # 5: split an oversized batch
-            elif 400 <= status < 500 and status != 429:
+            elif status in (401, 403):  # 5: this sender is refused: stop, keep the events
+                raise SenderRefusedError(f"the receiver refused sender {self.sender_id!r} (HTTP {status}): "
+                                         f"{str(answer.get('error', ''))[:300]}; the {self.pending()} events "
+                                         "stay in the outbox: fix the token or sender name and run again")
+            elif status not in RETRY_STATUSES and 400 <= status < 500:
                 reasons = {r.get("index"): r.get("reason") for r in answer.get("rejected", [])}
                 self._reject(rows, [reasons.get(i) or answer.get("error", f"HTTP {status}")
                                     for i in range(len(rows))])
-            else:  # 4 (and 429): retry the same batch
+            else:  # 4: retry the same batch
                 self.stats.retries += 1
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)

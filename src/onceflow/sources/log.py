@@ -18,7 +18,10 @@ Append protocol (one segment), safe against a crash at any step:
 
 A crash before step 4 leaves only a hidden ``.tmp`` file, removed by the next
 :meth:`EventLog.append` (``.seg-*``) or resolved by the ingest receiver's recovery
-(``.ingest-*``, which stages and publishes in separate steps). A crash after
+(``.ingest-*``, which stages and publishes in separate steps: :meth:`EventLog.stage` also
+``fsync``s the directory after step 2, so a staged file whose name was recorded elsewhere
+survives a power loss, and it can carry a token in its Parquet metadata that
+:meth:`EventLog.find_token` finds again once the file is published). A crash after
 step 4 leaves a complete segment. Segments are never modified after step 4;
 the sequence number of a new segment is one more than the highest existing
 one, so a restarted writer continues the order.
@@ -40,6 +43,8 @@ from onceflow.errors import BadSegmentError
 from onceflow.records import EVENT_SCHEMA, schema_problems
 
 SEGMENT_RE = re.compile(r"^seg-(\d{12})\.parquet$")
+TOKEN_KEY = b"onceflow.ingest_token"
+"""Parquet metadata key of the token a staged segment carries."""
 _MS = 1_000_000  # nanoseconds per millisecond
 
 
@@ -180,12 +185,15 @@ class EventLog:
             leftover.unlink(missing_ok=True)
         return self.publish(self.stage(table, ".seg-next.parquet.tmp"))
 
-    def stage(self, table: pa.Table, name: str) -> Path:
+    def stage(self, table: pa.Table, name: str, token: str | None = None) -> Path:
         """Steps 1-2: write ``table`` durably under a hidden name, not yet in the log.
+
+        The file and its directory entry are both fsynced before this returns.
 
         Args:
             table: Events with exactly the event schema.
             name: The hidden file name (must start with ``.`` and end with ``.tmp``).
+            token: Kept in the file's Parquet metadata (see :meth:`find_token`).
 
         Returns:
             The staged file, for :meth:`publish`.
@@ -200,13 +208,33 @@ class EventLog:
             raise BadSegmentError("<table to append>", "wrong schema: " + "; ".join(problems))
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / name
-        pq.write_table(table.select([n for n in EVENT_SCHEMA.names]), tmp)  # 1
+        out = table.select([n for n in EVENT_SCHEMA.names])
+        if token is not None:
+            out = out.replace_schema_metadata({TOKEN_KEY: token.encode()})
+        pq.write_table(out, tmp)  # 1
         fd = os.open(tmp, os.O_RDONLY)
         try:
             os.fsync(fd)  # 2
         finally:
             os.close(fd)
+        _fsync_dir(self.directory)  # the staged name is durable too
         return tmp
+
+    def find_token(self, token: str, last: int) -> Segment | None:
+        """The published segment staged with ``token``, among the ``last`` newest ones.
+
+        Args:
+            token: As given to :meth:`stage`.
+            last: How many of the newest segments to look at (footers only).
+
+        Returns:
+            The segment, or None if none of them carries the token.
+        """
+        for seg in reversed(self.segments()[-last:] if last > 0 else []):
+            meta = pq.read_schema(seg.path).metadata or {}
+            if meta.get(TOKEN_KEY) == token.encode():
+                return seg
+        return None
 
     def publish(self, staged: Path) -> Segment:
         """Steps 3-5: make a staged file the next segment.

@@ -1,0 +1,38 @@
+"""Secrets never reach a message: DSN redaction and the command-line warning."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from onceflow.cli.main import cli
+from onceflow.errors import OnceflowError
+from onceflow.pgconn import connect, redact, scrub
+
+
+@pytest.mark.parametrize("dsn", [
+    "host=h user=u password=PWSECRET sslpassword=SSLSECRET dbname=d",
+    "postgresql://u:PWSECRET@h:5432/d?sslpassword=SSLSECRET",
+    "postgres://u:PWSECRET@h/d?sslmode=require&sslpassword=SSLSECRET",
+])
+def test_redact_and_scrub_remove_every_secret(dsn: str) -> None:
+    shown = redact(dsn)
+    assert "SECRET" not in shown and "user=u" in shown
+    assert "SECRET" not in scrub(f"failed for {dsn}: password PWSECRET, key SSLSECRET", dsn)
+
+
+def test_a_connection_error_shows_no_secret() -> None:
+    with pytest.raises(OnceflowError) as info:
+        connect("host=127.0.0.1 port=1 user=u password=PWSECRET sslpassword=SSLSECRET connect_timeout=2")
+    assert "SECRET" not in str(info.value) and "port=1" in str(info.value)
+
+
+def test_a_dsn_with_a_password_on_the_command_line_is_warned_about(tmp_path: object) -> None:
+    runner = CliRunner()
+    args = ["ingest", "serve", "--log", "/nonexistent/x", "--catalog-dsn",
+            "host=127.0.0.1 port=1 password=PWSECRET connect_timeout=1"]
+    res = runner.invoke(cli, args)
+    assert "--catalog-dsn on the command line shows its password" in res.output
+    assert "PWSECRET" not in res.output
+    quiet = runner.invoke(cli, args[:-2], env={"ONCEFLOW_CATALOG_DSN": args[-1]})
+    assert "command line" not in quiet.output  # from the environment: no warning
