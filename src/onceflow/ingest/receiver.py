@@ -108,10 +108,10 @@ def storage_failure(exc: OSError, what: str) -> StorageError:
     """A clear error for a failed file operation: disk full and read-only named as such."""
     if isinstance(exc, StorageError):
         return exc
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(exc):
         return StorageError("full", f"{what}: the disk is full ({exc.strerror}); free space (nothing "
                                     "was accepted)")
-    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or "Read-only file system" in str(exc):
         return StorageError("read_only", f"{what}: cannot write ({exc.strerror}); make it writable")
     return StorageError("io", f"{what}: {exc}")
 
@@ -132,7 +132,10 @@ def check_log_dir(directory: Path) -> None:
     except OSError as exc:
         raise storage_failure(exc, f"the log directory {directory}") from None
     finally:
-        probe.unlink(missing_ok=True)
+        try:
+            probe.unlink(missing_ok=True)
+        except OSError:  # a read-only file system refuses even this
+            pass
     free = shutil.disk_usage(directory).free
     if free < MIN_FREE_BYTES:
         raise StorageError("full", f"the log directory {directory} has only {free} bytes free; free space "

@@ -314,5 +314,5 @@ def serve(server: IngestServer, host: str, port: int, ssl_context: Any = None) -
     published = server.receiver.recover()
     print(json.dumps({"recovered_segments": published}), flush=True)
     web.run_app(server.app(), host=host, port=port, ssl_context=ssl_context,
-                handler_args={"keepalive_timeout": 15},
+                keepalive_timeout=15,
                 print=lambda *a: print(*a, flush=True))
