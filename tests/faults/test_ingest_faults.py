@@ -7,14 +7,7 @@ sent event_id exactly once.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -25,42 +18,10 @@ from onceflow.ingest.auth import new_token
 from onceflow.ingest.sender import generated_id, id_key
 from onceflow.ingest.server import DROP_ACKS_ENV
 from onceflow.sources.log import EventLog
+from tests.receiver_proc import Proc, free_port
+from tests.receiver_proc import health as _health
 
 pytestmark = pytest.mark.faults
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Proc:
-    def __init__(self, args: list[str], out: Path, env: dict[str, str] | None = None) -> None:
-        full = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
-        full.update(env or {})
-        self.out = out
-        self._f = open(out, "a")  # noqa: SIM115
-        self.p = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", *args], env=full,
-                                  stdout=self._f, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.p.wait(timeout=30)
-
-    def wait(self, timeout: float) -> int:
-        return self.p.wait(timeout=timeout)
-
-
-def _health(port: int) -> dict[str, object] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=2) as r:
-            return json.loads(r.read())  # type: ignore[no-any-return]
-    except OSError:
-        return None
 
 
 def _receiver(tmp: Path, port: int, life: int, env: dict[str, str], catalog: list[str]) -> Proc:
@@ -86,7 +47,7 @@ def test_every_event_exactly_once_through_receiver_and_sender_crashes(
         tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
     catalog = (["--catalog", str(tmp_path / "catalog.db")] if store == "sqlite"
                else ["--catalog-dsn", request.getfixturevalue("pg_dsn")])
-    port = _port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     per_sender = 6_000
 
