@@ -11,6 +11,11 @@ The baseline in the same run is ``append_only``: the same events written to the 
 segments of the same size with no HTTP, no validation and no dedup — the ratio shows what the
 receiver costs on top of writing the log.
 
+Validation (UTF-8, printable ids, sender names, caps, clock window) is always on. With
+``--auth`` (the default) the receiver requires bearer tokens (eight senders, one token each;
+each request carries one sender's events) and scopes ids by sender; ``--compare`` also runs
+the same events against a receiver without tokens, on a fresh catalog, in the same run.
+
 With ``--catalog-dsn DSN`` the catalog lives in PostgreSQL instead of SQLite (bytes per id
 are then the catalog tables' size as the server reports it).
 
@@ -19,7 +24,7 @@ catalog holds six 10-minute buckets and every fresh id is checked against all th
 as in a receiver's steady state.
 
 Usage: python benchmarks/bench_ingest.py [--events 1000000] [--batch 5000] [--clients 8]
-       [--catalog-dsn DSN] [--span-minutes 55]
+       [--catalog-dsn DSN] [--span-minutes 55] [--no-auth | --compare]
 """
 
 from __future__ import annotations
@@ -50,27 +55,35 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def bodies(events: int, batch: int, t0_us: int, step_us: int) -> list[bytes]:
+SENDERS = [f"s{k}" for k in range(8)]
+
+
+def bodies(events: int, batch: int, t0_us: int, step_us: int) -> list[tuple[bytes, str]]:
+    """Request bodies, each of one sender's events, with that sender's name."""
     out = []
     for start in range(0, events, batch):
-        evs = [{"event_id": f"bench-{i}", "sender": f"s{i % 8}", "system_time": t0_us + i * step_us,
+        sender = SENDERS[(start // batch) % len(SENDERS)]
+        evs = [{"event_id": f"bench-{i}", "sender": sender, "system_time": t0_us + i * step_us,
                 "user": f"user-{i % 1000:05d}", "event_time": t0_us + i, "bytes": i % 5000}
                for i in range(start, min(start + batch, events))]
-        out.append(json.dumps({"events": evs}).encode())
+        out.append((json.dumps({"events": evs}).encode(), sender))
     return out
 
 
-async def post_all(url: str, payloads: list[bytes], clients: int) -> dict[str, int]:
-    queue: asyncio.Queue[bytes] = asyncio.Queue()
+async def post_all(url: str, payloads: list[tuple[bytes, str]], clients: int,
+                   tokens: dict[str, str] | None) -> dict[str, int]:
+    queue: asyncio.Queue[tuple[bytes, str]] = asyncio.Queue()
     for p in payloads:
         queue.put_nowait(p)
     totals = {"new": 0, "duplicate": 0, "too_old": 0}
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while not queue.empty():
-            body = queue.get_nowait()
-            async with session.post(url, data=body,
-                                    headers={"Content-Type": "application/json"}) as resp:
+            body, sender = queue.get_nowait()
+            headers = {"Content-Type": "application/json"}
+            if tokens:
+                headers["Authorization"] = f"Bearer {tokens[sender]}"
+            async with session.post(url, data=body, headers=headers) as resp:
                 answer = await resp.json()
                 if resp.status != 200:
                     raise SystemExit(f"receiver answered {resp.status}: {answer}")
@@ -82,6 +95,82 @@ async def post_all(url: str, payloads: list[bytes], clients: int) -> dict[str, i
     return totals
 
 
+def run_receiver(args: argparse.Namespace, work: Path, payloads: list[tuple[bytes, str]], span_us: int,
+                 auth: bool) -> dict[str, float]:
+    """One receiver on a fresh log and catalog: fresh events, then 10% re-sent; its measures."""
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    name = f"bench{time.time_ns() // 1000}"  # a fresh PostgreSQL catalog per run
+    extra: list[str] = []
+    tokens: dict[str, str] | None = None
+    if auth:
+        from onceflow.ingest.auth import new_token
+
+        tokens, lines = {}, []
+        for sender in SENDERS:
+            secret, hashed = new_token()
+            tokens[sender] = secret
+            lines.append(f"{sender} {hashed}\n")
+        (work / "tokens").write_text("".join(lines))
+        extra = ["--tokens", str(work / "tokens")]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "onceflow.cli.main", "ingest", "serve", "--log", str(work / "log"),
+         *(["--catalog-dsn", args.catalog_dsn, "--catalog-name", name] if args.catalog_dsn
+           else ["--catalog", str(work / "catalog.db")]), "--port", str(port),
+         "--expected-rate", str(max(args.events / max(span_us / 1e6, 600), 1)),  # ids/s of system time
+         "--max-events", str(args.batch), *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(200):
+            try:
+                urllib.request.urlopen(url + "/v1/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        started = time.perf_counter()
+        fresh = asyncio.run(post_all(url + "/v1/events", payloads, args.clients, tokens))
+        fresh_s = time.perf_counter() - started
+        with urllib.request.urlopen(url + "/v1/health") as r:
+            after_fresh = json.loads(r.read())["catalog"]
+        dups = asyncio.run(post_all(url + "/v1/events", payloads[:: 10], args.clients, tokens))
+        with urllib.request.urlopen(url + "/v1/health") as r:
+            health = json.loads(r.read())
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    disk = sum(f.stat().st_size for f in work.glob("catalog.db*"))
+    if args.catalog_dsn:
+        import psycopg
+
+        with psycopg.connect(args.catalog_dsn) as conn:
+            disk = int(conn.execute(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "WHERE c.relkind = 'r' AND starts_with(c.relname, %s)",
+                (f"onceflow_dedup_{name}_b",)).fetchone()[0])
+    if dups["duplicate"] != sum(dups.values()) or fresh["new"] != args.events:
+        raise SystemExit(f"wrong answers: dedup failed (fresh {fresh}, re-sent {dups})")
+    return {"rate": args.events / fresh_s, "fresh": fresh["new"], "resent": sum(dups.values()),
+            "dup_answers": dups["duplicate"], "store_reads": after_fresh["store_reads"],
+            "avoided": after_fresh["lookups_avoided"], "fp": after_fresh["false_positives"],
+            "disk": disk, "bloom": health["bloom_bytes"]}
+
+
+def report(label: str, m: dict[str, float], events: int, base_rate: float) -> None:
+    print(f"{label}: {m['rate']:,.0f} events/s (fresh)   ratio to append_only {m['rate'] / base_rate:.2f}")
+    print(f"  answers: {m['fresh']:,.0f} new; re-sent {m['resent']:,.0f}, answered duplicate "
+          f"{m['dup_answers']:,.0f}")
+    checked = m["store_reads"] + m["avoided"]  # fresh ids that arrived while the catalog held ids
+    alone = m["avoided"] / max(checked, 1)
+    print(f"  fresh ids answered without a store read: {events - m['store_reads']:,.0f} of {events:,} "
+          f"({1 - m['store_reads'] / events:.2%}); of the {checked:,.0f} that arrived once the catalog "
+          f"held ids, the Bloom filters alone answered {m['avoided']:,.0f} ({alone:.2%})")
+    filtered = m["avoided"] + m["fp"]
+    print(f"  false positives among fresh ids the filters checked: {m['fp']:,.0f} of {filtered:,.0f}"
+          f" -> FPR {m['fp'] / max(filtered, 1):.4f}")
+    print(f"  bytes per tracked id: {m['disk'] / m['fresh']:.1f} on disk + {m['bloom'] / m['fresh']:.2f} "
+          f"in Bloom filters = {(m['disk'] + m['bloom']) / m['fresh']:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -90,22 +179,21 @@ def main() -> None:
     ap.add_argument("--catalog-dsn", default=None, help="keep the catalog in PostgreSQL")
     ap.add_argument("--span-minutes", type=float, default=55.0,
                     help="sender system times spread over this many past minutes (0: one bucket)")
+    ap.add_argument("--no-auth", dest="auth", action="store_false", help="receiver without tokens")
+    ap.add_argument("--compare", action="store_true",
+                    help="run with tokens and without, on fresh catalogs, in this one run")
     args = ap.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="onceflow-bench-ingest-"))
-    port = _port()
-    url = f"http://127.0.0.1:{port}"
     now_us = time.time_ns() // 1000
     # system times spread over the last --span-minutes: the steady state of a receiver whose
     # catalog holds several live buckets (10-minute buckets, 1 h GC delay: up to 7)
     span_us = int(args.span_minutes * 60e6)
     t0_us = now_us - span_us
     payloads = bodies(args.events, args.batch, t0_us, max(span_us // args.events, 1))
-    name = f"bench{t0_us}"  # a fresh PostgreSQL catalog per run
 
     # baseline: the same rows straight into a log, segment per batch
-    base_log = EventLog(work / "base-log")
+    base_log = EventLog(Path(tempfile.mkdtemp(prefix="onceflow-bench-ingest-")) / "base-log")
     tables = []
-    for body in payloads:
+    for body, _ in payloads:
         evs = json.loads(body)["events"]
         tables.append(pa.Table.from_pydict({
             "event_id": [e["event_id"] for e in evs], "user": [e["user"] for e in evs],
@@ -117,64 +205,20 @@ def main() -> None:
     started = time.perf_counter()
     for t in tables:
         base_log.append(t)
-    base_s = time.perf_counter() - started
+    base_rate = args.events / (time.perf_counter() - started)
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "onceflow.cli.main", "ingest", "serve", "--log", str(work / "log"),
-         *(["--catalog-dsn", args.catalog_dsn, "--catalog-name", name] if args.catalog_dsn
-           else ["--catalog", str(work / "catalog.db")]), "--port", str(port),
-         "--expected-rate", str(max(args.events / max(span_us / 1e6, 600), 1)),  # ids/s of system time
-         "--max-events", str(args.batch)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(url + "/v1/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.1)
-        started = time.perf_counter()
-        fresh = asyncio.run(post_all(url + "/v1/events", payloads, args.clients))
-        fresh_s = time.perf_counter() - started
-        with urllib.request.urlopen(url + "/v1/health") as r:
-            after_fresh = json.loads(r.read())["catalog"]
-        dup_payloads = payloads[:: 10]
-        dups = asyncio.run(post_all(url + "/v1/events", dup_payloads, args.clients))
-        with urllib.request.urlopen(url + "/v1/health") as r:
-            health = json.loads(r.read())
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    ids = fresh["new"]
-    disk = sum(f.stat().st_size for f in work.glob("catalog.db*"))
-    if args.catalog_dsn:
-        import psycopg
-
-        with psycopg.connect(args.catalog_dsn) as conn:
-            disk = int(conn.execute(
-                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
-                "WHERE c.relkind = 'r' AND starts_with(c.relname, %s)",
-                (f"onceflow_dedup_{name}_b",)).fetchone()[0])
-    fresh_lookups = args.events
-    avoided = after_fresh["lookups_avoided"]
-    rate = args.events / fresh_s
     print(f"events: {args.events:,} fresh in batches of {args.batch:,}, {args.clients} clients; "
-          f"then {sum(dups.values()):,} re-sent")
-    print(f"receiver: {rate:,.0f} events/s (fresh)   append_only baseline: "
-          f"{args.events / base_s:,.0f} events/s   ratio {rate / (args.events / base_s):.2f}")
-    print(f"answers: fresh {fresh}, re-sent {dups} (every re-sent event must be a duplicate)")
-    fresh_reads = after_fresh["store_reads"]
-    fp = after_fresh["false_positives"]
-    checked = fresh_reads + avoided  # fresh ids that arrived while the catalog held ids
-    print(f"fresh ids answered without a store read: {fresh_lookups - fresh_reads:,} of {fresh_lookups:,} "
-          f"({1 - fresh_reads / fresh_lookups:.2%}); of the {checked:,} that arrived once the catalog held "
-          f"ids, the Bloom filters alone answered {avoided:,} ({avoided / max(checked, 1):.2%})")
-    print(f"false positives among fresh ids the filters checked: {fp:,} of {avoided + fp:,} "
-          f"-> FPR {fp / max(avoided + fp, 1):.4f}")
-    print(f"bytes per tracked id: {disk / ids:.1f} on disk + {health['bloom_bytes'] / ids:.2f} "
-          f"in Bloom filters = {(disk + health['bloom_bytes']) / ids:.1f}")
-    if dups["duplicate"] != sum(dups.values()) or fresh["new"] != args.events:
-        raise SystemExit("wrong answers: dedup failed")
+          "then 10% re-sent")
+    print(f"append_only baseline: {base_rate:,.0f} events/s")
+    modes = [True, False] if args.compare else [args.auth]
+    results = {}
+    for auth in modes:
+        work = Path(tempfile.mkdtemp(prefix="onceflow-bench-ingest-"))
+        results[auth] = run_receiver(args, work, payloads, span_us, auth)
+        report("receiver, tokens + validation" if auth else "receiver, no tokens, validation", results[auth],
+               args.events, base_rate)
+    if args.compare:
+        print(f"tokens / no tokens: {results[True]['rate'] / results[False]['rate']:.3f}")
 
 
 if __name__ == "__main__":

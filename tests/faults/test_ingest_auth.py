@@ -111,6 +111,13 @@ def test_a_refused_token_stops_the_sender_and_keeps_its_events(tmp_path: Path) -
             wrong.flush()
         assert wrong.pending() == 10 and wrong.stats.rejected == 0
         wrong.close()
+        (tmp_path / "wrong.token").write_text("wrong-token-0123456789")
+        res = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "send", "--url", url, "--outbox",
+                              str(tmp_path / "cli.db"), "--sender-id", "alice", "--token-file",
+                              str(tmp_path / "wrong.token"), "--events", "5"], capture_output=True, text=True,
+                             timeout=60)
+        assert res.returncode == 1
+        assert "onceflow: error: the receiver refused sender 'alice' (HTTP 401)" in res.stderr
         # rotation: a second token for alice, the file re-read while the receiver runs
         secret, hashed = new_token()
         with open(tmp_path / "tokens", "a") as f:

@@ -193,16 +193,13 @@ def send(url: str, outbox: Path, sender_id: str, token_file: str | None, ca_file
     made = _generated(outbox)
     t0 = time.monotonic()
     start = made
-    try:
-        for chunk in source.chunks(made, batch_size):
-            sender.send(chunk)
-            made += len(chunk)
-            _set_generated(outbox, made)
-            left = sender.flush()
-            if rate > 0:
-                time.sleep(max(0.0, (made - start) / rate - (time.monotonic() - t0)))
-    except OnceflowError as exc:
-        raise click.ClickException(str(exc)) from exc
+    for chunk in source.chunks(made, batch_size):  # an OnceflowError: one 'onceflow: error:' line, exit 1
+        sender.send(chunk)
+        made += len(chunk)
+        _set_generated(outbox, made)
+        left = sender.flush()
+        if rate > 0:
+            time.sleep(max(0.0, (made - start) / rate - (time.monotonic() - t0)))
     left = sender.flush()
     s = sender.stats
     click.echo(f"sent: {made} events put into the outbox, {s.acked} acked ({s.duplicates} were "
