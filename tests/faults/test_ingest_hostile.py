@@ -185,25 +185,27 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def test_a_full_disk_is_a_507_and_nothing_is_lost_once_space_is_back(small_disk: Path,
-                                                                     tmp_path: Path) -> None:
+@pytest.mark.parametrize("full", ["log and catalog", "log only"])
+def test_a_full_disk_is_a_507_and_nothing_is_lost_once_space_is_back(small_disk: Path, tmp_path: Path,
+                                                                     full: str) -> None:
     tokens = write_tokens(tmp_path, "alice")
-    r = Receiver(small_disk / "log", small_disk / "cat.db", tmp_path / "rx.out", "--tokens",
-                 str(tmp_path / "tokens"))
+    catalog = small_disk / "cat.db" if full == "log and catalog" else tmp_path / "cat.db"
+    r = Receiver(small_disk / "log", catalog, tmp_path / "rx.out", "--tokens", str(tmp_path / "tokens"))
     try:
         filler = small_disk / "filler"
         free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
         filler.write_bytes(b"\0" * (free - 400_000))
         batches = [body(*[event(f"b{b}-{i}-" + "x" * 60, "alice") for i in range(500)]) for b in range(40)]
-        acked, full = set(), []
+        acked, errors = set(), []
         for i, raw in enumerate(batches):
             status, answer = r.post(raw, tokens["alice"])
             if status == 200:
                 acked.add(i)
             else:
                 assert status in (503, 507), answer
-                full.append(answer["error"])
-        assert full and any("disk is full" in e or "disk holding" in e for e in full), full
+                errors.append(answer["error"])
+        assert errors and all("full" in e for e in errors), errors
+        assert all(("disk holding" in e) == (full == "log and catalog") for e in errors), errors
         assert r.health() is not None  # the receiver did not exit
         filler.unlink()
         for i, raw in enumerate(batches):  # the senders retry what was not acked
