@@ -104,14 +104,9 @@ def run_receiver(args: argparse.Namespace, work: Path, payloads: list[tuple[byte
     extra: list[str] = []
     tokens: dict[str, str] | None = None
     if auth:
-        from onceflow.ingest.auth import new_token
+        from onceflow.ingest.auth import write_token_file
 
-        tokens, lines = {}, []
-        for sender in SENDERS:
-            secret, hashed = new_token()
-            tokens[sender] = secret
-            lines.append(f"{sender} {hashed}\n")
-        (work / "tokens").write_text("".join(lines))
+        tokens = write_token_file(work / "tokens", SENDERS)
         extra = ["--tokens", str(work / "tokens")]
     proc = subprocess.Popen(
         [sys.executable, "-m", "onceflow.cli.main", "ingest", "serve", "--log", str(work / "log"),

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from onceflow.faults import CRASH_ENV
-from onceflow.ingest.auth import new_token
+from onceflow.ingest.auth import write_token_file
 from onceflow.sources.log import EventLog
 
 
@@ -66,15 +66,8 @@ def health(port: int, timeout: float = 2.0) -> dict[str, Any] | None:
 
 
 def write_tokens(folder: Path, *senders: str) -> dict[str, str]:
-    """A token file granting each sender one token; returns sender -> token."""
-    tokens, lines = {}, []
-    for name in senders:
-        secret, hashed = new_token()
-        tokens[name] = secret
-        lines.append(f"{name} {hashed}\n")
-    (folder / "tokens").write_text("".join(lines))
-    (folder / "tokens").chmod(0o600)
-    return tokens
+    """``folder/tokens`` granting each sender one token; returns sender -> token."""
+    return write_token_file(folder / "tokens", list(senders))
 
 
 class Receiver:

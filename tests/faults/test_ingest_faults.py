@@ -14,11 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.faults import CRASH_ENV
-from onceflow.ingest.auth import new_token
 from onceflow.ingest.sender import generated_id, id_key
 from onceflow.ingest.server import DROP_ACKS_ENV
 from onceflow.sources.log import EventLog
-from tests.receiver_proc import Proc, free_port
+from tests.receiver_proc import Proc, free_port, write_tokens
 from tests.receiver_proc import health as _health
 
 pytestmark = pytest.mark.faults
@@ -51,12 +50,8 @@ def test_every_event_exactly_once_through_receiver_and_sender_crashes(
     url = f"http://127.0.0.1:{port}"
     per_sender = 6_000
 
-    lines = []
-    for name in ("s1", "s2"):
-        secret, hashed = new_token()
-        (tmp_path / f"{name}.token").write_text(secret)
-        lines.append(f"{name} {hashed}\n")
-    (tmp_path / "tokens").write_text("".join(lines))
+    for name, token in write_tokens(tmp_path, "s1", "s2").items():
+        (tmp_path / f"{name}.token").write_text(token)
 
     def sender(name: str, life: int) -> Proc:
         return Proc(["send", "--url", url, "--outbox", str(tmp_path / f"{name}.db"), "--sender-id", name,

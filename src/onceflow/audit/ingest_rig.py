@@ -148,12 +148,9 @@ class IngestRig:
         self.tokens = work / "tokens"
         self.sender_token = work / "sender.token"
         if not self.tokens.exists():  # kept across a resumed verify
-            from onceflow.ingest.auth import new_token
+            from onceflow.ingest.auth import write_token_file
 
-            secret, hashed = new_token()
-            self.sender_token.write_text(secret)
-            self.tokens.write_text(f"{SENDER} {hashed}\n")
-            self.tokens.chmod(0o600)
+            self.sender_token.write_text(write_token_file(self.tokens, [SENDER])[SENDER])
 
     def expect(self, tables: list[pa.Table]) -> None:
         """Remember the ids of input sent to the receiver (as the log will hold them)."""

@@ -50,6 +50,26 @@ def new_token() -> tuple[str, str]:
     return token, "sha256:" + digest(token).hex()
 
 
+def write_token_file(path: Path, senders: list[str]) -> dict[str, str]:
+    """Create a token file granting each sender one new token (digests only, mode 600).
+
+    Args:
+        path: The file to (over)write.
+        senders: Sender names.
+
+    Returns:
+        Sender name -> its token (to hand to that sender).
+    """
+    tokens, lines = {}, []
+    for name in senders:
+        tokens[name], hashed = new_token()
+        lines.append(f"{name} {hashed}\n")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("".join(lines))
+    return tokens
+
+
 def parse_tokens(text: str, source: str) -> dict[bytes, str]:
     """Parse a token file.
 
