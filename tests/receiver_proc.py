@@ -73,12 +73,14 @@ def write_tokens(folder: Path, *senders: str) -> dict[str, str]:
 class Receiver:
     """One receiver life: started, waited for, killed."""
 
-    def __init__(self, log: Path, catalog: Path, out: Path, *extra: str, env: dict[str, str] | None = None,
-                 wait: bool = True) -> None:
+    def __init__(self, log: Path, catalog: Path | None, out: Path, *extra: str,
+                 env: dict[str, str] | None = None, wait: bool = True) -> None:
+        """``catalog`` None: the catalog DSN comes from ``ONCEFLOW_CATALOG_DSN`` in ``env``."""
         self.port = free_port()
         self.log, self.catalog = log, catalog
-        self.proc = Proc(["ingest", "serve", "--log", str(log), "--catalog", str(catalog),
-                          "--port", str(self.port), *extra], out, env)
+        where = ["--catalog", str(catalog)] if catalog else []
+        self.proc = Proc(["ingest", "serve", "--log", str(log), *where, "--port", str(self.port), *extra],
+                         out, env)
         if wait:
             deadline = time.monotonic() + 60
             while health(self.port) is None:

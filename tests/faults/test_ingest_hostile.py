@@ -167,6 +167,33 @@ def test_a_staged_segment_lost_to_a_power_failure_gives_its_ids_back(tmp_path: P
         second.kill()
 
 
+def test_a_lost_catalog_connection_is_a_503_then_the_receiver_reconnects(tmp_path: Path,
+                                                                        pg_dsn: str) -> None:
+    import psycopg
+
+    tokens = write_tokens(tmp_path, "alice")
+    r = Receiver(tmp_path / "log", None, tmp_path / "rx.out", "--tokens", str(tmp_path / "tokens"),
+                 env={"ONCEFLOW_CATALOG_DSN": pg_dsn})
+    try:
+        first = body(*[event(f"a{i}", "alice") for i in range(100)])
+        second = body(*[event(f"b{i}", "alice") for i in range(100)])
+        assert r.post(first, tokens["alice"])[0] == 200
+        with psycopg.connect(pg_dsn, autocommit=True) as conn:  # the server drops the receiver's session
+            killed = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                                  "datname = current_database() AND pid <> pg_backend_pid()").fetchone()[0]
+        assert killed >= 1
+        status, answer = r.post(second, tokens["alice"])
+        assert status == 503 and "not committed, retry" in answer["error"]
+        health = r.health()
+        assert health is not None and health["state"] == "ok"  # recovered on a new session
+        assert r.post(second, tokens["alice"])[1]["statuses"] == ["new"] * 100  # the sender's retry
+        assert r.post(first, tokens["alice"])[1]["statuses"] == ["duplicate"] * 100
+        ids = log_ids(r.log)
+        assert sorted(ids) == sorted(f"alice/{x}{i}" for x in "ab" for i in range(100))
+    finally:
+        r.kill()
+
+
 def _mount_tmpfs(path: Path, size: str) -> None:
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs needs root")

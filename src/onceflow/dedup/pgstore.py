@@ -60,25 +60,41 @@ class PostgresStore(CatalogStore):
         self.dsn = resolve_dsn(dsn)
         self.name = name
         self.prefix = f"onceflow_dedup_{name}_b"
-        self.conn: Any = connect(self.dsn)  # names the extra to install if psycopg is missing
         import psycopg
         from psycopg import sql
 
         self._sql, self._error = sql, psycopg.Error
-        locked = self.conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
-                                   (f"onceflow_dedup:{name}",)).fetchone()[0]
-        if not locked:
-            self.conn.close()
-            raise ConfigError(f"the dedup catalog {name!r} at {redact(self.dsn)} is in use by another "
-                              "process (one receiver per catalog); stop it or choose another name")
-        with self.conn.transaction():
-            self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow_dedup_ddl'))")
+        self._conn: Any = self._open()
+        conn = self._conn
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow_dedup_ddl'))")
             for stmt in filter(None, (s.strip() for s in _DDL.split(";"))):
-                self.conn.execute(stmt)
-        rows = self.conn.execute(
+                conn.execute(stmt)
+        rows = conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() "
             "AND starts_with(tablename, %s)", (self.prefix,)).fetchall()
         self._tables = {int(t[len(self.prefix):]) for (t,) in rows if t[len(self.prefix):].isdigit()}
+
+    def _open(self) -> Any:
+        """A new session holding the catalog's advisory lock (or ConfigError: another holds it)."""
+        conn = connect(self.dsn)  # names the extra to install if psycopg is missing
+        locked = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))",
+                              (f"onceflow_dedup:{self.name}",)).fetchone()[0]
+        if not locked:
+            conn.close()
+            raise ConfigError(f"the dedup catalog {self.name!r} at {redact(self.dsn)} is in use by another "
+                              "process (one receiver per catalog); stop it or choose another name")
+        return conn
+
+    @property
+    def conn(self) -> Any:
+        """The session; a new one (lock taken again) if the server or the network dropped it.
+
+        Each method takes it once, so a transaction never spans two sessions.
+        """
+        if self._conn.broken:
+            self._conn = self._open()
+        return self._conn
 
     def __repr__(self) -> str:
         return f"postgres:{redact(self.dsn)} catalog {self.name}"
@@ -94,101 +110,110 @@ class PostgresStore(CatalogStore):
 
     def watermark(self) -> int:
         """See :class:`CatalogStore`."""
-        row = self.conn.execute("SELECT gc_watermark_us FROM onceflow_dedup_meta WHERE catalog = %s",
-                                (self.name,)).fetchone()
+        conn = self.conn
+        row = conn.execute("SELECT gc_watermark_us FROM onceflow_dedup_meta WHERE catalog = %s",
+                           (self.name,)).fetchone()
         return int(row[0]) if row else 0
 
     def setting(self, name: str, value: str) -> str:
         """See :class:`CatalogStore`."""
-        self.conn.execute("INSERT INTO onceflow_dedup_settings VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-                          (self.name, name, value))
-        return str(self.conn.execute("SELECT value FROM onceflow_dedup_settings WHERE catalog = %s "
-                                     "AND key = %s", (self.name, name)).fetchone()[0])
+        conn = self.conn
+        conn.execute("INSERT INTO onceflow_dedup_settings VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+                     (self.name, name, value))
+        return str(conn.execute("SELECT value FROM onceflow_dedup_settings WHERE catalog = %s "
+                                "AND key = %s", (self.name, name)).fetchone()[0])
 
     def stored(self, bucket: int, ids: Sequence[str]) -> set[str]:
         """See :class:`CatalogStore`."""
+        conn = self.conn
         self._check(ids)
         if bucket not in self._tables or not ids:
             return set()
         q = self._sql.SQL("SELECT event_id FROM {} WHERE event_id = ANY(%s)").format(self._table(bucket))
         found: set[str] = set()
         for i in range(0, len(ids), CHUNK * 10):
-            found.update(r[0] for r in self.conn.execute(q, (list(ids[i:i + CHUNK * 10]),)))
+            found.update(r[0] for r in conn.execute(q, (list(ids[i:i + CHUNK * 10]),)))
         return found
 
     def scan(self, bucket: int) -> Iterator[str]:
         """See :class:`CatalogStore`."""
+        conn = self.conn
         if bucket in self._tables:
             q = self._sql.SQL("SELECT event_id FROM {}").format(self._table(bucket))
-            yield from (r[0] for r in self.conn.cursor().stream(q))
+            yield from (r[0] for r in conn.cursor().stream(q))
 
     def insert(self, by_bucket: dict[int, list[str]], pending: tuple[str, str] | None = None) -> None:
         """See :class:`CatalogStore`."""
+        conn = self.conn
         sql = self._sql
         for ids in by_bucket.values():
             self._check(ids)
         try:
-            with self.conn.transaction():
+            with conn.transaction():
                 if pending is not None:
-                    self.conn.execute(
+                    conn.execute(
                         "INSERT INTO onceflow_dedup_pending VALUES (%s, %s, %s, %s) ON CONFLICT "
                         "(catalog, token) DO UPDATE SET file = EXCLUDED.file, ids = EXCLUDED.ids",
                         (self.name, *pending, pending_ids(by_bucket)))
                 for bucket, ids in by_bucket.items():
                     if bucket not in self._tables:
-                        self.conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {}(event_id text PRIMARY KEY)")
-                                          .format(self._table(bucket)))
-                    self.conn.execute(sql.SQL("INSERT INTO {} SELECT unnest(%s::text[]) "
-                                              "ON CONFLICT DO NOTHING").format(self._table(bucket)), (ids,))
+                        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {}(event_id text PRIMARY KEY)")
+                                     .format(self._table(bucket)))
+                    conn.execute(sql.SQL("INSERT INTO {} SELECT unnest(%s::text[]) "
+                                         "ON CONFLICT DO NOTHING").format(self._table(bucket)), (ids,))
         except self._error as exc:
             raise PostgresError(f"recording ids in the dedup catalog {self.name!r} failed: {exc}") from None
         self._tables.update(by_bucket)
 
     def advance(self, mark: int, gone: Sequence[int]) -> int:
         """See :class:`CatalogStore`."""
+        conn = self.conn
         sql = self._sql
         deleted = 0
-        with self.conn.transaction():
-            self.conn.execute(
+        with conn.transaction():
+            conn.execute(
                 "INSERT INTO onceflow_dedup_meta VALUES (%s, %s) ON CONFLICT (catalog) "
                 "DO UPDATE SET gc_watermark_us = greatest(onceflow_dedup_meta.gc_watermark_us, "
                 "EXCLUDED.gc_watermark_us)", (self.name, mark))
             for b in gone:
                 if b in self._tables:
-                    deleted += int(self.conn.execute(sql.SQL("SELECT count(*) FROM {}")
-                                                     .format(self._table(b))).fetchone()[0])
-                    self.conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(b)))
+                    deleted += int(conn.execute(sql.SQL("SELECT count(*) FROM {}")
+                                                .format(self._table(b))).fetchone()[0])
+                    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self._table(b)))
         self._tables.difference_update(gone)
         return deleted
 
     def pending(self) -> list[tuple[str, str]]:
         """See :class:`CatalogStore`."""
-        return [(str(t), str(f)) for t, f in self.conn.execute(
+        conn = self.conn
+        return [(str(t), str(f)) for t, f in conn.execute(
             "SELECT token, file FROM onceflow_dedup_pending WHERE catalog = %s", (self.name,))]
 
     def unrecord(self, token: str) -> int:
         """See :class:`CatalogStore`."""
+        conn = self.conn
         sql = self._sql
         deleted = 0
         try:
-            with self.conn.transaction():
-                row = self.conn.execute("SELECT ids FROM onceflow_dedup_pending WHERE catalog = %s "
-                                        "AND token = %s", (self.name, token)).fetchone()
+            with conn.transaction():
+                row = conn.execute("SELECT ids FROM onceflow_dedup_pending WHERE catalog = %s "
+                                   "AND token = %s", (self.name, token)).fetchone()
                 for bucket, ids in parse_pending_ids(row[0] if row else None).items():
                     if bucket in self._tables:
-                        deleted += self.conn.execute(sql.SQL("DELETE FROM {} WHERE event_id = ANY(%s)")
-                                                     .format(self._table(bucket)), (ids,)).rowcount
-                self.conn.execute("DELETE FROM onceflow_dedup_pending WHERE catalog = %s AND token = %s",
-                                  (self.name, token))
+                        deleted += conn.execute(sql.SQL("DELETE FROM {} WHERE event_id = ANY(%s)")
+                                                .format(self._table(bucket)), (ids,)).rowcount
+                conn.execute("DELETE FROM onceflow_dedup_pending WHERE catalog = %s AND token = %s",
+                             (self.name, token))
         except self._error as exc:
             raise PostgresError(f"taking back ids in the dedup catalog {self.name!r} failed: {exc}") from None
         return deleted
 
     def pending_done(self, token: str) -> None:
         """See :class:`CatalogStore`."""
-        self.conn.execute("DELETE FROM onceflow_dedup_pending WHERE catalog = %s AND token = %s",
-                          (self.name, token))
+        conn = self.conn
+        conn.execute("DELETE FROM onceflow_dedup_pending WHERE catalog = %s AND token = %s",
+                     (self.name, token))
 
     def close(self) -> None:
         """See :class:`CatalogStore`; releases the catalog's lock."""
-        self.conn.close()
+        self._conn.close()
