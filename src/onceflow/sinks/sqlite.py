@@ -203,7 +203,8 @@ class SQLiteSink(ExactlyOnceSink):
                 )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite has rolled back by itself after a full disk
+                conn.execute("ROLLBACK")
             raise
         self.flush()
         self.apply_staged()
