@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.ingest.auth import client_tls, new_token
+from onceflow.ingest.auth import client_tls
 from onceflow.ingest.sender import Sender, SenderRefusedError
 from tests.receiver_proc import Proc, Receiver, body, event, free_port, health, log_ids, write_tokens
 
@@ -119,9 +119,10 @@ def test_a_refused_token_stops_the_sender_and_keeps_its_events(tmp_path: Path) -
         assert res.returncode == 1
         assert "onceflow: error: the receiver refused sender 'alice' (HTTP 401)" in res.stderr
         # rotation: a second token for alice, the file re-read while the receiver runs
-        secret, hashed = new_token()
-        with open(tmp_path / "tokens", "a") as f:
-            f.write(f"alice {hashed}\n")
+        secret = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "ingest", "token",
+                                 "--sender", "alice", "--tokens", str(tmp_path / "tokens")],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        assert secret not in (tmp_path / "tokens").read_text()  # the file holds its digest only
         time.sleep(1.2)
         again = Sender(url, tmp_path / "out.db", "alice", token=secret)
         assert again.flush() == 0 and again.stats.acked == 10

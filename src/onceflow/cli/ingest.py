@@ -125,21 +125,32 @@ def serve(log_dir: Path, catalog: Path | None, catalog_dsn: str | None, catalog_
 
 @ingest.command()
 @click.option("--sender", "sender_name", required=True, help="The sender name the token is for.")
-def token(sender_name: str) -> None:
-    """Print a new random token and the line that grants it in a --tokens file.
+@click.option("--tokens", "tokens_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Append the token's line to this token file (created with mode 600 if missing) "
+                   "and print only the token.")
+def token(sender_name: str, tokens_file: Path | None) -> None:
+    """Make a new random token for a sender.
 
-    Give the token to the sender (``onceflow send --token-file``, or ONCEFLOW_SENDER_TOKEN) and
-    append the second line to the receiver's token file: it holds only the token's SHA-256,
-    so the file reveals no token.
+    The token goes to the sender (``onceflow send --token-file``, or ONCEFLOW_SENDER_TOKEN);
+    the receiver's token file gets the line ``<sender> sha256:<digest>``, which reveals no
+    token. A running receiver picks the new line up within a second.
     """
+    import os
+
     from onceflow.ingest.auth import new_token
     from onceflow.ingest.events import SENDER_RE
 
     if not SENDER_RE.match(sender_name):
         raise click.BadParameter("must match [A-Za-z0-9._-]{1,64}", param_hint="--sender")
     secret, hashed = new_token()
-    click.echo(f"token:      {secret}")
-    click.echo(f"token file: {sender_name} {hashed}")
+    if tokens_file is None:
+        click.echo(f"token:      {secret}")
+        click.echo(f"token file: {sender_name} {hashed}")
+        return
+    fd = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a", encoding="utf-8") as f:
+        f.write(f"{sender_name} {hashed}\n")
+    click.echo(secret)
 
 
 @click.command()
