@@ -73,3 +73,12 @@ class StorageError(OnceflowError, OSError):
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class BatchRejectedError(OnceflowError, ValueError):
+    """A micro-batch's output cannot be written as its table specs say.
+
+    A null key, a non-numeric add column, a duplicate key, a value the table's column
+    cannot hold: refused before anything is written, so the query stops before Spark's
+    commit log and restarts cleanly once the input is fixed.
+    """

@@ -118,6 +118,33 @@ def connect(path: str | Path) -> sqlite3.Connection:
     return conn
 
 
+def bind_query(conn: sqlite3.Connection, path: Path, sink_id: str, query_id: str) -> None:
+    """Record (or check) which checkpoint a sink id of this database belongs to.
+
+    Raises:
+        CheckpointMismatchError: The sink id belongs to another checkpoint.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        row = conn.execute("SELECT query_id FROM onceflow_sinks WHERE sink_id = ?", (sink_id,)).fetchone()
+        if row is None:
+            conn.execute("INSERT INTO onceflow_sinks VALUES (?,?,?)",
+                         (sink_id, query_id, int(time.time() * 1000)))
+        elif row[0] != query_id:
+            raise CheckpointMismatchError(
+                f"database {path} holds sink {sink_id!r} of the checkpoint with "
+                f"query id {row[0]}, but this run's checkpoint has query id {query_id}. "
+                "A new checkpoint restarts batch ids at 0, so continuing would skip or "
+                "double-count data. Run with the original checkpoint, or start a new "
+                "database (or a different sink id) for the new checkpoint."
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:  # SQLite has rolled back by itself after a full disk
+            conn.execute("ROLLBACK")
+        raise
+
+
 def _to_ipc(deltas: pa.Table) -> bytes:
     """The deltas as an LZ4-compressed Arrow IPC stream (~1 ms and ~340 kB for 20k rows)."""
     out = pa.BufferOutputStream()
@@ -182,30 +209,7 @@ class SQLiteSink(ExactlyOnceSink):
         Raises:
             CheckpointMismatchError: The database belongs to another checkpoint.
         """
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            row = conn.execute(
-                "SELECT query_id FROM onceflow_sinks WHERE sink_id = ?", (self.sink_id,)
-            ).fetchone()
-            if row is None:
-                conn.execute(
-                    "INSERT INTO onceflow_sinks VALUES (?,?,?)",
-                    (self.sink_id, query_id, int(time.time() * 1000)),
-                )
-            elif row[0] != query_id:
-                raise CheckpointMismatchError(
-                    f"database {self.path} holds sink {self.sink_id!r} of the checkpoint with "
-                    f"query id {row[0]}, but this run's checkpoint has query id {query_id}. "
-                    "A new checkpoint restarts batch ids at 0, so continuing would skip or "
-                    "double-count data. Run with the original checkpoint, or start a new "
-                    "database (or a different sink id) for the new checkpoint."
-                )
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:  # SQLite has rolled back by itself after a full disk
-                conn.execute("ROLLBACK")
-            raise
+        bind_query(self.conn, self.path, self.sink_id, query_id)
         self.flush()
         self.apply_staged()
 
