@@ -29,6 +29,7 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from onceflow.errors import OnceflowError
 
@@ -240,3 +241,44 @@ def count_late(event_time: pa.Array | pa.ChunkedArray, watermark_ms: int) -> int
         The number of late rows.
     """
     return int(late_mask(event_time, watermark_ms).sum())
+
+
+def count_input(batch: BatchInput, event_time: str | None) -> tuple[int, int]:
+    """Rows in a batch's Parquet files, and how many of them Spark's late rule drops.
+
+    Row groups whose Parquet statistics prove that no event time is ``<=`` the watermark
+    are counted from metadata alone; only the others have their event-time column read.
+
+    Args:
+        batch: The batch's files and late watermark.
+        event_time: The event-time column (a timestamp); None: nothing is late.
+
+    Returns:
+        ``(input rows, late rows)``.
+
+    Raises:
+        CheckpointReadError: A file is not Parquet or lacks the event-time column.
+    """
+    rows = late = 0
+    bound_us = batch.late_watermark_ms * 1000
+    for path in batch.files:
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as exc:  # pyarrow raises several types for a bad file
+            raise CheckpointReadError(f"cannot count the rows of {path} (only Parquet files are counted): "
+                                      f"{exc}") from None
+        col = pf.schema_arrow.get_field_index(event_time) if event_time else -1
+        if event_time and col < 0:
+            raise CheckpointReadError(f"{path} has no event-time column {event_time!r}")
+        for rg in range(pf.metadata.num_row_groups):
+            meta = pf.metadata.row_group(rg)
+            rows += meta.num_rows
+            if col < 0 or batch.late_watermark_ms <= 0:
+                continue
+            stats = meta.column(col).statistics
+            if stats is not None and stats.has_min_max and isinstance(stats.min_raw, int) \
+                    and int(stats.min_raw) > bound_us:
+                continue
+            times = pf.read_row_group(rg, columns=[event_time]).column(0)
+            late += count_late(times, batch.late_watermark_ms)
+    return rows, late

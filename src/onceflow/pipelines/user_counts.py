@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import functions as F
 
 from onceflow import checkpoint as ckpt
@@ -197,26 +196,8 @@ class _BatchWriter:
 
 
 def _batch_stats(batch: ckpt.BatchInput) -> BatchStats:
-    """Input rows and late drops of a batch, from its files and late watermark.
-
-    Row groups whose Parquet statistics prove that no event time is ``<=`` the watermark
-    are counted from metadata alone; only the others have their ``event_time`` read.
-    """
-    rows = late = 0
-    bound_us = batch.late_watermark_ms * 1000
-    for path in batch.files:
-        pf = pq.ParquetFile(path)
-        col = pf.schema_arrow.get_field_index("event_time")
-        for rg in range(pf.metadata.num_row_groups):
-            meta = pf.metadata.row_group(rg)
-            rows += meta.num_rows
-            stats = meta.column(col).statistics
-            if batch.late_watermark_ms <= 0 or (
-                stats is not None and stats.has_min_max and int(stats.min_raw) > bound_us
-            ):
-                continue
-            times = pf.read_row_group(rg, columns=["event_time"]).column(0)
-            late += ckpt.count_late(times, batch.late_watermark_ms)
+    """Input rows and late drops of a batch, from its files and late watermark."""
+    rows, late = ckpt.count_input(batch, "event_time")
     return BatchStats(rows, late, batch.late_watermark_ms)
 
 
