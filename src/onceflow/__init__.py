@@ -1,8 +1,20 @@
-"""onceflow: exactly-once stream processing for PySpark Structured Streaming."""
+"""onceflow: exactly-once stream processing for PySpark Structured Streaming.
 
-from onceflow.errors import OnceflowError
+The names a user needs::
+
+    import onceflow
+    clean = onceflow.deduplicate(events, id="payment_id", event_time="ts", within="10 minutes")
+    query = onceflow.write_stream(clean, sink=onceflow.sqlite("app.db"), checkpoint="ck/",
+                                  tables={"revenue": onceflow.Table(key=["account"], add=["amount"])},
+                                  per_batch=to_revenue)
+"""
+
+from onceflow.api import OnceQuery, deduplicate, sqlite, write_stream
+from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
 from onceflow.sources.log import EventLog
+from onceflow.tables import Table
 
 __version__ = "0.1.0"
 
-__all__ = ["EventLog", "OnceflowError", "__version__"]
+__all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
+           "__version__", "deduplicate", "sqlite", "write_stream"]

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 from enum import Enum
+from typing import Any
 
 from onceflow.errors import CrashPointError
 
@@ -170,3 +171,27 @@ def maybe_crash(point: CrashPoint, batch_id: int) -> None:
             )
         print(f"onceflow: crash point {point.value} at batch {batch_id}", file=sys.stderr)
         crash_now()
+
+
+def commit_log_listener() -> Any:
+    """A Spark query listener that fires ``after_commit_log`` once Spark reported a batch.
+
+    Spark reports a batch's progress after it wrote ``commits/N``; add the listener with
+    ``spark.streams.addListener`` when that crash point is armed.
+    """
+    from pyspark.sql.streaming.listener import StreamingQueryListener
+
+    class CrashAfterCommitLog(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:  # noqa: D102, N802
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: D102, N802
+            maybe_crash(CrashPoint.AFTER_COMMIT_LOG, int(event.progress.batchId))
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: D102, N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: D102, N802
+            pass
+
+    return CrashAfterCommitLog()

@@ -18,10 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pyspark.sql.streaming.listener import StreamingQueryListener
-
 from onceflow.errors import BadSegmentError, ConfigError
-from onceflow.faults import CrashPoint, armed, maybe_crash
+from onceflow.faults import CrashPoint, armed, commit_log_listener
 from onceflow.records import EVENT_DDL
 from onceflow.sources.log import EventLog
 
@@ -82,22 +80,6 @@ def deduplicated_events(spark: SparkSession, cfg: PipelineConfig,
     )
 
 
-class CrashAfterCommitLog(StreamingQueryListener):
-    """Fires the ``after_commit_log`` crash point once Spark reported a batch."""
-
-    def onQueryStarted(self, event: Any) -> None:  # noqa: D102, N802
-        pass
-
-    def onQueryProgress(self, event: Any) -> None:  # noqa: D102, N802
-        maybe_crash(CrashPoint.AFTER_COMMIT_LOG, int(event.progress.batchId))
-
-    def onQueryIdle(self, event: Any) -> None:  # noqa: D102, N802
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: D102, N802
-        pass
-
-
 def explain_failure(exc: BaseException, log: EventLog) -> BaseException:
     """Turn a Spark failure caused by a log file into a BadSegmentError naming it."""
     text = str(exc)
@@ -140,7 +122,7 @@ def run_foreach_batch(spark: SparkSession, cfg: PipelineConfig, frame: DataFrame
     listener = None
     selected = armed()
     if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:
-        listener = CrashAfterCommitLog()
+        listener = commit_log_listener()
         spark.streams.addListener(listener)
     stream = frame.writeStream.foreachBatch(fn).option("checkpointLocation", str(cfg.checkpoint))
     stream = stream.trigger(availableNow=True) if once else stream.trigger(

@@ -1,0 +1,265 @@
+"""The public API: make your own streaming query exactly once by changing a few lines.
+
+::
+
+    import onceflow
+    from onceflow import Table
+
+    events = spark.readStream.schema(schema).parquet("payments/")       # any replayable source
+    clean = onceflow.deduplicate(events, id="payment_id", event_time="ts", within="10 minutes")
+    query = onceflow.write_stream(
+        clean, sink=onceflow.sqlite("app.db"), checkpoint="ck/",
+        tables={"revenue": Table(key=["account", "window_start"], add=["amount"])},
+        per_batch=lambda df: {"revenue": revenue_deltas(df)})
+    query.awaitTermination()
+
+What :func:`write_stream` does per micro-batch N (inside Spark's ``foreachBatch``; the sink's
+numbered commit protocol is in its module, e.g. :mod:`onceflow.sinks.sqlite_tables`):
+
+1. Before the first batch of a process: bind the sink to the checkpoint's query id (a
+   database written by another checkpoint is refused: batch ids restart at 0 there).
+2. Read N's input files and late watermark from Spark's checkpoint and count its input rows
+   and late drops (Parquet file sources; beside Spark's own work, in a thread).
+3. Persist N's DataFrame, count its rows, run ``per_batch`` on it, collect each table's rows.
+   ``per_batch`` may run more than once for N (after a crash): it must be deterministic
+   given N's rows, which Spark guarantees for the rows themselves.
+4. ``sink.commit_tables(N, ...)``: checked, then written with the marker in one transaction,
+   or skipped when N's marker is there. Any error here fails the query before Spark writes
+   ``commits/N``; :meth:`OnceQuery.awaitTermination` raises it as the onceflow error it is.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceflow import checkpoint as ckpt
+from onceflow.durations import parse_duration
+from onceflow.errors import ConfigError, OnceflowError
+from onceflow.faults import CrashPoint, armed, commit_log_listener
+from onceflow.sinks.base import BatchStats
+from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+from onceflow.tables import Table, check_specs
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+_EVENT_TIME_ATTR = "_onceflow_event_time"
+
+
+def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str | float) -> DataFrame:
+    """Drop duplicates by an id column, with state bounded by an event-time watermark.
+
+    Rows with the same id whose event times are within ``within`` of each other are
+    duplicates: the first one seen is kept. Rows more than ``within`` behind the latest event
+    time seen are late: Spark drops them, and :func:`write_stream` counts them per batch.
+
+    Args:
+        df: A streaming DataFrame.
+        id: The id column(s) (a producer-assigned, stable id, never one minted in the query).
+        event_time: A timestamp column.
+        within: How long ids are remembered, e.g. ``"10 minutes"`` or ``"90s"`` (required:
+            an unbounded dedup would keep every id forever).
+
+    Returns:
+        The deduplicated streaming DataFrame.
+
+    Raises:
+        ConfigError: A missing column or a missing, zero or unreadable ``within``.
+    """
+    ids = [id] if isinstance(id, str) else list(id)
+    missing = [c for c in [*ids, event_time] if c not in df.columns]
+    if missing:
+        raise ConfigError(f"deduplicate: no column(s) {missing} in the DataFrame (it has {df.columns})")
+    if within is None or within == "" or within == 0:
+        raise ConfigError("deduplicate needs within= (how long ids are remembered, e.g. '10 minutes'): "
+                          "without it the state would keep every id forever")
+    seconds = parse_duration(within)
+    if seconds <= 0:
+        raise ConfigError(f"deduplicate: within must be > 0, got {within!r}")
+    out = df.withWatermark(event_time, f"{int(seconds * 1000)} milliseconds")
+    out = out.dropDuplicatesWithinWatermark(ids)
+    setattr(out, _EVENT_TIME_ATTR, event_time)
+    return out
+
+
+def sqlite(path: str | Path, sink_id: str = "default") -> SQLiteTablesSink:
+    """The embedded SQLite sink (see :mod:`onceflow.sinks.sqlite_tables`).
+
+    Args:
+        path: Database file.
+        sink_id: Marker namespace; two queries writing to one database need different ids.
+    """
+    return SQLiteTablesSink(path, sink_id=sink_id)
+
+
+PerBatch = Callable[["DataFrame"], "Mapping[str, DataFrame] | DataFrame"]
+
+
+class _Writer:
+    """The ``foreachBatch`` function of :func:`write_stream` (steps 2-4 of the module)."""
+
+    def __init__(self, sink: SQLiteTablesSink, checkpoint: Path, specs: dict[str, Table],
+                 per_batch: PerBatch | None, event_time: str | None,
+                 on_batch: Callable[[dict[str, Any]], None] | None) -> None:
+        self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
+        self.per_batch, self.event_time, self.on_batch = per_batch, event_time, on_batch
+        self.error: BaseException | None = None
+        self._bound = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        try:
+            self._write(df, batch_id)
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _stats(self, batch_id: int, rows_out: int) -> BatchStats:
+        if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count
+            return BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint, batch_id))
+        batch = ckpt.batch_input(self.checkpoint, batch_id)
+        rows, late = ckpt.count_input(batch, self.event_time)
+        return BatchStats(rows, late, batch.late_watermark_ms)
+
+    def _outputs(self, df: DataFrame) -> dict[str, Any]:
+        if self.per_batch is None:
+            if len(self.specs) != 1:
+                raise ConfigError(f"with several tables ({sorted(self.specs)}) per_batch= must say which "
+                                  "rows go where: return {table_name: DataFrame}")
+            return {next(iter(self.specs)): df}
+        out = self.per_batch(df)
+        if not isinstance(out, Mapping):
+            if len(self.specs) != 1:
+                raise ConfigError("per_batch returned one DataFrame, but tables= names several tables: "
+                                  "return {table_name: DataFrame}")
+            return {next(iter(self.specs)): out}
+        return dict(out)
+
+    def _write(self, df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        if not self._bound:  # 1
+            qid = ckpt.query_id(self.checkpoint)
+            if qid is None:
+                raise OnceflowError(f"checkpoint {self.checkpoint} has no metadata file")
+            self.sink.bind(qid)
+            self._bound = True
+        df = df.persist()  # 3
+        try:
+            rows_out = df.count()
+            pending = self._pool.submit(self._stats, batch_id, rows_out)  # 2
+            outputs = {name: frame.toArrow() for name, frame in self._outputs(df).items()}
+            stats = pending.result()
+        finally:
+            df.unpersist()
+        committed = self.sink.commit_tables(batch_id, outputs, self.specs, stats, rows_out)  # 4
+        if self.on_batch is not None:
+            self.on_batch({"batch_id": batch_id, "committed": committed, "input_rows": stats.input_rows,
+                           "late_dropped": stats.late_dropped, "rows_out": rows_out,
+                           "rows_written": {n: t.num_rows for n, t in outputs.items()},
+                           "seconds": time.perf_counter() - started})
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class OnceQuery:
+    """A running exactly-once query: Spark's ``StreamingQuery`` plus onceflow's errors.
+
+    Attributes:
+        query: Spark's ``StreamingQuery`` (progress, status, id).
+        sink: The sink the query writes to.
+    """
+
+    def __init__(self, query: Any, writer: _Writer, sink: SQLiteTablesSink, listener: Any) -> None:
+        self.query, self._writer, self.sink, self._listener = query, writer, sink, listener
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        """Wait for the query to end (``once``: when everything available is written).
+
+        Raises:
+            OnceflowError: What failed inside a batch (the original error, not Spark's wrapper).
+        """
+        try:
+            return self.query.awaitTermination(timeout)  # type: ignore[no-any-return]
+        except KeyboardInterrupt:
+            print("onceflow: stopping after the current batch ...", file=sys.stderr)
+            self.stop()
+            return True
+        except Exception:
+            if self._writer.error is not None:
+                raise self._writer.error from None
+            raise
+        finally:
+            if not self.query.isActive:
+                self._cleanup()
+
+    def stop(self) -> None:
+        """Stop after the current batch."""
+        self.query.stop()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._listener is not None:
+            self.query.sparkSession.streams.removeListener(self._listener)
+            self._listener = None
+        self._writer.close()
+
+    @property
+    def lastProgress(self) -> Any:  # noqa: N802
+        """Spark's last progress report."""
+        return self.query.lastProgress
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802
+        """Whether the query runs."""
+        return bool(self.query.isActive)
+
+
+def write_stream(df: DataFrame, sink: SQLiteTablesSink, checkpoint: str | Path,
+                 tables: Mapping[str, Table], per_batch: PerBatch | None = None, *, once: bool = False,
+                 trigger: str = "1 second", event_time: str | None = None,
+                 on_batch: Callable[[dict[str, Any]], None] | None = None) -> OnceQuery:
+    """Start a query that writes every micro-batch to ``tables`` exactly once.
+
+    Args:
+        df: The streaming DataFrame (e.g. from :func:`deduplicate`); its source must be
+            replayable by offset (files, the onceflow event log, Kafka).
+        sink: Where the tables live, e.g. :func:`sqlite`.
+        checkpoint: Spark checkpoint directory; reuse it to resume exactly.
+        tables: Table name -> :class:`Table` (write mode and key).
+        per_batch: Turns one micro-batch's DataFrame into ``{table_name: DataFrame}`` (or one
+            DataFrame when there is one table); plain PySpark, run once per batch attempt.
+            Without it the batch's rows go to the single table as they are.
+        once: Process everything available now, then stop (``availableNow``).
+        trigger: Processing-time trigger of a continuous query.
+        event_time: The event-time column for late counting (taken from :func:`deduplicate`).
+        on_batch: Called after every batch with its numbers (e.g. to print progress).
+
+    Returns:
+        The running query; :meth:`OnceQuery.awaitTermination` raises onceflow's errors.
+
+    Raises:
+        ConfigError: Bad tables, or a DataFrame that is not streaming.
+    """
+    specs = check_specs(tables)
+    if not df.isStreaming:
+        raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
+                          "DataFrame write it directly")
+    if per_batch is not None and not callable(per_batch):
+        raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
+    path = Path(checkpoint)
+    event_time = event_time or getattr(df, _EVENT_TIME_ATTR, None)
+    writer = _Writer(sink, path, specs, per_batch, event_time, on_batch)
+    listener = None
+    selected = armed()
+    if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:
+        listener = commit_log_listener()
+        df.sparkSession.streams.addListener(listener)
+    stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", str(path))
+    stream = stream.trigger(availableNow=True) if once else stream.trigger(processingTime=trigger)
+    return OnceQuery(stream.start(), writer, sink, listener)

@@ -1,0 +1,1 @@
+"""Example pipelines written on onceflow's public API: short, copyable, tested."""

@@ -1,0 +1,105 @@
+"""The public API on real Spark: the payments example, bad input, tables that do not fit."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import onceflow
+from onceflow.checkpoint import committed_batches
+from onceflow.examples import payments
+from tests.payments_oracle import actual, expected
+
+pytestmark = pytest.mark.spark
+
+SESSION_TZ = "UTC"
+
+
+@pytest.fixture
+def utc(spark: Any) -> Any:
+    spark.conf.set("spark.sql.session.timeZone", SESSION_TZ)
+    return spark
+
+
+def _run(spark: Any, tmp: Path, **kw: Any) -> None:
+    payments.start(spark, tmp / "in", tmp / "app.db", tmp / "ck", once=True, **kw).awaitTermination()
+
+
+def test_payments_equal_a_batch_recomputation_and_resume(utc: Any, tmp_path: Path) -> None:
+    payments.generate(tmp_path / "in", 6_000, per_file=500, duplicates=0.1, seed=3)
+    _run(utc, tmp_path, max_files_per_trigger=4)
+    payments.generate(tmp_path / "in", 2_000, per_file=500, duplicates=0.1, seed=3, first=6_000)
+    _run(utc, tmp_path, max_files_per_trigger=4)
+    rev, pays = expected(utc, tmp_path / "in")
+    got_rev, got_pays, rows = actual(tmp_path / "app.db")
+    assert got_rev == rev and got_pays == pays and rows == len(pays) == 8_000
+    markers = onceflow.sqlite(tmp_path / "app.db").batches()
+    assert sum(m["input_rows"] for m in markers) == sum(pq.read_metadata(f).num_rows
+                                                         for f in (tmp_path / "in").glob("*.parquet"))
+    assert sum(m["duplicates_dropped"] for m in markers) == sum(m["input_rows"] for m in markers) - 8_000
+    assert sum(m["late_dropped"] for m in markers) == 0
+
+
+def _write(path: Path, rows: list[tuple[Any, ...]]) -> None:
+    pq.write_table(pa.table({"payment_id": [r[0] for r in rows], "account": [r[1] for r in rows],
+                             "amount_cents": pa.array([r[2] for r in rows], pa.int64()),
+                             "ts": pa.array([r[3] for r in rows], pa.timestamp("us", tz="UTC"))}), path)
+
+
+def test_a_batch_with_a_null_key_fails_before_the_commit_log_then_restarts(utc: Any,
+                                                                          tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    t = payments.START
+    _write(tmp_path / "in" / "part-000000.parquet", [("p1", "a", 100, t), ("p2", "b", 200, t)])
+    _run(utc, tmp_path)
+    before = committed_batches(tmp_path / "ck")
+    _write(tmp_path / "in" / "part-000001.parquet", [("p3", "a", 50, t), ("p4", None, 70, t)])
+    with pytest.raises(onceflow.BatchRejectedError, match=r"key column 'account' is null in row \d"):
+        _run(utc, tmp_path)
+    assert committed_batches(tmp_path / "ck") == before  # Spark did not commit the bad batch
+    assert [m["batch_id"] for m in onceflow.sqlite(tmp_path / "app.db").batches()] == before
+    _write(tmp_path / "in" / "part-000001.parquet", [("p3", "a", 50, t), ("p4", "c", 70, t)])  # fixed
+    _run(utc, tmp_path)
+    assert actual(tmp_path / "app.db")[1] == {"p1": 100, "p2": 200, "p3": 50, "p4": 70}
+
+
+def test_late_payments_are_dropped_and_counted(utc: Any, tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    t = payments.START
+    _write(tmp_path / "in" / "part-000000.parquet", [("p1", "a", 1, t + dt.timedelta(hours=1))])
+    _run(utc, tmp_path)  # batch 0, then a no-data batch moves the watermark to 00:50
+    _write(tmp_path / "in" / "part-000001.parquet",
+           [("p2", "a", 2, t), ("p3", "a", 3, t + dt.timedelta(hours=1))])
+    _run(utc, tmp_path)
+    markers = onceflow.sqlite(tmp_path / "app.db").batches()
+    assert sum(m["late_dropped"] for m in markers) == 1
+    assert actual(tmp_path / "app.db")[1] == {"p1": 1, "p3": 3}
+
+
+def test_an_existing_table_that_does_not_fit_is_a_clear_error(utc: Any, tmp_path: Path) -> None:
+    payments.generate(tmp_path / "in", 100, per_file=100)
+    with sqlite3.connect(tmp_path / "app.db") as c:
+        c.execute("CREATE TABLE revenue(account TEXT PRIMARY KEY, amount_cents INTEGER, payments INTEGER)")
+    with pytest.raises(onceflow.ConfigError, match=r"has no column\(s\) \['window_start'\]"):
+        _run(utc, tmp_path)
+    assert committed_batches(tmp_path / "ck") == []
+
+
+def test_api_refuses_what_it_cannot_make_exactly_once(utc: Any, tmp_path: Path) -> None:
+    df = utc.readStream.schema(payments.SCHEMA).parquet(str(tmp_path))
+    with pytest.raises(onceflow.ConfigError, match="needs within"):
+        onceflow.deduplicate(df, id="payment_id", event_time="ts", within=0)
+    with pytest.raises(onceflow.ConfigError, match=r"no column\(s\) \['id'\]"):
+        onceflow.deduplicate(df, id="id", event_time="ts", within="1 minute")
+    with pytest.raises(onceflow.ConfigError, match="streaming DataFrame"):
+        onceflow.write_stream(utc.range(3), onceflow.sqlite(tmp_path / "x.db"), tmp_path / "ck",
+                              {"t": onceflow.Table()})
+    with pytest.raises(onceflow.ConfigError, match="reserved"):
+        onceflow.write_stream(df, onceflow.sqlite(tmp_path / "x.db"), tmp_path / "ck",
+                              {"onceflow_batches": onceflow.Table()})
