@@ -30,6 +30,7 @@ class ProcessGroup:
         args: The command's arguments (after ``onceflow``).
         out: File that receives the process's stdout and stderr (appended to).
         env: Extra environment variables (a crash point is never inherited).
+        module: The module run with ``python -m`` (another program's driver, e.g. an example).
 
     Attributes:
         registry: When set (a verify work directory), every new group's id is recorded
@@ -38,7 +39,8 @@ class ProcessGroup:
 
     registry: Path | None = None
 
-    def __init__(self, args: list[str], out: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, args: list[str], out: Path, env: dict[str, str] | None = None,
+                 module: str = "onceflow.cli.main") -> None:
         full = os.environ.copy()
         full.pop(CRASH_ENV, None)
         full.update(env or {})
@@ -47,7 +49,7 @@ class ProcessGroup:
             full[REGISTRY_ENV] = str(ProcessGroup.registry / PIDS)
         self.out_path = out
         self._out = open(out, "a")  # noqa: SIM115 - closed in wait()/kill()
-        self.proc = subprocess.Popen([sys.executable, "-m", "onceflow.cli.main", *args],
+        self.proc = subprocess.Popen([sys.executable, "-m", module, *args],
                                      stdout=self._out, stderr=subprocess.STDOUT, env=full,
                                      start_new_session=True)
         if ProcessGroup.registry is not None:

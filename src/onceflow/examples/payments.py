@@ -20,7 +20,7 @@ import datetime as dt
 import os
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -53,15 +53,16 @@ def per_batch(batch: DataFrame) -> dict[str, DataFrame]:
 
 
 def start(spark: SparkSession, source: str | Path, db: str | Path, checkpoint: str | Path,
-          once: bool = False, max_files_per_trigger: int | None = None) -> onceflow.OnceQuery:
-    """Start the pipeline (a few lines of PySpark plus two onceflow calls)."""
+          once: bool = False, max_files_per_trigger: int | None = None,
+          sink: Any = None) -> onceflow.OnceQuery:
+    """Start the pipeline (a few lines of PySpark plus two onceflow calls); ``sink`` overrides ``db``."""
     reader = spark.readStream.schema(SCHEMA)
     if max_files_per_trigger:
         reader = reader.option("maxFilesPerTrigger", max_files_per_trigger)
     payments = reader.parquet(str(source))
     clean = onceflow.deduplicate(payments, id="payment_id", event_time="ts", within="10 minutes")
-    return onceflow.write_stream(clean, sink=onceflow.sqlite(db), checkpoint=checkpoint, tables=TABLES,
-                                 per_batch=per_batch, once=once,
+    return onceflow.write_stream(clean, sink=sink or onceflow.sqlite(db), checkpoint=checkpoint,
+                                 tables=TABLES, per_batch=per_batch, once=once,
                                  on_batch=lambda b: print(f"batch {b['batch_id']}: "
                                                           f"{'committed' if b['committed'] else 'replayed'}, "
                                                           f"{b['rows_out']} payments", flush=True))

@@ -215,7 +215,7 @@ class SQLiteTablesSink:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")  # 2
         try:
-            if self.mode == "exactly_once" and conn.execute(_HAS_MARKER, (self.sink_id, batch_id)).fetchone():
+            if self.mode != "naive" and conn.execute(_HAS_MARKER, (self.sink_id, batch_id)).fetchone():
                 conn.execute("ROLLBACK")
                 return False
             if self.mode == "lossy":  # negative control: the marker commits before the rows

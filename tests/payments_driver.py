@@ -1,0 +1,22 @@
+"""A payments driver for the crash tests: the example's pipeline with a chosen sink mode.
+
+``python -m tests.payments_driver INPUT DB CHECKPOINT MODE [--once]``; MODE ``exactly_once``,
+or ``naive`` / ``lossy`` for the negative controls.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from onceflow.examples import payments
+from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+from onceflow.spark import session
+
+if __name__ == "__main__":
+    source, db, ck, mode = sys.argv[1:5]
+    spark = session(app_name="payments-test", conf={"spark.sql.session.timeZone": "UTC"})
+    sink = SQLiteTablesSink(Path(db), mode=mode)  # type: ignore[arg-type]
+    payments.start(spark, source, db, ck, once="--once" in sys.argv, max_files_per_trigger=2,
+                   sink=sink).awaitTermination()
+    print("drained", flush=True)
