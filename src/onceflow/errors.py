@@ -82,3 +82,26 @@ class BatchRejectedError(OnceflowError, ValueError):
     cannot hold: refused before anything is written, so the query stops before Spark's
     commit log and restarts cleanly once the input is fixed.
     """
+
+
+def refuse_unknown(given: set[str], known: set[str], where: str) -> None:
+    """Refuse option names ``where`` does not know, naming the nearest valid one.
+
+    Args:
+        given: The option names (lower-case: Spark passes them case-insensitively).
+        known: The valid names (lower-case).
+        where: What takes the options, for the message (e.g. "the onceflow_postgres data source").
+
+    Raises:
+        ConfigError: Naming every unknown option and its nearest valid name.
+    """
+    import difflib
+
+    bad = sorted(set(given) - known)
+    if bad:
+        hints = []
+        for name in bad:
+            near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            hints.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+        raise ConfigError(f"unknown option(s) for {where}: {', '.join(hints)}; valid options: "
+                          f"{', '.join(sorted(known))}")

@@ -20,6 +20,20 @@ class PostgresError(OnceflowError):
     """PostgreSQL refused or failed an operation (message without secrets)."""
 
 
+def require_psycopg() -> Any:
+    """The psycopg module, or a ConfigError naming the extra to install.
+
+    Raises:
+        ConfigError: psycopg is not installed.
+    """
+    try:
+        import psycopg
+    except ImportError:
+        raise ConfigError("PostgreSQL support needs psycopg, which is not installed: "
+                          "pip install 'onceflow[postgres]'") from None
+    return psycopg
+
+
 def resolve_dsn(dsn: str | None) -> str:
     """The DSN to use: the given one, else ``$ONCEFLOW_PG_DSN``.
 
@@ -51,20 +65,20 @@ def redact(dsn: str) -> str:
     Returns:
         ``key=value`` pairs of every parameter but :data:`SECRET_KEYS`.
     """
-    from psycopg.conninfo import conninfo_to_dict
-
     try:
+        from psycopg.conninfo import conninfo_to_dict
+
         params = conninfo_to_dict(dsn)
-    except Exception:
-        return "<unparsable connection string>"
+    except Exception:  # unparsable, or psycopg missing: show nothing of it
+        return "<connection string>"
     return " ".join(f"{k}={v}" for k, v in params.items() if k not in SECRET_KEYS)
 
 
 def scrub(text: str, dsn: str) -> str:
     """Remove the DSN's secrets (and the DSN itself, if quoted whole) from ``text``."""
-    from psycopg.conninfo import conninfo_to_dict
-
     try:
+        from psycopg.conninfo import conninfo_to_dict
+
         secrets = [str(v) for k, v in conninfo_to_dict(dsn).items() if k in SECRET_KEYS and v]
     except Exception:
         secrets = []
@@ -87,10 +101,7 @@ def connect(dsn: str, autocommit: bool = True) -> Any:
     Raises:
         PostgresError: The server cannot be reached or refused the login.
     """
-    try:
-        import psycopg
-    except ImportError:
-        raise ConfigError("PostgreSQL support needs psycopg: pip install 'onceflow[postgres]'") from None
+    psycopg = require_psycopg()
     try:
         return psycopg.connect(dsn, autocommit=autocommit, connect_timeout=30)
     except psycopg.Error as exc:

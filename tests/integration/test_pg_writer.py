@@ -126,6 +126,9 @@ def test_upsert_replace_and_add(pg_dsn: str) -> None:
     ({"table": "t", "protocol": "3pc"}, "'staged' or '2pc'"),
     ({"table": "t", "sink_id": "a:b"}, "sink id 'a:b' is invalid"),
     ({"table": "t", "add": "id"}, "'add' is for mode 'upsert'"),
+    ({"table": "t", "protocl": "2pc"}, r"unknown option\(s\) .*'protocl' \(did you mean 'protocol'\?\)"),
+    ({"table": "t", "sinkid": "s"}, r"'sinkid' \(did you mean 'sink_id'\?\)"),
+    ({"table": "t", "Protocl": "2pc"}, "did you mean 'protocol'"),  # keys arrive case-insensitive
 ])
 def test_bad_options_say_what_is_wrong(options: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

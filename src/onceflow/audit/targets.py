@@ -15,6 +15,7 @@ from typing import Any
 from onceflow.audit.oracle import Expectation
 from onceflow.audit.verdict import Verdict, judge_postgres, judge_sqlite
 from onceflow.errors import ConfigError
+from onceflow.pgconn import require_psycopg
 from onceflow.sinks import SINKS, SQLITE_SINKS, pg
 from onceflow.sinks.sqlite import read_batches
 
@@ -60,6 +61,7 @@ class SinkTarget:
         """
         if not self.is_postgres:
             return
+        require_psycopg()
         from psycopg import sql
         from psycopg.conninfo import make_conninfo
 

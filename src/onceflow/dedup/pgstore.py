@@ -27,7 +27,7 @@ from typing import Any
 
 from onceflow.dedup.store import CHUNK, CatalogStore, parse_pending_ids, pending_ids
 from onceflow.errors import ConfigError
-from onceflow.pgconn import PostgresError, connect, redact, resolve_dsn
+from onceflow.pgconn import PostgresError, connect, redact, require_psycopg, resolve_dsn
 
 NAME_RE = re.compile(r"^[a-z0-9_]{1,32}$")
 
@@ -55,6 +55,7 @@ class PostgresStore(CatalogStore):
     """
 
     def __init__(self, dsn: str | None, name: str = "ingest") -> None:
+        require_psycopg()
         if not NAME_RE.match(name):
             raise ConfigError(f"catalog name must match [a-z0-9_]{{1,32}}, got {name!r}")
         self.dsn = resolve_dsn(dsn)

@@ -33,6 +33,9 @@ def make_sink(kind: str, db: Path | None, pg_dsn: str | None) -> ExactlyOnceSink
         if db is None:
             raise ConfigError(f"--sink {kind} writes to SQLite: pass --db PATH")
         return SQLiteSink(db, mode="exactly_once" if kind == "sqlite" else kind)  # type: ignore[arg-type]
+    from onceflow.pgconn import require_psycopg
+
+    require_psycopg()
     from onceflow.sinks.postgres import PostgresSink, PostgresWriterSink
 
     if kind == "postgres":

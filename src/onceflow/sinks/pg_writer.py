@@ -59,7 +59,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, refuse_unknown
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import pg
 
@@ -71,6 +71,12 @@ _PG_TYPES = {
     "float": "real", "boolean": "boolean", "timestamp": "timestamptz", "timestamp_ntz": "timestamp",
     "date": "date",
 }
+
+
+OPTIONS = {"table", "dsn", "mode", "key", "add", "protocol", "sink_id", "batch_id", "metrics", "query_id"}
+"""The options of ``onceflow_postgres`` (lower-case, as Spark passes them)."""
+SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
+"""Options Spark itself may pass along to a data source."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ class TargetSpec:
             ConfigError: An option is missing or invalid (the message says which and why).
         """
         opts = {str(k).lower(): str(v) for k, v in options.items()}
+        refuse_unknown(set(opts), OPTIONS | SPARK_OPTIONS, "the onceflow_postgres data source")
         table = opts.get("table", "").strip()
         if not table or len(table.split(".")) > 2:
             raise ConfigError("onceflow_postgres needs option 'table' ('name' or 'schema.name')")
