@@ -1,7 +1,8 @@
 """A payments driver for the crash tests: the example's pipeline with a chosen sink mode.
 
-``python -m tests.payments_driver INPUT DB CHECKPOINT MODE [--once]``; MODE ``exactly_once``,
-or ``naive`` / ``lossy`` for the negative controls.
+``python -m tests.payments_driver INPUT DB CHECKPOINT MODE BACKEND [--once]``; MODE
+``exactly_once``, or ``naive`` / ``lossy`` for the negative controls; BACKEND ``sqlite`` (DB is
+the file) or ``postgres`` (driver-side; the DSN from ``ONCEFLOW_PG_DSN``).
 """
 
 from __future__ import annotations
@@ -14,9 +15,14 @@ from onceflow.sinks.sqlite_tables import SQLiteTablesSink
 from onceflow.spark import session
 
 if __name__ == "__main__":
-    source, db, ck, mode = sys.argv[1:5]
+    source, db, ck, mode, backend = sys.argv[1:6]
     spark = session(app_name="payments-test", conf={"spark.sql.session.timeZone": "UTC"})
-    sink = SQLiteTablesSink(Path(db), mode=mode)  # type: ignore[arg-type]
+    if backend == "postgres":
+        from onceflow.sinks.postgres_tables import PostgresTablesSink
+
+        sink: object = PostgresTablesSink(None, mode=mode)  # type: ignore[arg-type]
+    else:
+        sink = SQLiteTablesSink(Path(db), mode=mode)  # type: ignore[arg-type]
     payments.start(spark, source, db, ck, once="--once" in sys.argv, max_files_per_trigger=2,
                    sink=sink).awaitTermination()
     print("drained", flush=True)

@@ -24,10 +24,27 @@ def expected(spark: Any, source: Path) -> tuple[dict[tuple[str, str], tuple[int,
     return rev, pays
 
 
-def actual(db: Path) -> tuple[dict[tuple[str, str], tuple[int, int]], dict[str, int], int]:
-    """The tables the pipeline wrote, and how many rows ``payments`` has (duplicates included)."""
-    with sqlite3.connect(db) as c:
-        rev = {(a, w): (int(s), int(n)) for a, w, s, n in
-               c.execute("SELECT account, window_start, amount_cents, payments FROM revenue")}
-        rows = c.execute("SELECT payment_id, amount_cents FROM payments").fetchall()
+Revenue = dict[tuple[str, str], tuple[int, int]]
+
+
+def actual(db: Path, dsn: str | None = None) -> tuple[Revenue, dict[str, int], int]:
+    """The tables the pipeline wrote (SQLite, or PostgreSQL with ``dsn``).
+
+    Returns:
+        Revenue, payments, and how many rows ``payments`` has (duplicates included).
+    """
+    if dsn is not None:
+        import psycopg
+
+        with psycopg.connect(dsn) as c:
+            rev_rows = c.execute("SELECT account, to_char(window_start AT TIME ZONE 'UTC', "
+                                 "'YYYY-MM-DD HH24:MI:SS.US'), amount_cents, payments "
+                                 "FROM revenue").fetchall()
+            rows = c.execute("SELECT payment_id, amount_cents FROM payments").fetchall()
+    else:
+        with sqlite3.connect(db) as c:
+            rev_rows = c.execute("SELECT account, window_start, amount_cents, payments "
+                                 "FROM revenue").fetchall()
+            rows = c.execute("SELECT payment_id, amount_cents FROM payments").fetchall()
+    rev = {(a, w): (int(s), int(n)) for a, w, s, n in rev_rows}
     return rev, {p: int(a) for p, a in rows}, len(rows)

@@ -41,7 +41,7 @@ from onceflow import checkpoint as ckpt
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, armed, commit_log_listener
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks.base import BatchStats, TablesSink
 from onceflow.sinks.sqlite_tables import SQLiteTablesSink
 from onceflow.tables import Table, check_specs
 
@@ -97,13 +97,28 @@ def sqlite(path: str | Path, sink_id: str = "default") -> SQLiteTablesSink:
     return SQLiteTablesSink(path, sink_id=sink_id)
 
 
+def postgres(dsn: str | None = None, sink_id: str = "default") -> TablesSink:
+    """The PostgreSQL sink, written from the driver (see :mod:`onceflow.sinks.postgres_tables`).
+
+    Args:
+        dsn: Connection string; ``$ONCEFLOW_PG_DSN`` when None (keeps a password out of code).
+        sink_id: Marker namespace; two queries writing to one database need different ids.
+
+    Raises:
+        ConfigError: psycopg is missing (``pip install 'onceflow[postgres]'``) or no DSN.
+    """
+    from onceflow.sinks.postgres_tables import PostgresTablesSink
+
+    return PostgresTablesSink(dsn, sink_id=sink_id)
+
+
 PerBatch = Callable[["DataFrame"], "Mapping[str, DataFrame] | DataFrame"]
 
 
 class _Writer:
     """The ``foreachBatch`` function of :func:`write_stream` (steps 2-4 of the module)."""
 
-    def __init__(self, sink: SQLiteTablesSink, checkpoint: Path, specs: dict[str, Table],
+    def __init__(self, sink: TablesSink, checkpoint: Path, specs: dict[str, Table],
                  per_batch: PerBatch | None, event_time: str | None,
                  on_batch: Callable[[dict[str, Any]], None] | None) -> None:
         self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
@@ -175,7 +190,7 @@ class OnceQuery:
         sink: The sink the query writes to.
     """
 
-    def __init__(self, query: Any, writer: _Writer, sink: SQLiteTablesSink, listener: Any) -> None:
+    def __init__(self, query: Any, writer: _Writer, sink: TablesSink, listener: Any) -> None:
         self.query, self._writer, self.sink, self._listener = query, writer, sink, listener
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
@@ -220,7 +235,7 @@ class OnceQuery:
         return bool(self.query.isActive)
 
 
-def write_stream(df: DataFrame, sink: SQLiteTablesSink, checkpoint: str | Path,
+def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  tables: Mapping[str, Table], per_batch: PerBatch | None = None, *, once: bool = False,
                  trigger: str = "1 second", event_time: str | None = None,
                  on_batch: Callable[[dict[str, Any]], None] | None = None) -> OnceQuery:
@@ -229,7 +244,7 @@ def write_stream(df: DataFrame, sink: SQLiteTablesSink, checkpoint: str | Path,
     Args:
         df: The streaming DataFrame (e.g. from :func:`deduplicate`); its source must be
             replayable by offset (files, the onceflow event log, Kafka).
-        sink: Where the tables live, e.g. :func:`sqlite`.
+        sink: Where the tables live: :func:`sqlite` or :func:`postgres`.
         checkpoint: Spark checkpoint directory; reuse it to resume exactly.
         tables: Table name -> :class:`Table` (write mode and key).
         per_batch: Turns one micro-batch's DataFrame into ``{table_name: DataFrame}`` (or one

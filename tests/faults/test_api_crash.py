@@ -27,22 +27,37 @@ pytestmark = pytest.mark.faults
 POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit", "ambiguous_commit", "after_commit_log"]
 
 
-def _markers(db: Path) -> list[int]:
+def _markers(db: Path, dsn: str | None = None) -> list[int]:
+    sql = "SELECT batch_id FROM onceflow_batches ORDER BY batch_id"
+    if dsn is not None:
+        import psycopg
+
+        try:
+            with psycopg.connect(dsn) as c:
+                return [int(r[0]) for r in c.execute(sql)]
+        except psycopg.errors.UndefinedTable:
+            return []
     try:
         with sqlite3.connect(db) as c:
-            return [r[0] for r in c.execute("SELECT batch_id FROM onceflow_batches ORDER BY batch_id")]
+            return [r[0] for r in c.execute(sql)]
     except sqlite3.OperationalError:
         return []
 
 
 def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | None = None,
-            once: bool = False) -> ProcessGroup:
-    args = [str(tmp / "in"), str(tmp / "app.db"), str(tmp / "ck"), mode, *(["--once"] if once else [])]
-    return ProcessGroup(args, tmp / f"{name}.out", {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else None,
-                        module="tests.payments_driver")
+            once: bool = False, dsn: str | None = None) -> ProcessGroup:
+    args = [str(tmp / "in"), str(tmp / "app.db"), str(tmp / "ck"), mode, "postgres" if dsn else "sqlite",
+            *(["--once"] if once else [])]
+    env = {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else {}
+    if dsn:
+        env["ONCEFLOW_PG_DSN"] = dsn
+    return ProcessGroup(args, tmp / f"{name}.out", env, module="tests.payments_driver")
 
 
-def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_path: Path, backend: str,
+                                                              request: pytest.FixtureRequest) -> None:
+    dsn = request.getfixturevalue("pg_dsn") if backend == "postgres" else None
     seed = int(time.time()) % 10_000
     rng = random.Random(seed)
     payments.generate(tmp_path / "in", 2_000, per_file=500, duplicates=0.1, seed=seed)
@@ -60,14 +75,14 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
     db = tmp_path / "app.db"
     try:
         for life in range(2):  # SIGKILL of driver and JVM at a random moment after a commit
-            before = len(_markers(db))
-            d = _driver(tmp_path, f"random{life}")
-            wait_until(lambda b=before: len(_markers(db)) > b, 180, f"a commit in life {life}")
+            before = len(_markers(db, dsn))
+            d = _driver(tmp_path, f"random{life}", dsn=dsn)
+            wait_until(lambda b=before: len(_markers(db, dsn)) > b, 180, f"a commit in life {life}")
             time.sleep(rng.uniform(0.0, 2.0))
             d.kill()
         for point in POINTS:
-            target = (max(_markers(db)) + 1) if _markers(db) else 0
-            d = _driver(tmp_path, point, crash_at=f"{point}@{target}")
+            target = (max(_markers(db, dsn)) + 1) if _markers(db, dsn) else 0
+            d = _driver(tmp_path, point, crash_at=f"{point}@{target}", dsn=dsn)
             rc = d.wait(timeout=300)
             if point == "ambiguous_commit":
                 assert rc not in (0, -9), d.output()  # the query failed with the "lost" ack
@@ -75,7 +90,7 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
                 assert rc == -9, d.output()
                 assert f"crash point {point} at batch" in d.output(), d.output()[-2000:]
             committed = (tmp_path / "ck" / "commits" / str(target)).exists()
-            marked = target in _markers(db)
+            marked = target in _markers(db, dsn)
             expect = {"before_sink_write": (False, False), "inside_sink_txn": (False, False),
                       "after_sink_commit": (False, True), "ambiguous_commit": (False, True),
                       "after_commit_log": (True, True)}[point]
@@ -83,13 +98,13 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
     finally:
         stop.set()
         feeder.join(timeout=60)
-    final = _driver(tmp_path, "final", once=True)
+    final = _driver(tmp_path, "final", once=True, dsn=dsn)
     assert final.wait(timeout=300) == 0, final.output()[-3000:]
     rev, pays = expected(spark, tmp_path / "in")
-    got_rev, got_pays, rows = actual(db)
+    got_rev, got_pays, rows = actual(db, dsn)
     assert rows == len(pays), f"seed={seed}: {rows} payment rows for {len(pays)} payments"
     assert got_pays == pays and got_rev == rev, f"seed={seed}"
-    markers = _markers(db)
+    markers = _markers(db, dsn)
     assert markers == list(range(len(markers)))  # one marker per batch, none twice
 
 

@@ -43,10 +43,14 @@ the transaction that makes its rows visible (or records the decision to).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    from onceflow.tables import Table
 
 DELTA_COLUMNS = ("user", "window_start_ms", "window_end_ms", "count")
 """Columns of the delta table a sink receives."""
@@ -128,5 +132,29 @@ class ExactlyOnceSink(ABC):
         return None
 
     @abstractmethod
+    def close(self) -> None:
+        """Release connections (idempotent)."""
+
+
+class TablesSink(Protocol):
+    """What :func:`onceflow.write_stream` needs of a sink: tables of any schema, per batch.
+
+    Implemented by :class:`onceflow.sinks.sqlite_tables.SQLiteTablesSink` and
+    :class:`onceflow.sinks.postgres_tables.PostgresTablesSink`; each module states its numbered
+    commit protocol.
+    """
+
+    sink_id: str
+
+    def bind(self, query_id: str) -> None:
+        """Tie the sink to the checkpoint with ``query_id`` (idempotent)."""
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Write the batch to every table unless its marker exists; True if this call committed it."""
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The sink's marker rows, by batch id."""
+
     def close(self) -> None:
         """Release connections (idempotent)."""
