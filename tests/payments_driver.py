@@ -2,7 +2,8 @@
 
 ``python -m tests.payments_driver INPUT DB CHECKPOINT MODE BACKEND [--once]``; MODE
 ``exactly_once``, or ``naive`` / ``lossy`` for the negative controls; BACKEND ``sqlite`` (DB is
-the file) or ``postgres`` (driver-side; the DSN from ``ONCEFLOW_PG_DSN``).
+the file), ``postgres`` (driver-side; the DSN from ``ONCEFLOW_PG_DSN``) or ``delta`` (DB is the
+root directory of the Delta tables).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ if __name__ == "__main__":
         from onceflow.sinks.postgres_tables import PostgresTablesSink
 
         sink: object = PostgresTablesSink(None, mode=mode)  # type: ignore[arg-type]
+    elif backend == "delta":
+        from onceflow.sinks.delta_tables import DeltaTablesSink
+
+        sink = DeltaTablesSink(Path(db))  # DB is the root directory of the Delta tables
     else:
         sink = SQLiteTablesSink(Path(db), mode=mode)  # type: ignore[arg-type]
     payments.start(spark, source, db, ck, once="--once" in sys.argv, max_files_per_trigger=2,

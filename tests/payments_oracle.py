@@ -33,7 +33,17 @@ def actual(db: Path, dsn: str | None = None) -> tuple[Revenue, dict[str, int], i
     Returns:
         Revenue, payments, and how many rows ``payments`` has (duplicates included).
     """
-    if dsn is not None:
+    if (db / "revenue" / "_delta_log").is_dir():  # the Delta sink's root
+        from deltalake import DeltaTable
+
+        r = DeltaTable(str(db / "revenue")).to_pyarrow_table()
+        starts = [w.strftime("%Y-%m-%d %H:%M:%S.%f") for w in r.column("window_start").to_pylist()]
+        rev_rows = list(zip(r.column("account").to_pylist(), starts, r.column("amount_cents").to_pylist(),
+                            r.column("payments").to_pylist(), strict=True))
+        p = DeltaTable(str(db / "payments")).to_pyarrow_table()
+        rows = list(zip(p.column("payment_id").to_pylist(), p.column("amount_cents").to_pylist(),
+                        strict=True))
+    elif dsn is not None:
         import psycopg
 
         with psycopg.connect(dsn) as c:

@@ -112,6 +112,20 @@ def postgres(dsn: str | None = None, sink_id: str = "default") -> TablesSink:
     return PostgresTablesSink(dsn, sink_id=sink_id)
 
 
+def delta(root: str | Path, sink_id: str = "default") -> TablesSink:
+    """The Delta Lake sink: one Delta table per table name under ``root``.
+
+    Each table commits each batch once, with the app transaction ``(onceflow:<sink_id>,
+    batch_id)`` (see :mod:`onceflow.sinks.delta_tables`).
+
+    Raises:
+        ConfigError: deltalake is missing (``pip install 'onceflow[delta]'``).
+    """
+    from onceflow.sinks.delta_tables import DeltaTablesSink
+
+    return DeltaTablesSink(root, sink_id=sink_id)
+
+
 PerBatch = Callable[["DataFrame"], "Mapping[str, DataFrame] | DataFrame"]
 
 
@@ -244,7 +258,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     Args:
         df: The streaming DataFrame (e.g. from :func:`deduplicate`); its source must be
             replayable by offset (files, the onceflow event log, Kafka).
-        sink: Where the tables live: :func:`sqlite` or :func:`postgres`.
+        sink: Where the tables live: :func:`sqlite`, :func:`postgres` or :func:`delta`.
         checkpoint: Spark checkpoint directory; reuse it to resume exactly.
         tables: Table name -> :class:`Table` (write mode and key).
         per_batch: Turns one micro-batch's DataFrame into ``{table_name: DataFrame}`` (or one
