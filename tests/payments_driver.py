@@ -2,8 +2,8 @@
 
 ``python -m tests.payments_driver INPUT DB CHECKPOINT MODE BACKEND [--once]``; MODE
 ``exactly_once``, or ``naive`` / ``lossy`` for the negative controls; BACKEND ``sqlite`` (DB is
-the file), ``postgres`` (driver-side; the DSN from ``ONCEFLOW_PG_DSN``) or ``delta`` (DB is the
-root directory of the Delta tables).
+the file), ``postgres`` (driver-side; the DSN from ``ONCEFLOW_PG_DSN``), ``postgres-staged`` /
+``postgres-2pc`` (written by the executors) or ``delta`` (DB is the root of the Delta tables).
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ if __name__ == "__main__":
         from onceflow.sinks.postgres_tables import PostgresTablesSink
 
         sink: object = PostgresTablesSink(None, mode=mode)  # type: ignore[arg-type]
+    elif backend.startswith("postgres-"):  # executor side: staged or 2pc
+        import onceflow
+
+        sink = onceflow.postgres(None, protocol=backend.removeprefix("postgres-"))
     elif backend == "delta":
         from onceflow.sinks.delta_tables import DeltaTablesSink
 

@@ -97,19 +97,25 @@ def sqlite(path: str | Path, sink_id: str = "default") -> SQLiteTablesSink:
     return SQLiteTablesSink(path, sink_id=sink_id)
 
 
-def postgres(dsn: str | None = None, sink_id: str = "default") -> TablesSink:
-    """The PostgreSQL sink, written from the driver (see :mod:`onceflow.sinks.postgres_tables`).
+def postgres(dsn: str | None = None, sink_id: str = "default", protocol: str = "driver") -> TablesSink:
+    """The PostgreSQL sink (see :mod:`onceflow.sinks.postgres_tables`).
 
     Args:
         dsn: Connection string; ``$ONCEFLOW_PG_DSN`` when None (keeps a password out of code).
         sink_id: Marker namespace; two queries writing to one database need different ids.
+        protocol: ``driver`` (the batch's rows through the driver, every table and the marker in
+            one transaction: small outputs), or ``staged`` / ``2pc`` (written by Spark's executors,
+            each table exactly once by its own marker: large outputs).
 
     Raises:
-        ConfigError: psycopg is missing (``pip install 'onceflow[postgres]'``) or no DSN.
+        ConfigError: psycopg is missing (``pip install 'onceflow[postgres]'``), no DSN, or an
+            unknown protocol.
     """
-    from onceflow.sinks.postgres_tables import PostgresTablesSink
+    from onceflow.sinks.postgres_tables import PostgresFramesSink, PostgresTablesSink
 
-    return PostgresTablesSink(dsn, sink_id=sink_id)
+    if protocol == "driver":
+        return PostgresTablesSink(dsn, sink_id=sink_id)
+    return PostgresFramesSink(dsn, sink_id=sink_id, protocol=protocol)
 
 
 def delta(root: str | Path, sink_id: str = "default") -> TablesSink:
@@ -181,15 +187,22 @@ class _Writer:
         try:
             rows_out = df.count()
             pending = self._pool.submit(self._stats, batch_id, rows_out)  # 2
-            outputs = {name: frame.toArrow() for name, frame in self._outputs(df).items()}
-            stats = pending.result()
+            frames = self._outputs(df)
+            if getattr(self.sink, "executor_side", False):  # the executors write the rows
+                stats = pending.result()
+                committed = self.sink.commit_frames(batch_id, frames, self.specs, stats, rows_out)  # type: ignore[attr-defined]
+                outputs: dict[str, Any] = {n: None for n in frames}
+            else:
+                outputs = {name: frame.toArrow() for name, frame in frames.items()}
+                stats = pending.result()
+                committed = self.sink.commit_tables(batch_id, outputs, self.specs, stats, rows_out)  # 4
         finally:
             df.unpersist()
-        committed = self.sink.commit_tables(batch_id, outputs, self.specs, stats, rows_out)  # 4
         if self.on_batch is not None:
             self.on_batch({"batch_id": batch_id, "committed": committed, "input_rows": stats.input_rows,
                            "late_dropped": stats.late_dropped, "rows_out": rows_out,
-                           "rows_written": {n: t.num_rows for n, t in outputs.items()},
+                           "rows_written": {n: t.num_rows if t is not None else None
+                                            for n, t in outputs.items()},
                            "seconds": time.perf_counter() - started})
 
     def close(self) -> None:

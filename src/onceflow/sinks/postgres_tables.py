@@ -216,3 +216,123 @@ class PostgresTablesSink:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class PostgresFramesSink:
+    """Tables of any schema in PostgreSQL, written by Spark's executors (large outputs).
+
+    Each table of a batch goes through the ``onceflow_postgres`` data source with the
+    ``staged`` or ``2pc`` protocol of :mod:`onceflow.sinks.pg_writer`, under the sink id
+    ``<sink_id>.<table>``: each table gets each batch exactly once, by its own marker (a crash
+    between two tables' commits leaves one a batch ahead until the re-run writes the other).
+    Before anything is written the batch is checked with Spark (null keys or ``add`` values,
+    a key twice): :class:`onceflow.errors.BatchRejectedError` with the first bad row.
+
+    Args:
+        dsn: Connection string (else ``$ONCEFLOW_PG_DSN``).
+        sink_id: Marker namespace prefix.
+        protocol: ``staged`` or ``2pc``.
+    """
+
+    executor_side = True
+
+    def __init__(self, dsn: str | None = None, sink_id: str = "default", protocol: str = "staged") -> None:
+        require_psycopg()
+        if protocol not in ("staged", "2pc"):
+            raise ConfigError(f"protocol must be 'driver', 'staged' or '2pc', got {protocol!r}")
+        self.dsn = pg.resolve_dsn(dsn)
+        self.sink_id = pg.check_sink_id(sink_id)
+        self.protocol = protocol
+        self.query_id = ""
+
+    def __repr__(self) -> str:
+        return (f"onceflow.postgres({pg.redact(self.dsn)!r}, sink_id={self.sink_id!r}, "
+                f"protocol={self.protocol!r})")
+
+    def bind(self, query_id: str) -> None:
+        """Remember the checkpoint's query id; each table's sink id is bound by its first write."""
+        self.query_id = query_id
+
+    @staticmethod
+    def _check(name: str, spec: Table, frame: Any) -> None:
+        from pyspark.sql import functions as F
+
+        missing = [c for c in (*spec.key, *spec.add) if c not in frame.columns]
+        if missing:
+            raise BatchRejectedError(f"table {name!r}: the batch has no column(s) {missing}")
+        cols = [*spec.key, *spec.add]
+        if cols:
+            cond = F.col(cols[0]).isNull()
+            for c in cols[1:]:
+                cond = cond | F.col(c).isNull()
+            bad = frame.where(cond).limit(1).collect()
+            if bad:
+                col = next(c for c in cols if bad[0][c] is None)
+                what = "key" if col in spec.key else "add"
+                raise BatchRejectedError(f"table {name!r}: {what} column {col!r} is null in row "
+                                         f"{bad[0].asDict()}; nothing of the batch was written")
+        if spec.key:
+            dup = frame.groupBy(*spec.key).count().where("count > 1").limit(1).collect()
+            if dup:
+                raise BatchRejectedError(f"table {name!r}: key {dup[0].asDict()} appears more than once "
+                                         "in one batch; aggregate per key before writing")
+
+    def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Write each table's DataFrame from the executors, each exactly once.
+
+        Returns:
+            True if the first table's batch was committed by this call (False: a replay).
+        """
+        from onceflow.sinks.pg_datasource import NAME, register
+
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        for name, frame in frames.items():
+            if name not in specs:
+                raise ConfigError(f"the batch has rows for table {name!r}, which tables= does not name "
+                                  f"(it names {sorted(specs)})")
+            self._check(name, specs[name], frame)
+        first = next(iter(frames), None)
+        with pg.session(self.dsn) as conn:
+            replay = first is not None and pg.has_marker(conn, f"{self.sink_id}.{first}", batch_id)
+        metrics = json.dumps({"input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
+                              "late_watermark_ms": stats.late_watermark_ms, "events_counted": rows_out,
+                              "duplicates_dropped": max(stats.input_rows - stats.late_dropped - rows_out, 0)})
+        for name, frame in frames.items():
+            spec = specs[name]
+            register(frame.sparkSession)
+            (frame.write.format(NAME).mode("append")
+             .option("dsn", self.dsn).option("table", name).option("sink_id", f"{self.sink_id}.{name}")
+             .option("mode", "append" if spec.mode == "append" else "upsert")
+             .option("key", ",".join(spec.key)).option("add", ",".join(spec.add))
+             .option("protocol", self.protocol).option("batch_id", batch_id)
+             .option("query_id", self.query_id).option("metrics", metrics)
+             .save())
+        return not replay
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Arrow tables (made into DataFrames, then :meth:`commit_frames`)."""
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            raise ConfigError("the executor-side PostgreSQL sink needs an active SparkSession")
+        return self.commit_frames(batch_id, {n: spark.createDataFrame(t) for n, t in outputs.items()}, specs,
+                                  stats, rows_out)
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The markers of this sink's tables (``<sink_id>.<table>``), one per batch id."""
+        from psycopg.rows import dict_row
+
+        with pg.session(self.dsn) as conn:
+            rows = conn.cursor(row_factory=dict_row).execute(
+                "SELECT * FROM onceflow_batches WHERE starts_with(sink_id, %s) ORDER BY batch_id, sink_id",
+                (f"{self.sink_id}.",)).fetchall()
+        found: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            found.setdefault(int(r["batch_id"]), dict(r))
+        return [found[b] for b in sorted(found)]
+
+    def close(self) -> None:
+        """Nothing to release (connections are per write)."""
