@@ -105,3 +105,32 @@ def refuse_unknown(given: set[str], known: set[str], where: str) -> None:
             hints.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
         raise ConfigError(f"unknown option(s) for {where}: {', '.join(hints)}; valid options: "
                           f"{', '.join(sorted(known))}")
+
+
+def from_spark(exc: BaseException) -> BaseException:
+    """The onceflow error a Spark exception carries, or ``exc`` itself.
+
+    onceflow code that Spark runs in its own Python processes (a data source's writer, a UDF)
+    reaches the caller as a Spark exception whose text ends with the Python traceback, e.g.
+    ``[PYTHON_DATA_SOURCE_ERROR] ... onceflow.errors.ConfigError: unknown option(s) ...``. This
+    finds the last such line and rebuilds the error, so the user sees one clear onceflow error
+    instead of a wrapped stack trace.
+
+    Args:
+        exc: What Spark raised.
+
+    Returns:
+        The onceflow error (same class when it can be rebuilt from its message, else
+        :class:`OnceflowError`), or ``exc`` when it carries none.
+    """
+    import re
+
+    found = re.findall(r"onceflow\.errors\.(\w+): (.*?)(?:\s+SQLSTATE: \w+)?\s*$", str(exc), re.M)
+    if not found:
+        return exc
+    name, message = found[-1]
+    cls = globals().get(name)
+    if isinstance(cls, type) and issubclass(cls, OnceflowError) \
+            and cls not in (BadSegmentError, StorageError):  # those two take other arguments
+        return cls(message)
+    return OnceflowError(message)

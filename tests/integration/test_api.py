@@ -103,3 +103,18 @@ def test_api_refuses_what_it_cannot_make_exactly_once(utc: Any, tmp_path: Path) 
     with pytest.raises(onceflow.ConfigError, match="reserved"):
         onceflow.write_stream(df, onceflow.sqlite(tmp_path / "x.db"), tmp_path / "ck",
                               {"onceflow_batches": onceflow.Table()})
+
+
+def test_an_error_inside_a_spark_worker_arrives_as_the_onceflow_error(utc: Any, tmp_path: Path,
+                                                                      pg_dsn: str) -> None:
+    # the executor-side sink's data source runs in Spark's Python workers: its ConfigError used
+    # to reach the user as an AnalysisException with a traceback inside
+    payments.generate(tmp_path / "in", 100, per_file=100)
+    df = utc.readStream.schema(payments.SCHEMA).parquet(str(tmp_path / "in"))
+    from pyspark.sql import functions as F
+
+    odd = df.withColumn("tags", F.create_map(F.lit("k"), F.col("account")))  # a map: not writable
+    query = onceflow.write_stream(odd, onceflow.postgres(pg_dsn, protocol="staged"), tmp_path / "ck",
+                                  {"payments": onceflow.Table()}, once=True)
+    with pytest.raises(onceflow.ConfigError, match="column 'tags' has Spark type map"):
+        query.awaitTermination()

@@ -36,3 +36,18 @@ def test_a_dsn_with_a_password_on_the_command_line_is_warned_about(tmp_path: obj
     assert "PWSECRET" not in res.output
     quiet = runner.invoke(cli, args[:-2], env={"ONCEFLOW_CATALOG_DSN": args[-1]})
     assert "command line" not in quiet.output  # from the environment: no warning
+
+
+def test_onceflow_errors_are_unwrapped_from_spark_exceptions() -> None:
+    from onceflow.errors import ConfigError, from_spark
+
+    wrapped = RuntimeError(
+        "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: Traceback (most recent "
+        "call last):\n  File \"x.py\", line 1, in f\nonceflow.errors.ConfigError: unknown option(s) for the "
+        "onceflow_postgres data source: 'protocl' (did you mean 'protocol'?) SQLSTATE: 38000")
+    err = from_spark(wrapped)
+    assert isinstance(err, ConfigError)
+    assert str(err) == ("unknown option(s) for the onceflow_postgres data source: 'protocl' "
+                        "(did you mean 'protocol'?)")
+    plain = RuntimeError("something else")
+    assert from_spark(plain) is plain

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, from_spark
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import pg
 from onceflow.sinks.base import DELTA_COLUMNS, BatchStats, ExactlyOnceSink
@@ -203,12 +203,15 @@ class PostgresWriterSink(ExactlyOnceSink):
             (deltas, "user_counts", self.sink_id, "user,window_start_ms"),
             (glob, "global_counts", f"{self.sink_id}.global", "window_start_ms"),
         ):
-            (frame.write.format(NAME).mode("append")
-             .option("dsn", self.dsn).option("table", table).option("sink_id", sid)
-             .option("mode", "upsert").option("key", key).option("add", "count")
-             .option("protocol", self.protocol).option("batch_id", batch_id)
-             .option("query_id", self.query_id).option("metrics", metrics)
-             .save())
+            try:
+                (frame.write.format(NAME).mode("append")
+                 .option("dsn", self.dsn).option("table", table).option("sink_id", sid)
+                 .option("mode", "upsert").option("key", key).option("add", "count")
+                 .option("protocol", self.protocol).option("batch_id", batch_id)
+                 .option("query_id", self.query_id).option("metrics", metrics)
+                 .save())
+            except Exception as exc:  # onceflow's own error from Spark's Python worker, unwrapped
+                raise from_spark(exc) from None
         return not replay
 
     def commit_batch(self, batch_id: int, deltas: pa.Table, stats: BatchStats) -> bool:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from onceflow.errors import BatchRejectedError, ConfigError
+from onceflow.errors import BatchRejectedError, ConfigError, from_spark
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.pgconn import PostgresError, require_psycopg
 from onceflow.sinks import pg
@@ -301,13 +301,16 @@ class PostgresFramesSink:
         for name, frame in frames.items():
             spec = specs[name]
             register(frame.sparkSession)
-            (frame.write.format(NAME).mode("append")
-             .option("dsn", self.dsn).option("table", name).option("sink_id", f"{self.sink_id}.{name}")
-             .option("mode", "append" if spec.mode == "append" else "upsert")
-             .option("key", ",".join(spec.key)).option("add", ",".join(spec.add))
-             .option("protocol", self.protocol).option("batch_id", batch_id)
-             .option("query_id", self.query_id).option("metrics", metrics)
-             .save())
+            try:
+                (frame.write.format(NAME).mode("append")
+                 .option("dsn", self.dsn).option("table", name).option("sink_id", f"{self.sink_id}.{name}")
+                 .option("mode", "append" if spec.mode == "append" else "upsert")
+                 .option("key", ",".join(spec.key)).option("add", ",".join(spec.add))
+                 .option("protocol", self.protocol).option("batch_id", batch_id)
+                 .option("query_id", self.query_id).option("metrics", metrics)
+                 .save())
+            except Exception as exc:  # onceflow's own error from Spark's Python worker, unwrapped
+                raise from_spark(exc) from None
         return not replay
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
