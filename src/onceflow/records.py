@@ -38,11 +38,12 @@ WINDOW_MS = 60_000
 """Width of the fixed event-time windows of Example 5-1 (one minute)."""
 
 
-def schema_problems(schema: pa.Schema) -> list[str]:
-    """Compare a segment's schema with :data:`EVENT_SCHEMA`.
+def schema_problems(schema: pa.Schema, expected: pa.Schema | None = None) -> list[str]:
+    """Compare a segment's schema with the log's (:data:`EVENT_SCHEMA` by default).
 
     Args:
         schema: The Arrow schema read from a segment file.
+        expected: The log's schema.
 
     Returns:
         Human-readable differences; empty when the schema matches. Timestamp
@@ -51,12 +52,13 @@ def schema_problems(schema: pa.Schema) -> list[str]:
     """
     problems: list[str] = []
     found = {f.name: f.type for f in schema}
-    for name, typ in EVENT_FIELDS:
+    fields = EVENT_FIELDS if expected is None else tuple((f.name, f.type) for f in expected)
+    for name, typ in fields:
         if name not in found:
             problems.append(f"missing column {name!r} (expected {typ})")
         elif found[name] != typ:
             problems.append(f"column {name!r} has type {found[name]}, expected {typ}")
-    extra = sorted(set(found) - {n for n, _ in EVENT_FIELDS})
+    extra = sorted(set(found) - {n for n, _ in fields})
     if extra:
         problems.append(f"unexpected columns {extra}")
     return problems

@@ -93,3 +93,23 @@ def test_validate_rechecks_a_changed_file(tmp_path: Path) -> None:
 
 def test_empty_log_reads_empty_table(tmp_path: Path) -> None:
     assert EventLog(tmp_path / "missing").read().schema == EVENT_SCHEMA
+
+
+def test_a_log_of_any_schema_declared_or_taken_from_its_first_segment(tmp_path: Path) -> None:
+    payments = pa.table({"payment_id": ["p1"], "amount_cents": pa.array([5], pa.int64())})
+    log = EventLog(tmp_path / "pay", schema=None)
+    assert log.schema is None
+    log.append(payments)
+    log.append(payments)
+    assert EventLog(tmp_path / "pay", schema=None).schema == payments.schema  # from the first segment
+    with pytest.raises(BadSegmentError, match="column 'amount_cents' has type double"):
+        log.append(payments.set_column(1, "amount_cents", pa.array([5.0])))
+    other = EventLog(tmp_path / "other", schema=None)
+    other.append(pa.table({"x": [1]}))
+    (tmp_path / "other" / "seg-000000000001.parquet").replace(tmp_path / "pay" / "seg-000000000009.parquet")
+    with pytest.raises(BadSegmentError, match=r"seg-000000000009.*missing column 'payment_id'"):
+        EventLog(tmp_path / "pay", schema=None).validate()
+    declared = EventLog(tmp_path / "declared", schema=payments.schema)
+    with pytest.raises(BadSegmentError, match="unexpected columns"):
+        declared.append(payments.append_column("extra", pa.array([1])))
+    assert declared.read().schema == payments.schema and declared.read().num_rows == 0

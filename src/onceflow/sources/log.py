@@ -69,19 +69,33 @@ class Segment:
     path: Path
 
 
-_VALIDATED: dict[str, tuple[int, int]] = {}
-"""Segments checked in this process, by path: (size, mtime_ns) when checked."""
+_VALIDATED: dict[str, tuple[int, int, int]] = {}
+"""Segments checked in this process, by path: (size, mtime_ns, the schema checked against)."""
 
 
 class EventLog:
-    """An append-only log of event segments in one directory.
+    """An append-only log of segments of one Arrow schema in one directory.
 
     Args:
         directory: The log directory; created on the first append.
+        schema: The schema every segment must have: :data:`onceflow.records.EVENT_SCHEMA`
+            (Example 5-1's events) by default, any Arrow schema declared here, or None to take
+            it from the first segment (a log of your own records). A segment or a table to
+            append with another schema is refused (:class:`BadSegmentError`).
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], schema: pa.Schema | None = EVENT_SCHEMA) -> None:
         self.directory = Path(directory).absolute()
+        self._schema = schema
+
+    @property
+    def schema(self) -> pa.Schema | None:
+        """The log's schema (None: not declared and no segment yet)."""
+        if self._schema is None:
+            first = self.segments()[:1]
+            if first:
+                self._schema = pq.read_schema(first[0].path).remove_metadata()
+        return self._schema
 
     # ----------------------------------------------------------------- reading
     def segments(self) -> list[Segment]:
@@ -132,14 +146,14 @@ class EventLog:
         checked = 0
         for path in paths:
             st = path.stat()
-            key = (st.st_size, st.st_mtime_ns)
+            key = (st.st_size, st.st_mtime_ns, id(self.schema))
             if _VALIDATED.get(str(path)) == key:
                 continue
             try:
                 schema = pq.read_schema(path)
             except Exception as exc:  # pyarrow raises several types for bad files
                 raise BadSegmentError(str(path), f"unreadable Parquet ({exc})") from exc
-            problems = schema_problems(schema)
+            problems = schema_problems(schema, self.schema)
             if problems:
                 raise BadSegmentError(str(path), "wrong schema: " + "; ".join(problems))
             _VALIDATED[str(path)] = key
@@ -160,9 +174,8 @@ class EventLog:
             paths = [s.path for s in self.segments()]
         tables = [pq.read_table(p, columns=columns) for p in paths]
         if not tables:
-            schema = EVENT_SCHEMA if columns is None else pa.schema(
-                [EVENT_SCHEMA.field(c) for c in columns]
-            )
+            base = self.schema if self.schema is not None else EVENT_SCHEMA
+            schema = base if columns is None else pa.schema([base.field(c) for c in columns])
             return schema.empty_table()
         return pa.concat_tables(tables)
 
@@ -203,12 +216,13 @@ class EventLog:
         """
         if not (name.startswith(".") and name.endswith(".tmp")):
             raise ValueError(f"staged names are hidden .tmp files, got {name!r}")
-        problems = schema_problems(table.schema)
+        expected = self.schema if self.schema is not None else table.schema.remove_metadata()
+        problems = schema_problems(table.schema, expected)
         if problems:
             raise BadSegmentError("<table to append>", "wrong schema: " + "; ".join(problems))
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / name
-        out = table.select([n for n in EVENT_SCHEMA.names])
+        out = table.select(expected.names)
         if token is not None:
             out = out.replace_schema_metadata({TOKEN_KEY: token.encode()})
         pq.write_table(out, tmp)  # 1
