@@ -137,3 +137,20 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
             key = _row(counts.select(list(spec.key)), dup)
             raise BatchRejectedError(f"table {name!r}: key {key} appears more than once in one batch; "
                                      f"aggregate per key before writing (mode {spec.mode!r})")
+
+
+def check_outputs(outputs: Mapping[str, Any], specs: Mapping[str, Table], rows: bool = True) -> None:
+    """Step 1 of every generic sink: each output is for a table of ``tables=`` and fits its spec.
+
+    With ``rows`` (the outputs are Arrow tables) each is checked by :func:`check_batch`.
+
+    Raises:
+        ConfigError: An output for a table ``tables=`` does not name.
+        BatchRejectedError: See :func:`check_batch`.
+    """
+    for name, out in outputs.items():
+        if name not in specs:
+            raise ConfigError(f"the batch has rows for table {name!r}, which tables= does not name "
+                              f"(it names {sorted(specs)})")
+        if rows:
+            check_batch(name, specs[name], out)

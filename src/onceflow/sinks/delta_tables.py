@@ -40,7 +40,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats
-from onceflow.tables import Table, check_batch
+from onceflow.tables import Table, check_outputs
 
 RETRIES = 5
 """Commits tried per table when a concurrent writer wins (step 3)."""
@@ -149,11 +149,7 @@ class DeltaTablesSink:
             ConfigError: A table lacks a column of the batch.
         """
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
-        for name, rows in outputs.items():
-            if name not in specs:
-                raise ConfigError(f"the batch has rows for table {name!r}, which tables= does not name "
-                                  f"(it names {sorted(specs)})")
-            check_batch(name, specs[name], rows)
+        check_outputs(outputs, specs)
         metadata = json.dumps({
             "sink_id": self.sink_id, "batch_id": batch_id, "input_rows": stats.input_rows,
             "late_dropped": stats.late_dropped, "events_counted": rows_out,

@@ -36,7 +36,7 @@ from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.pgconn import PostgresError, require_psycopg
 from onceflow.sinks import pg
 from onceflow.sinks.base import BatchStats
-from onceflow.tables import Table, check_batch
+from onceflow.tables import Table, check_outputs
 
 Mode = Literal["exactly_once", "naive"]
 
@@ -171,11 +171,7 @@ class PostgresTablesSink:
         """
         psycopg = require_psycopg()
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
-        for name, rows in outputs.items():
-            if name not in specs:
-                raise ConfigError(f"the batch has rows for table {name!r}, which tables= does not name "
-                                  f"(it names {sorted(specs)})")
-            check_batch(name, specs[name], rows)
+        check_outputs(outputs, specs)
         conn = self.conn
         try:
             with conn.transaction():  # 2
@@ -287,10 +283,8 @@ class PostgresFramesSink:
         from onceflow.sinks.pg_datasource import NAME, register
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        check_outputs(frames, specs, rows=False)
         for name, frame in frames.items():
-            if name not in specs:
-                raise ConfigError(f"the batch has rows for table {name!r}, which tables= does not name "
-                                  f"(it names {sorted(specs)})")
             self._check(name, specs[name], frame)
         first = next(iter(frames), None)
         with pg.session(self.dsn) as conn:

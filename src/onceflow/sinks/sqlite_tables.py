@@ -48,7 +48,7 @@ from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.sqlite import _HAS_MARKER, bind_query, connect
-from onceflow.tables import Table, check_batch
+from onceflow.tables import Table, check_outputs
 
 Mode = Literal["exactly_once", "naive", "lossy"]
 
@@ -202,13 +202,10 @@ class SQLiteTablesSink:
             ConfigError: An existing table does not fit (nothing written).
         """
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        check_outputs(outputs, specs)
         prepared = []
         for name, rows in outputs.items():
-            spec = specs.get(name)
-            if spec is None:
-                raise ConfigError(f"the batch has rows for table {name!r}, which tables= does not name "
-                                  f"(it names {sorted(specs)})")
-            check_batch(name, spec, rows)
+            spec = specs[name]
             if spec.key:
                 rows = rows.sort_by([(k, "ascending") for k in spec.key])
             values = list(zip(*(_column(rows.column(c)) for c in rows.column_names), strict=True))
