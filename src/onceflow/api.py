@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from onceflow import checkpoint as ckpt
 from onceflow.durations import parse_duration
-from onceflow.errors import ConfigError, OnceflowError
+from onceflow.errors import ConfigError, OnceflowError, refuse_unknown
 from onceflow.faults import CrashPoint, armed, commit_log_listener
 from onceflow.sinks.base import BatchStats, TablesSink
 from onceflow.sinks.sqlite_tables import SQLiteTablesSink
@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 _EVENT_TIME_ATTR = "_onceflow_event_time"
 
 
-def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str | float) -> DataFrame:
+def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str | float | None = None,
+                **unknown: Any) -> DataFrame:
     """Drop duplicates by an id column, with state bounded by an event-time watermark.
 
     Rows with the same id whose event times are within ``within`` of each other are
@@ -64,13 +65,16 @@ def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str
         event_time: A timestamp column.
         within: How long ids are remembered, e.g. ``"10 minutes"`` or ``"90s"`` (required:
             an unbounded dedup would keep every id forever).
+        **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
         The deduplicated streaming DataFrame.
 
     Raises:
-        ConfigError: A missing column or a missing, zero or unreadable ``within``.
+        ConfigError: A missing column, a missing, zero or unreadable ``within``, or an unknown
+            keyword (naming the nearest valid one).
     """
+    refuse_unknown(set(unknown), {"df", "id", "event_time", "within"}, "onceflow.deduplicate")
     ids = [id] if isinstance(id, str) else list(id)
     missing = [c for c in [*ids, event_time] if c not in df.columns]
     if missing:
@@ -263,9 +267,10 @@ class OnceQuery:
 
 
 def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
-                 tables: Mapping[str, Table], per_batch: PerBatch | None = None, *, once: bool = False,
+                 tables: Mapping[str, Table] | None = None, per_batch: PerBatch | None = None, *,
+                 once: bool = False,
                  trigger: str = "1 second", event_time: str | None = None,
-                 on_batch: Callable[[dict[str, Any]], None] | None = None) -> OnceQuery:
+                 on_batch: Callable[[dict[str, Any]], None] | None = None, **unknown: Any) -> OnceQuery:
     """Start a query that writes every micro-batch to ``tables`` exactly once.
 
     Args:
@@ -273,7 +278,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             replayable by offset (files, the onceflow event log, Kafka).
         sink: Where the tables live: :func:`sqlite`, :func:`postgres` or :func:`delta`.
         checkpoint: Spark checkpoint directory; reuse it to resume exactly.
-        tables: Table name -> :class:`Table` (write mode and key).
+        tables: Table name -> :class:`Table` (write mode and key); required.
         per_batch: Turns one micro-batch's DataFrame into ``{table_name: DataFrame}`` (or one
             DataFrame when there is one table); plain PySpark, run once per batch attempt.
             Without it the batch's rows go to the single table as they are.
@@ -281,14 +286,18 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         trigger: Processing-time trigger of a continuous query.
         event_time: The event-time column for late counting (taken from :func:`deduplicate`).
         on_batch: Called after every batch with its numbers (e.g. to print progress).
+        **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
         The running query; :meth:`OnceQuery.awaitTermination` raises onceflow's errors.
 
     Raises:
-        ConfigError: Bad tables, or a DataFrame that is not streaming.
+        ConfigError: Bad tables, a DataFrame that is not streaming, or an unknown keyword
+            (naming the nearest valid one, e.g. ``tabels`` -> ``tables``).
     """
-    specs = check_specs(tables)
+    refuse_unknown(set(unknown), {"df", "sink", "checkpoint", "tables", "per_batch", "once", "trigger",
+                                  "event_time", "on_batch"}, "onceflow.write_stream")
+    specs = check_specs(tables or {})
     if not df.isStreaming:
         raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
                           "DataFrame write it directly")

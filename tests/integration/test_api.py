@@ -100,6 +100,11 @@ def test_api_refuses_what_it_cannot_make_exactly_once(utc: Any, tmp_path: Path) 
     with pytest.raises(onceflow.ConfigError, match="streaming DataFrame"):
         onceflow.write_stream(utc.range(3), onceflow.sqlite(tmp_path / "x.db"), tmp_path / "ck",
                               {"t": onceflow.Table()})
+    with pytest.raises(onceflow.ConfigError, match="'tabels' \\(did you mean 'tables'\\?\\)"):
+        onceflow.write_stream(df, onceflow.sqlite(tmp_path / "x.db"), tmp_path / "ck",  # type: ignore[call-arg]
+                              tabels={"t": onceflow.Table()})
+    with pytest.raises(onceflow.ConfigError, match="did you mean 'within'"):
+        onceflow.deduplicate(df, id="payment_id", event_time="ts", whithin="1 minute")  # type: ignore[call-arg]
     with pytest.raises(onceflow.ConfigError, match="reserved"):
         onceflow.write_stream(df, onceflow.sqlite(tmp_path / "x.db"), tmp_path / "ck",
                               {"onceflow_batches": onceflow.Table()})
