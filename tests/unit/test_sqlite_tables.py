@@ -54,6 +54,9 @@ def test_modes_and_replays(tmp_path: Path) -> None:
     assert markers[0]["tables"] == '{"revenue": 2, "payments": 2, "latest": 2}'
     with pytest.raises(CheckpointMismatchError):
         sink.bind("another-checkpoint")
+    names = {r[0] for r in q(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+    ours = {"onceflow_batches", "onceflow_sinks", "onceflow_staged"}
+    assert names - {"revenue", "payments", "latest"} <= ours  # no Example 5-1 tables in the user's db
 
 
 @pytest.mark.parametrize(("rows", "column", "row"), [

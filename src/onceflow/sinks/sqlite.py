@@ -59,12 +59,16 @@ from onceflow.errors import CheckpointMismatchError, ConfigError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks.base import DELTA_COLUMNS, BatchStats, ExactlyOnceSink
 
-SCHEMA = """
+COUNTS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS user_counts(
     user TEXT, window_start_ms INTEGER, window_end_ms INTEGER, count INTEGER,
     PRIMARY KEY(user, window_start_ms)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS global_counts(
     window_start_ms INTEGER PRIMARY KEY, window_end_ms INTEGER, count INTEGER);
+"""
+"""Example 5-1's tables."""
+
+META_SCHEMA = """
 CREATE TABLE IF NOT EXISTS onceflow_sinks(
     sink_id TEXT PRIMARY KEY, query_id TEXT NOT NULL, bound_ms INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS onceflow_batches(
@@ -79,6 +83,9 @@ CREATE TABLE IF NOT EXISTS onceflow_staged(
     late_watermark_ms INTEGER NOT NULL, deltas BLOB NOT NULL,
     PRIMARY KEY(sink_id, batch_id));
 """
+"""onceflow's own tables (every SQLite sink)."""
+
+SCHEMA = COUNTS_SCHEMA + META_SCHEMA
 
 _UPSERT_USER = (
     "INSERT INTO user_counts(user, window_start_ms, window_end_ms, count) VALUES (?,?,?,?) "
@@ -101,11 +108,12 @@ default 2 MiB made every batch re-read ``user_counts`` pages: upserts ~1.3x slow
 Mode = Literal["exactly_once", "naive", "lossy"]
 
 
-def connect(path: str | Path) -> sqlite3.Connection:
+def connect(path: str | Path, schema: str = SCHEMA) -> sqlite3.Connection:
     """Open a SQLite database with onceflow's durability settings and schema.
 
     Args:
         path: Database file (created if missing).
+        schema: DDL run on open (Example 5-1's tables and onceflow's, by default).
 
     Returns:
         A connection in autocommit mode (transactions are explicit).
@@ -114,7 +122,7 @@ def connect(path: str | Path) -> sqlite3.Connection:
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-    conn.executescript(SCHEMA)
+    conn.executescript(schema)
     return conn
 
 

@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite import _HAS_MARKER, bind_query, connect
+from onceflow.sinks.sqlite import _HAS_MARKER, META_SCHEMA, bind_query, connect
 from onceflow.tables import Table, check_outputs
 
 Mode = Literal["exactly_once", "naive", "lossy"]
@@ -139,7 +139,7 @@ class SQLiteTablesSink:
         """The open connection (opened on first use)."""
         if self._conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = connect(self.path)
+            self._conn = connect(self.path, META_SCHEMA)  # onceflow's tables only, not Example 5-1's
             cols = {r[1] for r in self._conn.execute("PRAGMA table_info(onceflow_batches)")}
             if "tables" not in cols:
                 self._conn.execute("ALTER TABLE onceflow_batches ADD COLUMN tables TEXT")
