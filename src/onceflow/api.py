@@ -284,7 +284,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             Without it the batch's rows go to the single table as they are.
         once: Process everything available now, then stop (``availableNow``).
         trigger: Processing-time trigger of a continuous query.
-        event_time: The event-time column for late counting (taken from :func:`deduplicate`).
+        event_time: The event-time column for late counting; taken from :func:`deduplicate` when
+            ``df`` is its result — pass it when the query transforms the DataFrame in between.
         on_batch: Called after every batch with its numbers (e.g. to print progress).
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
