@@ -139,7 +139,28 @@ def delta(root: str | Path, sink_id: str = "default") -> TablesSink:
 PerBatch = Callable[["DataFrame"], "Mapping[str, DataFrame] | DataFrame"]
 
 
-class _Writer:
+class BatchWriter:
+    """A ``foreachBatch`` function that remembers the error its :meth:`_write` raised.
+
+    Spark wraps an exception raised inside ``foreachBatch`` into its own; the query's caller
+    re-raises :attr:`error` instead, so the user sees onceflow's error and its message.
+    """
+
+    error: BaseException | None = None
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """Write batch ``batch_id``; remember what it raised, then raise it."""
+        try:
+            self._write(df, batch_id)
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _write(self, df: DataFrame, batch_id: int) -> None:
+        raise NotImplementedError
+
+
+class _Writer(BatchWriter):
     """The ``foreachBatch`` function of :func:`write_stream` (steps 2-4 of the module)."""
 
     def __init__(self, sink: TablesSink, checkpoint: Path, specs: dict[str, Table],
@@ -147,16 +168,8 @@ class _Writer:
                  on_batch: Callable[[dict[str, Any]], None] | None) -> None:
         self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
         self.per_batch, self.event_time, self.on_batch = per_batch, event_time, on_batch
-        self.error: BaseException | None = None
         self._bound = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        try:
-            self._write(df, batch_id)
-        except BaseException as exc:
-            self.error = exc
-            raise
 
     def _stats(self, batch_id: int, rows_out: int) -> BatchStats:
         if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count

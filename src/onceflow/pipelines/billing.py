@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql import functions as F
 
 from onceflow import checkpoint as ckpt
+from onceflow.api import BatchWriter
 from onceflow.errors import OnceflowError
 from onceflow.pipelines.common import PipelineConfig, deduplicated_events, run_foreach_batch
 from onceflow.records import EVENT_DDL
@@ -113,20 +114,12 @@ def late_rows(spark: SparkSession, batch: ckpt.BatchInput, batch_id: int) -> Dat
     )
 
 
-class _BillingBatch:
+class _BillingBatch(BatchWriter):
     """The foreachBatch function: both writes, each exactly once."""
 
     def __init__(self, cfg: PipelineConfig, dsn: str, protocol: str, log: EventLog,
                  result: BillingResult) -> None:
         self.cfg, self.dsn, self.protocol, self.log, self.result = cfg, dsn, protocol, log, result
-        self.error: BaseException | None = None
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        try:
-            self._write(df, batch_id)
-        except BaseException as exc:
-            self.error = exc
-            raise
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         qid = ckpt.query_id(self.cfg.checkpoint)

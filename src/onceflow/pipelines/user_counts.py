@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 from pyspark.sql import functions as F
 
 from onceflow import checkpoint as ckpt
+from onceflow.api import BatchWriter
 from onceflow.errors import OnceflowError
 from onceflow.pipelines.common import (
     UserCountsConfig,
@@ -114,7 +115,7 @@ class RunResult:
 CommitCallback = Callable[[dict[str, Any]], None]
 
 
-class _BatchWriter:
+class _BatchWriter(BatchWriter):
     """The foreachBatch function: validate, measure, aggregate, commit."""
 
     def __init__(self, cfg: UserCountsConfig, sink: ExactlyOnceSink, log: EventLog,
@@ -124,7 +125,6 @@ class _BatchWriter:
         self.log = log
         self.result = result
         self.on_commit = on_commit
-        self.error: BaseException | None = None
         self._bound = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
 
@@ -134,13 +134,6 @@ class _BatchWriter:
     def _check_and_count(self, batch: ckpt.BatchInput) -> BatchStats:
         self.log.validate(batch.files)
         return _batch_stats(batch)
-
-    def __call__(self, df: DataFrame, batch_id: int) -> None:
-        try:
-            self._write(df, batch_id)
-        except BaseException as exc:
-            self.error = exc
-            raise
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()

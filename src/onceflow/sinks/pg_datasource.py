@@ -34,7 +34,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, from_spark
 from onceflow.sinks import pg_writer
 from onceflow.sinks.pg_writer import TargetSpec
 
@@ -125,3 +125,22 @@ def register(spark: Any) -> None:
         spark: The SparkSession.
     """
     spark.dataSource.register(PostgresDataSource)
+
+
+def write_frame(frame: Any, *, dsn: str, table: str, sink_id: str, mode: str, key: str, add: str,
+                protocol: str, batch_id: int, query_id: str, metrics: str) -> None:
+    """Write one micro-batch's DataFrame to ``table`` through ``onceflow_postgres``, exactly once.
+
+    The options are those of the module; an onceflow error raised in Spark's Python workers
+    reaches the caller as itself (:func:`onceflow.errors.from_spark`).
+    """
+    register(frame.sparkSession)
+    try:
+        (frame.write.format(NAME).mode("append")
+         .option("dsn", dsn).option("table", table).option("sink_id", sink_id)
+         .option("mode", mode).option("key", key).option("add", add)
+         .option("protocol", protocol).option("batch_id", batch_id)
+         .option("query_id", query_id).option("metrics", metrics)
+         .save())
+    except Exception as exc:
+        raise from_spark(exc) from None

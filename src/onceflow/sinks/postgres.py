@@ -22,7 +22,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from onceflow.errors import ConfigError, from_spark
+from onceflow.errors import ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import pg
 from onceflow.sinks.base import DELTA_COLUMNS, BatchStats, ExactlyOnceSink
@@ -189,12 +189,11 @@ class PostgresWriterSink(ExactlyOnceSink):
         """
         from pyspark.sql import functions as F
 
-        from onceflow.sinks.pg_datasource import NAME, register
+        from onceflow.sinks.pg_datasource import write_frame
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         with pg.session(self.dsn) as conn:
             replay = pg.has_marker(conn, self.sink_id, batch_id)
-        register(deltas.sparkSession)
         metrics = json.dumps({"input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
                               "late_watermark_ms": stats.late_watermark_ms})
         glob = deltas.groupBy("window_start_ms").agg(
@@ -203,15 +202,8 @@ class PostgresWriterSink(ExactlyOnceSink):
             (deltas, "user_counts", self.sink_id, "user,window_start_ms"),
             (glob, "global_counts", f"{self.sink_id}.global", "window_start_ms"),
         ):
-            try:
-                (frame.write.format(NAME).mode("append")
-                 .option("dsn", self.dsn).option("table", table).option("sink_id", sid)
-                 .option("mode", "upsert").option("key", key).option("add", "count")
-                 .option("protocol", self.protocol).option("batch_id", batch_id)
-                 .option("query_id", self.query_id).option("metrics", metrics)
-                 .save())
-            except Exception as exc:  # onceflow's own error from Spark's Python worker, unwrapped
-                raise from_spark(exc) from None
+            write_frame(frame, dsn=self.dsn, table=table, sink_id=sid, mode="upsert", key=key, add="count",
+                        protocol=self.protocol, batch_id=batch_id, query_id=self.query_id, metrics=metrics)
         return not replay
 
     def commit_batch(self, batch_id: int, deltas: pa.Table, stats: BatchStats) -> bool:

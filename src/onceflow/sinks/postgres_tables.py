@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from onceflow.errors import BatchRejectedError, ConfigError, from_spark
+from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.pgconn import PostgresError, require_psycopg
 from onceflow.sinks import pg
@@ -280,7 +280,7 @@ class PostgresFramesSink:
         Returns:
             True if the first table's batch was committed by this call (False: a replay).
         """
-        from onceflow.sinks.pg_datasource import NAME, register
+        from onceflow.sinks.pg_datasource import write_frame
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         check_outputs(frames, specs, rows=False)
@@ -294,17 +294,10 @@ class PostgresFramesSink:
                               "duplicates_dropped": max(stats.input_rows - stats.late_dropped - rows_out, 0)})
         for name, frame in frames.items():
             spec = specs[name]
-            register(frame.sparkSession)
-            try:
-                (frame.write.format(NAME).mode("append")
-                 .option("dsn", self.dsn).option("table", name).option("sink_id", f"{self.sink_id}.{name}")
-                 .option("mode", "append" if spec.mode == "append" else "upsert")
-                 .option("key", ",".join(spec.key)).option("add", ",".join(spec.add))
-                 .option("protocol", self.protocol).option("batch_id", batch_id)
-                 .option("query_id", self.query_id).option("metrics", metrics)
-                 .save())
-            except Exception as exc:  # onceflow's own error from Spark's Python worker, unwrapped
-                raise from_spark(exc) from None
+            write_frame(frame, dsn=self.dsn, table=name, sink_id=f"{self.sink_id}.{name}",
+                        mode="append" if spec.mode == "append" else "upsert", key=",".join(spec.key),
+                        add=",".join(spec.add), protocol=self.protocol, batch_id=batch_id,
+                        query_id=self.query_id, metrics=metrics)
         return not replay
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
