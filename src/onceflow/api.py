@@ -169,13 +169,21 @@ class _Writer(BatchWriter):
         self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
         self.per_batch, self.event_time, self.on_batch = per_batch, event_time, on_batch
         self._bound = False
+        self._warned = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
 
     def _stats(self, batch_id: int, rows_out: int) -> BatchStats:
         if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count
             return BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint, batch_id))
         batch = ckpt.batch_input(self.checkpoint, batch_id)
-        rows, late = ckpt.count_input(batch, self.event_time)
+        try:
+            rows, late = ckpt.count_input(batch, self.event_time)
+        except ckpt.UncountableInputError as exc:  # the batch is fine; only its counts are unknown
+            if not self._warned:
+                print(f"onceflow: warning: input rows and late drops are not counted for this query "
+                      f"({exc}); the markers record the batch's own rows and 0 late", file=sys.stderr)
+                self._warned = True
+            return BatchStats(rows_out, 0, batch.late_watermark_ms)
         return BatchStats(rows, late, batch.late_watermark_ms)
 
     def _outputs(self, df: DataFrame) -> dict[str, Any]:

@@ -38,6 +38,10 @@ class CheckpointReadError(OnceflowError, RuntimeError):
     """A checkpoint file onceflow needs is missing or unreadable."""
 
 
+class UncountableInputError(CheckpointReadError):
+    """A batch's input files cannot be counted: not Parquet, or without the event-time column."""
+
+
 def _read_log_file(path: Path) -> list[dict[str, object]]:
     try:
         lines = path.read_text().splitlines()
@@ -257,7 +261,7 @@ def count_input(batch: BatchInput, event_time: str | None) -> tuple[int, int]:
         ``(input rows, late rows)``.
 
     Raises:
-        CheckpointReadError: A file is not Parquet or lacks the event-time column.
+        UncountableInputError: A file is not Parquet or lacks the event-time column.
     """
     rows = late = 0
     bound_us = batch.late_watermark_ms * 1000
@@ -265,11 +269,12 @@ def count_input(batch: BatchInput, event_time: str | None) -> tuple[int, int]:
         try:
             pf = pq.ParquetFile(path)
         except Exception as exc:  # pyarrow raises several types for a bad file
-            raise CheckpointReadError(f"cannot count the rows of {path} (only Parquet files are counted): "
-                                      f"{exc}") from None
+            raise UncountableInputError(f"cannot count the rows of {path} (only Parquet files are "
+                                        f"counted): {exc}") from None
         col = pf.schema_arrow.get_field_index(event_time) if event_time else -1
         if event_time and col < 0:
-            raise CheckpointReadError(f"{path} has no event-time column {event_time!r}")
+            raise UncountableInputError(f"{path} has no event-time column {event_time!r} (the query "
+                                        "derives it)")
         for rg in range(pf.metadata.num_row_groups):
             meta = pf.metadata.row_group(rg)
             rows += meta.num_rows

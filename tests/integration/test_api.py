@@ -123,3 +123,21 @@ def test_an_error_inside_a_spark_worker_arrives_as_the_onceflow_error(utc: Any, 
                                   {"payments": onceflow.Table()}, once=True)
     with pytest.raises(onceflow.ConfigError, match="column 'tags' has Spark type map"):
         query.awaitTermination()
+
+
+def test_a_json_source_with_a_derived_event_time_runs_with_a_warning(
+        utc: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.json").write_text('{"id": "x1", "t": "2026-01-01 00:00:00", "n": 2}\n'
+                                            '{"id": "x1", "t": "2026-01-01 00:00:00", "n": 2}\n'
+                                            '{"id": "x2", "t": "2026-01-01 00:00:01", "n": 3}\n')
+    from pyspark.sql import functions as F
+
+    raw = utc.readStream.schema("id STRING, t STRING, n BIGINT").json(str(tmp_path / "in"))
+    events = raw.withColumn("ts", F.to_timestamp("t"))  # derived: not in the files
+    clean = onceflow.deduplicate(events, id="id", event_time="ts", within="1 minute")
+    onceflow.write_stream(clean.select("id", "n"), onceflow.sqlite(tmp_path / "j.db"), tmp_path / "ck",
+                          {"rows": onceflow.Table()}, once=True).awaitTermination()
+    with sqlite3.connect(tmp_path / "j.db") as c:
+        assert sorted(c.execute("SELECT id, n FROM rows")) == [("x1", 2), ("x2", 3)]
+    assert "are not counted for this query" in capfd.readouterr().err
