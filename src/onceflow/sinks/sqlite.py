@@ -126,6 +126,18 @@ def connect(path: str | Path, schema: str = SCHEMA) -> sqlite3.Connection:
     return conn
 
 
+def check_sink_args(mode: str, sink_id: str) -> None:
+    """Validate the mode and sink id every SQLite sink takes.
+
+    Raises:
+        ConfigError: An unknown mode or an empty sink id.
+    """
+    if mode not in ("exactly_once", "naive", "lossy"):
+        raise ConfigError(f"mode must be 'exactly_once', 'naive' or 'lossy', got {mode!r}")
+    if not sink_id:
+        raise ConfigError("sink_id must be a non-empty string")
+
+
 def bind_query(conn: sqlite3.Connection, path: Path, sink_id: str, query_id: str) -> None:
     """Record (or check) which checkpoint a sink id of this database belongs to.
 
@@ -185,10 +197,7 @@ class SQLiteSink(ExactlyOnceSink):
 
     def __init__(self, path: str | Path, sink_id: str = "user_counts",
                  mode: Mode = "exactly_once", staged: bool = True):
-        if mode not in ("exactly_once", "naive", "lossy"):
-            raise ConfigError(f"mode must be 'exactly_once', 'naive' or 'lossy', got {mode!r}")
-        if not sink_id:
-            raise ConfigError("sink_id must be a non-empty string")
+        check_sink_args(mode, sink_id)
         self.path = Path(path)
         self.sink_id = sink_id
         self.mode: Mode = mode

@@ -39,7 +39,7 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -47,10 +47,8 @@ import pyarrow.compute as pc
 from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite import _HAS_MARKER, META_SCHEMA, bind_query, connect
+from onceflow.sinks.sqlite import _HAS_MARKER, META_SCHEMA, Mode, bind_query, check_sink_args, connect
 from onceflow.tables import Table, check_outputs
-
-Mode = Literal["exactly_once", "naive", "lossy"]
 
 _MARKER = ("INSERT OR REPLACE INTO onceflow_batches(sink_id, batch_id, committed_ms, input_rows, "
            "late_dropped, duplicates_dropped, events_counted, rows_written, late_watermark_ms, tables) "
@@ -121,10 +119,7 @@ class SQLiteTablesSink:
     """
 
     def __init__(self, path: str | Path, sink_id: str = "default", mode: Mode = "exactly_once") -> None:
-        if mode not in ("exactly_once", "naive", "lossy"):
-            raise ConfigError(f"mode must be 'exactly_once', 'naive' or 'lossy', got {mode!r}")
-        if not sink_id:
-            raise ConfigError("sink_id must be a non-empty string")
+        check_sink_args(mode, sink_id)
         self.path = Path(path)
         self.sink_id = sink_id
         self.mode = mode
