@@ -20,9 +20,15 @@ numbered commit protocol is in its module, e.g. :mod:`onceflow.sinks.sqlite_tabl
    database written by another checkpoint is refused: batch ids restart at 0 there).
 2. Read N's input files and late watermark from Spark's checkpoint and count its input rows
    and late drops (Parquet file sources; beside Spark's own work, in a thread).
-3. Persist N's DataFrame, count its rows, run ``per_batch`` on it, collect each table's rows.
+3. Run ``per_batch`` on N's DataFrame and collect each table's rows (one Spark job per
+   DataFrame it returns; a ``pyarrow.Table`` it returns, e.g. derived on the driver from another
+   output, is taken as it is). The batch's row count is observed by the first job that reads
+   the batch (``DataFrame.observe``: no job of its own; a ``per_batch`` that first runs a
+   partial action on the batch — ``limit``, ``isEmpty`` — makes that count partial).
    ``per_batch`` may run more than once for N (after a crash): it must be deterministic
-   given N's rows, which Spark guarantees for the rows themselves.
+   given N's rows, which Spark guarantees for the rows themselves. With several output
+   DataFrames the batch is cached (read once); for an executor-side sink each output is
+   cached and counted first, so the sink's checks and its write read it once.
 4. ``sink.commit_tables(N, ...)``: checked, then written with the marker in one transaction,
    or skipped when N's marker is there. Any error here fails the query before Spark writes
    ``commits/N``; :meth:`OnceQuery.awaitTermination` raises it as the onceflow error it is.
@@ -36,6 +42,8 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from onceflow import checkpoint as ckpt
 from onceflow.durations import parse_duration
@@ -165,17 +173,22 @@ class _Writer(BatchWriter):
 
     def __init__(self, sink: TablesSink, checkpoint: Path, specs: dict[str, Table],
                  per_batch: PerBatch | None, event_time: str | None,
-                 on_batch: Callable[[dict[str, Any]], None] | None) -> None:
+                 on_batch: Callable[[dict[str, Any]], None] | None,
+                 check_files: Callable[[list[Path]], object] | None = None) -> None:
         self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
         self.per_batch, self.event_time, self.on_batch = per_batch, event_time, on_batch
+        self.check_files = check_files
         self._bound = False
         self._warned = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
 
-    def _stats(self, batch_id: int, rows_out: int) -> BatchStats:
+    def _stats(self, batch_id: int) -> BatchStats | None:
+        """Step 2: N's input rows and late drops; None when they cannot be counted."""
         if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count
-            return BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint, batch_id))
+            return None
         batch = ckpt.batch_input(self.checkpoint, batch_id)
+        if self.check_files is not None:
+            self.check_files(batch.files)
         try:
             rows, late = ckpt.count_input(batch, self.event_time)
         except ckpt.UncountableInputError as exc:  # the batch is fine; only its counts are unknown
@@ -183,7 +196,7 @@ class _Writer(BatchWriter):
                 print(f"onceflow: warning: input rows and late drops are not counted for this query "
                       f"({exc}); the markers record the batch's own rows and 0 late", file=sys.stderr)
                 self._warned = True
-            return BatchStats(rows_out, 0, batch.late_watermark_ms)
+            return None
         return BatchStats(rows, late, batch.late_watermark_ms)
 
     def _outputs(self, df: DataFrame) -> dict[str, Any]:
@@ -201,6 +214,9 @@ class _Writer(BatchWriter):
         return dict(out)
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
         started = time.perf_counter()
         if not self._bound:  # 1
             qid = ckpt.query_id(self.checkpoint)
@@ -208,27 +224,63 @@ class _Writer(BatchWriter):
                 raise OnceflowError(f"checkpoint {self.checkpoint} has no metadata file")
             self.sink.bind(qid)
             self._bound = True
-        df = df.persist()  # 3
+        pending = self._pool.submit(self._stats, batch_id)  # 2
+        observation = Observation(f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
+        observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        frames = self._outputs(observed)  # 3
+        executor_side = bool(getattr(self.sink, "executor_side", False))
+        cached = []
+        if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
+            cached.append(observed.persist())
         try:
-            rows_out = df.count()
-            pending = self._pool.submit(self._stats, batch_id, rows_out)  # 2
-            frames = self._outputs(df)
-            if getattr(self.sink, "executor_side", False):  # the executors write the rows
-                stats = pending.result()
-                committed = self.sink.commit_frames(batch_id, frames, self.specs, stats, rows_out)  # type: ignore[attr-defined]
+            if executor_side:  # the executors write the rows: each frame is computed once
+                frames = {n: self._frame(df, f).persist() for n, f in frames.items()}
+                cached.extend(frames.values())
+                for f in frames.values():
+                    f.count()
                 outputs: dict[str, Any] = {n: None for n in frames}
             else:
-                outputs = {name: frame.toArrow() for name, frame in frames.items()}
-                stats = pending.result()
+                try:
+                    outputs = {n: f if isinstance(f, pa.Table) else f.toArrow() for n, f in frames.items()}
+                except BaseException:
+                    pending.result()  # a bad input file is the clearer error: it names the file
+                    raise
+            rows_out = self._rows_out(observation, df)
+            stats = pending.result() or BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint,
+                                                                                       batch_id))
+            if executor_side:
+                committed = self.sink.commit_frames(batch_id, frames, self.specs, stats, rows_out)  # type: ignore[attr-defined]
+            else:
                 committed = self.sink.commit_tables(batch_id, outputs, self.specs, stats, rows_out)  # 4
         finally:
-            df.unpersist()
+            for f in cached:
+                f.unpersist()
         if self.on_batch is not None:
             self.on_batch({"batch_id": batch_id, "committed": committed, "input_rows": stats.input_rows,
                            "late_dropped": stats.late_dropped, "rows_out": rows_out,
+                           "duplicates_dropped": max(stats.input_rows - stats.late_dropped - rows_out, 0),
                            "rows_written": {n: t.num_rows if t is not None else None
                                             for n, t in outputs.items()},
                            "seconds": time.perf_counter() - started})
+
+    @staticmethod
+    def _frame(df: DataFrame, value: Any) -> DataFrame:
+        """An output as a DataFrame (an Arrow table from ``per_batch`` becomes one)."""
+        if isinstance(value, pa.Table):
+            return df.sparkSession.createDataFrame(value)
+        return value  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _rows_out(observation: Any, df: DataFrame) -> int:
+        """Rows of the batch's DataFrame, observed by the first Spark job that read it.
+
+        If ``per_batch`` never read the batch (its outputs do not depend on it), the batch is
+        counted by a job of its own.
+        """
+        jo = observation._jo
+        if jo is not None and jo.future().isCompleted():
+            return int(observation.get["rows"])
+        return int(df.count())
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -291,7 +343,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  tables: Mapping[str, Table] | None = None, per_batch: PerBatch | None = None, *,
                  once: bool = False,
                  trigger: str = "1 second", event_time: str | None = None,
-                 on_batch: Callable[[dict[str, Any]], None] | None = None, **unknown: Any) -> OnceQuery:
+                 on_batch: Callable[[dict[str, Any]], None] | None = None,
+                 check_files: Callable[[list[Path]], object] | None = None, **unknown: Any) -> OnceQuery:
     """Start a query that writes every micro-batch to ``tables`` exactly once.
 
     Args:
@@ -308,6 +361,9 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         event_time: The event-time column for late counting; taken from :func:`deduplicate` when
             ``df`` is its result — pass it when the query transforms the DataFrame in between.
         on_batch: Called after every batch with its numbers (e.g. to print progress).
+        check_files: Called with each batch's input files (file sources) before anything of the
+            batch is written; raise to stop the query (e.g. ``EventLog(dir).validate``, which
+            refuses a file whose schema Spark would silently read as nulls).
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
@@ -318,7 +374,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             (naming the nearest valid one, e.g. ``tabels`` -> ``tables``).
     """
     refuse_unknown(set(unknown), {"df", "sink", "checkpoint", "tables", "per_batch", "once", "trigger",
-                                  "event_time", "on_batch"}, "onceflow.write_stream")
+                                  "event_time", "on_batch", "check_files"}, "onceflow.write_stream")
     specs = check_specs(tables or {})
     if not df.isStreaming:
         raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
@@ -327,7 +383,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
     path = Path(checkpoint)
     event_time = event_time or getattr(df, _EVENT_TIME_ATTR, None)
-    writer = _Writer(sink, path, specs, per_batch, event_time, on_batch)
+    writer = _Writer(sink, path, specs, per_batch, event_time, on_batch, check_files)
     listener = None
     selected = armed()
     if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:

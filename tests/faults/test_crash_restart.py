@@ -2,9 +2,9 @@
 
 The driver runs as a subprocess in its own process group. It is killed (driver and JVM) at
 random moments, and once exactly between the SQLite commit and Spark's commit-log write
-(the ``after_sink_commit`` crash point: the batch is staged in SQLite, Spark has no commit-log
-entry), and once after Spark's commit log while the staged batch is not yet applied (the
-``apply_pending`` crash point: only the staged row has the batch). A negative control shows
+(the ``after_sink_commit`` crash point: the batch is committed in SQLite, Spark has no
+commit-log entry), and once right after Spark's commit log (``after_commit_log``). A negative
+control shows
 that the same crash against the naive sink (no batch marker) double-counts, so the check can
 fail.
 """
@@ -21,7 +21,7 @@ import pytest
 from onceflow.audit.driver import Driver, committed_batches, wait_until
 from onceflow.audit.recompute import diff_counts
 from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks.sqlite import read_batches, read_counts, read_staged
+from onceflow.sinks.sqlite import read_batches, read_counts
 from onceflow.sources.log import EventLog
 from tests.helpers import distinct_counts
 
@@ -65,23 +65,20 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     rc = d.wait(timeout=300)
     assert rc == -9, d.output()
     assert f"crash point after_sink_commit at batch {target}" in d.output()
-    gap_batch = read_staged(db)[0]
+    gap_batch = max(b["batch_id"] for b in read_batches(db))  # in the sink, not in Spark's log
     assert gap_batch >= target and not (ck / "commits" / str(gap_batch)).exists()
-    # after Spark's commit log, before the staged batch reaches the tables
+    # Spark re-runs the batch the sink committed: the marker makes it a no-op; then a kill
+    # right after Spark's commit log of the next batch
     target = gap_batch + 1
-    d = Driver(log, ck, db, tmp_path / "pending.out", crash_at=f"apply_pending@{target}")
+    d = Driver(log, ck, db, tmp_path / "after-log.out", crash_at=f"after_commit_log@{target}")
     assert d.wait(timeout=300) == -9, d.output()
-    # Spark re-ran the batch the sink had staged; bind applied it first, the marker made the
-    # re-run a no-op
     assert f"batch {gap_batch}: already committed earlier, skipped (replay)" in d.output()
-    pending = read_staged(db)
-    assert len(pending) == 1 and pending[0] >= target, pending
-    assert (ck / "commits" / str(pending[0])).exists()  # Spark will not re-run it
-    assert pending[0] not in [b["batch_id"] for b in read_batches(db)]
+    assert (ck / "commits" / str(target)).exists()
+    assert target in [b["batch_id"] for b in read_batches(db)]
     feeder.join(timeout=300)
     final = Driver(log, ck, db, tmp_path / "final.out", once=True)
     assert final.wait(timeout=300) == 0, final.output()
-    assert ", 0 replayed," in final.output()  # Spark had committed the pending batch
+    assert ", 0 replayed," in final.output()  # Spark had committed the batch it died after
     users, glob = read_counts(db)
     exp_users, exp_glob = distinct_counts(log)
     diff = diff_counts(exp_users, users)  # type: ignore[arg-type]
@@ -93,7 +90,6 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     assert sum(b["input_rows"] for b in batches) == 88_000
     assert sum(b["late_dropped"] for b in batches) == 0
     assert kills == 3
-    assert read_staged(db) == []
 
 
 def test_negative_control_naive_sink_duplicates_after_the_same_crash(tmp_path: Path) -> None:

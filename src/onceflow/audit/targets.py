@@ -16,12 +16,12 @@ from onceflow.audit.oracle import Expectation
 from onceflow.audit.verdict import Verdict, judge_postgres, judge_sqlite
 from onceflow.errors import ConfigError
 from onceflow.pgconn import require_psycopg
-from onceflow.sinks import SINKS, SQLITE_SINKS, pg
+from onceflow.sinks import EXAMPLE_SINK_ID, SINKS, SQLITE_SINKS, marker_id, pg
 from onceflow.sinks.sqlite import read_batches
 
 KINDS = SINKS
 SQLITE_KINDS = SQLITE_SINKS
-SINK_ID = "user_counts"
+SINK_ID = EXAMPLE_SINK_ID
 
 
 class SinkTarget:
@@ -43,6 +43,8 @@ class SinkTarget:
         self.db: Path | None = None
         self.dsn = ""
         self.schema = ""
+        self.marker_id = marker_id(kind, "user_counts")
+        """The sink id of the markers of ``user_counts`` (per batch, or per table and batch)."""
         if kind in SQLITE_KINDS:
             self.db = workdir / "sink.db"
         else:
@@ -89,7 +91,7 @@ class SinkTarget:
         """The sink's batch markers with metrics."""
         if self.db is not None:
             return read_batches(self.db, SINK_ID)
-        return pg.read_batches(self.dsn, SINK_ID)
+        return pg.read_batches(self.dsn, self.marker_id)
 
     def committed_batches(self) -> int:
         """Number of batch markers (0 before the sink exists)."""
@@ -99,13 +101,13 @@ class SinkTarget:
             return committed_batches(self.db)
         with pg.session(self.dsn) as conn:
             row = conn.execute("SELECT count(*) FROM onceflow_batches WHERE sink_id = %s",
-                               (SINK_ID,)).fetchone()
+                               (self.marker_id,)).fetchone()
         return int(row[0])
 
     def judge(self, expectation: Expectation) -> Verdict:
         """The auditor's verdict on this sink."""
         if self.db is not None:
             return judge_sqlite(self.db, expectation, SINK_ID)
-        verdict = judge_postgres(self.dsn, expectation, SINK_ID)
+        verdict = judge_postgres(self.dsn, expectation, self.marker_id)
         verdict.sink = self.name
         return verdict

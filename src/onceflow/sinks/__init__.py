@@ -1,45 +1,61 @@
-"""Sinks that commit every micro-batch exactly once, and the ``--sink`` choices."""
+"""Sinks that commit every micro-batch exactly once, and the ``--sink`` choices of ``onceflow run``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from onceflow.errors import ConfigError
-from onceflow.sinks.base import BatchStats, ExactlyOnceSink
-from onceflow.sinks.sqlite import SQLiteSink
+from onceflow.sinks.base import BatchStats, TablesSink
+from onceflow.sinks.sqlite_tables import SQLiteTablesSink
 
-__all__ = ["BatchStats", "ExactlyOnceSink", "SQLiteSink", "SINKS", "make_sink"]
+__all__ = ["BatchStats", "SINKS", "SQLiteTablesSink", "TablesSink", "make_sink", "marker_id"]
 
 SQLITE_SINKS = ("sqlite", "naive", "lossy")
-POSTGRES_SINKS = ("postgres", "postgres-staged", "postgres-2pc", "postgres-naive")
+EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
+POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS
+EXAMPLE_SINK_ID = "user_counts"
+"""The sink id ``onceflow run`` writes Example 5-1 under (its markers' namespace)."""
 
 
-def make_sink(kind: str, db: Path | None, pg_dsn: str | None) -> ExactlyOnceSink:
-    """The sink a ``--sink`` choice names.
+def make_sink(kind: str, db: Path | None, pg_dsn: str | None, sink_id: str = EXAMPLE_SINK_ID) -> TablesSink:
+    """The generic sink a ``--sink`` choice names.
 
     Args:
         kind: One of :data:`SINKS`.
         db: SQLite database (SQLite sinks).
         pg_dsn: PostgreSQL connection string (else ``$ONCEFLOW_PG_DSN``).
+        sink_id: Marker namespace.
 
     Returns:
         The sink (not yet connected).
 
     Raises:
-        ConfigError: A required location is missing.
+        ConfigError: A required location is missing, or the postgres extra is not installed.
     """
     if kind in SQLITE_SINKS:
         if db is None:
             raise ConfigError(f"--sink {kind} writes to SQLite: pass --db PATH")
-        return SQLiteSink(db, mode="exactly_once" if kind == "sqlite" else kind)  # type: ignore[arg-type]
+        return SQLiteTablesSink(db, sink_id=sink_id,
+                                mode="exactly_once" if kind == "sqlite" else kind)  # type: ignore[arg-type]
     from onceflow.pgconn import require_psycopg
 
     require_psycopg()
-    from onceflow.sinks.postgres import PostgresSink, PostgresWriterSink
+    from onceflow.sinks.postgres_tables import PostgresFramesSink, PostgresTablesSink
 
     if kind == "postgres":
-        return PostgresSink(pg_dsn)
+        return PostgresTablesSink(pg_dsn, sink_id=sink_id)
     if kind == "postgres-naive":
-        return PostgresSink(pg_dsn, mode="naive")
-    return PostgresWriterSink(pg_dsn, protocol=kind.removeprefix("postgres-"))
+        return PostgresTablesSink(pg_dsn, sink_id=sink_id, mode="naive")
+    if kind in EXECUTOR_SINKS:
+        return PostgresFramesSink(pg_dsn, sink_id=sink_id, protocol=kind.removeprefix("postgres-"))
+    raise ConfigError(f"unknown sink {kind!r}; use one of {', '.join(SINKS)}")
+
+
+def marker_id(kind: str, table: str, sink_id: str = EXAMPLE_SINK_ID) -> str:
+    """The sink id of the markers that record ``table``'s batches for a ``--sink`` choice.
+
+    The executor-side PostgreSQL sinks keep one marker per table (``<sink_id>.<table>``);
+    the others one per batch for all tables (``<sink_id>``).
+    """
+    return f"{sink_id}.{table}" if kind in EXECUTOR_SINKS else sink_id
