@@ -32,14 +32,14 @@ PROBE = """
 import json, os, sys, time
 t0 = time.perf_counter()
 from onceflow.spark import session
-from onceflow.pipelines.user_counts import UserCountsConfig, run
-from onceflow.sinks.sqlite import SQLiteSink
+import onceflow
+from onceflow.examples.user_counts import start
 from pathlib import Path
 spark = session()
 t1 = time.perf_counter()
 work = Path(sys.argv[2])
-sink = SQLiteSink(work / "db.sqlite")
-run(spark, UserCountsConfig(log_dir=Path(sys.argv[1]), checkpoint=work / "ck"), sink, once=True)
+sink = onceflow.sqlite(work / "db.sqlite")
+start(spark, Path(sys.argv[1]), sink, work / "ck", once=True).awaitTermination()
 t2 = time.perf_counter()
 pid = spark.sparkContext._gateway.proc.pid
 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()

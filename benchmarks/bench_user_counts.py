@@ -3,10 +3,9 @@
 All variants run in one Spark session over the same log, each with a fresh checkpoint,
 ``trigger(availableNow=True)`` and ``maxFilesPerTrigger`` segments per micro-batch:
 
-* ``onceflow``  — onceflow's pipeline with the SQLite exactly-once sink (staged: each batch is
-                  made durable in ~5 ms and applied beside Spark's next batch);
-* ``direct``    — the same with ``SQLiteSink(staged=False)``: the upserts run inside the batch;
-* ``noop``      — the same pipeline (dedup + per-batch window deltas) writing to Spark's
+* ``onceflow``  — Example 5-1 on the public API (``onceflow.examples.user_counts``: dedup,
+                  ``write_stream`` with per-batch window deltas) into ``onceflow.sqlite``;
+* ``noop``      — the same plan (dedup + per-batch window deltas) writing to Spark's
                   ``noop`` sink: the cost of the plan without any sink;
 * ``plain``     — what people write today: dedup + a stateful window count in update mode,
                   ``foreachBatch`` collecting rows and upserting them into SQLite
@@ -29,9 +28,9 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
+import onceflow
+from onceflow.examples.user_counts import events, start, window_deltas
 from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.pipelines.user_counts import UserCountsConfig, deduplicated_events, run, window_deltas
-from onceflow.sinks.sqlite import SQLiteSink
 from onceflow.sources.log import EventLog
 from onceflow.spark import session
 
@@ -62,51 +61,31 @@ def batch_ms(progress: list[Any]) -> list[float]:
     return [float(p["durationMs"]["triggerExecution"]) for p in reports if p["numInputRows"] > 0]
 
 
-def drain(writer: Any, cfg: UserCountsConfig) -> Timing:
+def drain(writer: Any, checkpoint: Path) -> Timing:
     """Run a hand-built query (a ``DataStreamWriter``) over everything in the log, timed."""
     t0 = time.perf_counter()
-    query = (writer.option("checkpointLocation", str(cfg.checkpoint))
-             .trigger(availableNow=True).start())
+    query = writer.option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start()
     query.awaitTermination()
     return time.perf_counter() - t0, batch_ms(query.recentProgress)
 
 
-def run_onceflow(spark: Any, log: Path, work: Path, files: int, staged: bool = True) -> Timing:
-    cfg = UserCountsConfig(log_dir=log, checkpoint=work / "ck", max_files_per_trigger=files)
-    sink = SQLiteSink(work / "db.sqlite", staged=staged)
-    t0 = time.perf_counter()
-    result = run(spark, cfg, sink, once=True)
-    sink.close()
-    return time.perf_counter() - t0, batch_ms(result.progress)
-
-
-def run_api(spark: Any, log: Path, work: Path, files: int) -> Timing:
-    import onceflow
-    from onceflow.examples import user_counts
-
+def run_onceflow(spark: Any, log: Path, work: Path, files: int) -> Timing:
     sink = onceflow.sqlite(work / "db.sqlite")
     t0 = time.perf_counter()
-    query = user_counts.start(spark, log, sink, work / "ck", max_files_per_trigger=files, once=True)
+    query = start(spark, log, sink, work / "ck", max_files_per_trigger=files, once=True)
     query.awaitTermination()
     sink.close()
     return time.perf_counter() - t0, batch_ms(query.query.recentProgress)
 
 
-def run_direct(spark: Any, log: Path, work: Path, files: int) -> Timing:
-    return run_onceflow(spark, log, work, files, staged=False)
-
-
 def run_noop(spark: Any, log: Path, work: Path, files: int) -> Timing:
-    cfg = UserCountsConfig(log_dir=log, checkpoint=work / "ck", max_files_per_trigger=files)
-
     def batch(df: Any, _: int) -> None:
         window_deltas(df).write.format("noop").mode("overwrite").save()
 
-    return drain(deduplicated_events(spark, cfg).writeStream.foreachBatch(batch), cfg)
+    return drain(events(spark, log, max_files_per_trigger=files).writeStream.foreachBatch(batch), work / "ck")
 
 
 def run_plain(spark: Any, log: Path, work: Path, files: int) -> Timing:
-    cfg = UserCountsConfig(log_dir=log, checkpoint=work / "ck", max_files_per_trigger=files)
     conn = sqlite3.connect(work / "plain.sqlite", check_same_thread=False)
     conn.execute("CREATE TABLE user_counts(user TEXT, window_start_ms INTEGER, "
                  "window_end_ms INTEGER, count INTEGER, PRIMARY KEY(user, window_start_ms))")
@@ -117,16 +96,15 @@ def run_plain(spark: Any, log: Path, work: Path, files: int) -> Timing:
         conn.executemany("INSERT OR REPLACE INTO user_counts VALUES (?,?,?,?)", rows)
         conn.commit()
 
-    counts = (deduplicated_events(spark, cfg)
+    counts = (events(spark, log, max_files_per_trigger=files)
               .groupBy(F.window("event_time", "1 minute"), "user").count())
     try:
-        return drain(counts.writeStream.outputMode("update").foreachBatch(batch), cfg)
+        return drain(counts.writeStream.outputMode("update").foreachBatch(batch), work / "ck")
     finally:
         conn.close()
 
 
-VARIANTS = {"onceflow": run_onceflow, "noop": run_noop, "plain": run_plain, "direct": run_direct,
-            "api": run_api}
+VARIANTS = {"onceflow": run_onceflow, "noop": run_noop, "plain": run_plain}
 
 
 def main() -> None:
@@ -186,14 +164,11 @@ def main() -> None:
               for other in ("noop", "plain")}
     print(f"paired ratio onceflow/noop  = {paired['noop']:.3f}  (median of {args.rounds} rounds)")
     print(f"paired ratio onceflow/plain = {paired['plain']:.3f}")
-    direct = statistics.median(n / d for n, d in zip(times["noop"], times["direct"], strict=True))
-    print(f"paired ratio direct/noop    = {direct:.3f}  (the sink applying inside the batch)")
     # Finer pairs: batch k of a round in one variant against batch k of the same round in the
     # other (the same files and state size); the median over all of them is far less moved by
     # a slow phase of the machine than whole-run times. Spark's trigger time of a batch covers
-    # planning, the sink call and both logs; the background apply of a staged batch shows up
-    # in the next batch's time. Not covered: query start/stop and the last batch's apply.
-    for name in ("onceflow", "direct", "api"):
+    # planning, the sink call and both logs. Not covered: query start/stop.
+    for name in ("onceflow",):
         pairs = [n / o for rn, ro in zip(batches["noop"], batches[name], strict=True)
                  for n, o in zip(rn, ro, strict=False)]
         if pairs:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from onceflow.sinks.base import BatchStats
 from onceflow.sources.log import EventLog
 
 
@@ -40,7 +44,7 @@ def billing_expectation(
 
     Returns:
         ``({(account, hour_start_ms): (bytes, events)}, {late event_id: missed watermark ms})``
-        (the first watermark an event missed).
+        (the last watermark an event missed: ``late_events`` is upserted by ``event_id``).
     """
     from onceflow import checkpoint as ckpt
 
@@ -58,10 +62,20 @@ def billing_expectation(
                    strict=True)
         for is_late, eid, user, ts, nbytes in rows:
             if is_late:
-                late.setdefault(eid, bi.late_watermark_ms)
+                late[eid] = bi.late_watermark_ms
             elif eid not in seen:
                 seen.add(eid)
                 key = (user, (ts // 3_600_000_000) * 3_600_000)
                 b, n = bill.get(key, (0, 0))
                 bill[key] = (b + nbytes, n + 1)
     return bill, late
+
+
+def commit_deltas(sink: Any, batch_id: int, deltas: pa.Table, stats: BatchStats) -> bool:
+    """Commit Example 5-1 deltas (``user, window_start_ms, window_end_ms, count``) as its
+    per_batch would: the per-user rows and their per-window sums, one marker."""
+    from onceflow.examples.user_counts import TABLES, window_totals
+
+    counted = int(pc.sum(deltas.column("count")).as_py() or 0)
+    return bool(sink.commit_tables(batch_id, {"user_counts": deltas, "global_counts": window_totals(deltas)},
+                                   TABLES, stats, counted))

@@ -29,7 +29,10 @@ numbered commit protocol is in its module, e.g. :mod:`onceflow.sinks.sqlite_tabl
    given N's rows, which Spark guarantees for the rows themselves. With several output
    DataFrames the batch is cached (read once); for an executor-side sink each output is
    cached and counted first, so the sink's checks and its write read it once.
-4. ``sink.commit_tables(N, ...)``: checked, then written with the marker in one transaction,
+4. With ``late=``: the rows of N's input files that the watermark dropped (event time ``<=``
+   the late watermark, the rule :mod:`onceflow.checkpoint` counts by), read back by Spark
+   only when N dropped any, go to the ``late`` table with the watermark they missed.
+5. ``sink.commit_tables(N, ...)``: checked, then written with the marker in one transaction,
    or skipped when N's marker is there. Any error here fails the query before Spark writes
    ``commits/N``; :meth:`OnceQuery.awaitTermination` raises it as the onceflow error it is.
 """
@@ -57,6 +60,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 _EVENT_TIME_ATTR = "_onceflow_event_time"
+_ID_ATTR = "_onceflow_id"
 
 
 def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str | float | None = None,
@@ -96,6 +100,7 @@ def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str
     out = df.withWatermark(event_time, f"{int(seconds * 1000)} milliseconds")
     out = out.dropDuplicatesWithinWatermark(ids)
     setattr(out, _EVENT_TIME_ATTR, event_time)
+    setattr(out, _ID_ATTR, ids)
     return out
 
 
@@ -174,18 +179,20 @@ class _Writer(BatchWriter):
     def __init__(self, sink: TablesSink, checkpoint: Path, specs: dict[str, Table],
                  per_batch: PerBatch | None, event_time: str | None,
                  on_batch: Callable[[dict[str, Any]], None] | None,
-                 check_files: Callable[[list[Path]], object] | None = None) -> None:
+                 check_files: Callable[[list[Path]], object] | None = None, late: str | None = None,
+                 ids: list[str] | None = None) -> None:
         self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
         self.per_batch, self.event_time, self.on_batch = per_batch, event_time, on_batch
-        self.check_files = check_files
+        self.check_files, self.late, self.ids = check_files, late, ids
+        self.out_specs = {n: t for n, t in specs.items() if n != late}
         self._bound = False
         self._warned = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
 
-    def _stats(self, batch_id: int) -> BatchStats | None:
-        """Step 2: N's input rows and late drops; None when they cannot be counted."""
+    def _stats(self, batch_id: int) -> tuple[BatchStats | None, ckpt.BatchInput | None]:
+        """Step 2: N's input files, rows and late drops; None when they cannot be counted."""
         if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count
-            return None
+            return None, None
         batch = ckpt.batch_input(self.checkpoint, batch_id)
         if self.check_files is not None:
             self.check_files(batch.files)
@@ -196,21 +203,39 @@ class _Writer(BatchWriter):
                 print(f"onceflow: warning: input rows and late drops are not counted for this query "
                       f"({exc}); the markers record the batch's own rows and 0 late", file=sys.stderr)
                 self._warned = True
-            return None
-        return BatchStats(rows, late, batch.late_watermark_ms)
+            return None, batch
+        return BatchStats(rows, late, batch.late_watermark_ms), batch
+
+    def _late_rows(self, df: DataFrame, stats: BatchStats, batch: ckpt.BatchInput) -> DataFrame:
+        """The input rows of N that the watermark dropped, as they are in N's files (step 4).
+
+        Plus ``missed_watermark`` (the watermark they were behind); one row per id when the
+        ids are known (a late record sent twice is one late record).
+        """
+        from pyspark.sql import functions as F
+
+        wm = stats.late_watermark_ms
+        rows = (df.sparkSession.read.parquet(*[str(f) for f in batch.files])
+                .where(F.unix_micros(F.col(str(self.event_time))) <= F.lit(wm * 1000))
+                .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
+        return rows.dropDuplicates(self.ids) if self.ids else rows
 
     def _outputs(self, df: DataFrame) -> dict[str, Any]:
+        specs = self.out_specs
         if self.per_batch is None:
-            if len(self.specs) != 1:
-                raise ConfigError(f"with several tables ({sorted(self.specs)}) per_batch= must say which "
+            if len(specs) != 1:
+                raise ConfigError(f"with several tables ({sorted(specs)}) per_batch= must say which "
                                   "rows go where: return {table_name: DataFrame}")
-            return {next(iter(self.specs)): df}
+            return {next(iter(specs)): df}
         out = self.per_batch(df)
         if not isinstance(out, Mapping):
-            if len(self.specs) != 1:
+            if len(specs) != 1:
                 raise ConfigError("per_batch returned one DataFrame, but tables= names several tables: "
                                   "return {table_name: DataFrame}")
-            return {next(iter(self.specs)): out}
+            return {next(iter(specs)): out}
+        if self.late is not None and self.late in out:
+            raise ConfigError(f"per_batch returned rows for {self.late!r}, the table of late rows (late=): "
+                              "onceflow fills it; write to another table")
         return dict(out)
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
@@ -246,12 +271,20 @@ class _Writer(BatchWriter):
                     pending.result()  # a bad input file is the clearer error: it names the file
                     raise
             rows_out = self._rows_out(observation, df)
-            stats = pending.result() or BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint,
-                                                                                       batch_id))
+            counted, batch = pending.result()
+            stats = counted or BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint, batch_id))
+            if self.late is not None and counted is not None and batch is not None and counted.late_dropped:
+                late = self._late_rows(df, counted, batch)  # 4
+                if executor_side:
+                    frames[self.late] = late.persist()
+                    cached.append(frames[self.late])
+                    outputs[self.late] = None
+                else:
+                    outputs[self.late] = late.toArrow()
             if executor_side:
                 committed = self.sink.commit_frames(batch_id, frames, self.specs, stats, rows_out)  # type: ignore[attr-defined]
             else:
-                committed = self.sink.commit_tables(batch_id, outputs, self.specs, stats, rows_out)  # 4
+                committed = self.sink.commit_tables(batch_id, outputs, self.specs, stats, rows_out)  # 5
         finally:
             for f in cached:
                 f.unpersist()
@@ -344,7 +377,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  once: bool = False,
                  trigger: str = "1 second", event_time: str | None = None,
                  on_batch: Callable[[dict[str, Any]], None] | None = None,
-                 check_files: Callable[[list[Path]], object] | None = None, **unknown: Any) -> OnceQuery:
+                 check_files: Callable[[list[Path]], object] | None = None, late: str | None = None,
+                 **unknown: Any) -> OnceQuery:
     """Start a query that writes every micro-batch to ``tables`` exactly once.
 
     Args:
@@ -364,6 +398,10 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         check_files: Called with each batch's input files (file sources) before anything of the
             batch is written; raise to stop the query (e.g. ``EventLog(dir).validate``, which
             refuses a file whose schema Spark would silently read as nulls).
+        late: A table that receives, exactly once, the input rows each batch's watermark
+            dropped (file sources): the rows as they are in the input files, plus
+            ``missed_watermark``; one per id when ``df`` comes from :func:`deduplicate`. Its
+            spec is ``tables[late]`` if given, else upsert by the dedup id (else append).
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
@@ -374,7 +412,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             (naming the nearest valid one, e.g. ``tabels`` -> ``tables``).
     """
     refuse_unknown(set(unknown), {"df", "sink", "checkpoint", "tables", "per_batch", "once", "trigger",
-                                  "event_time", "on_batch", "check_files"}, "onceflow.write_stream")
+                                  "event_time", "on_batch", "check_files", "late"},
+                   "onceflow.write_stream")
     specs = check_specs(tables or {})
     if not df.isStreaming:
         raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
@@ -383,7 +422,13 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
     path = Path(checkpoint)
     event_time = event_time or getattr(df, _EVENT_TIME_ATTR, None)
-    writer = _Writer(sink, path, specs, per_batch, event_time, on_batch, check_files)
+    ids = getattr(df, _ID_ATTR, None)
+    if late is not None:
+        if event_time is None:
+            raise ConfigError("late= needs the event-time column: pass event_time=, or build the stream "
+                              "with onceflow.deduplicate(...)")
+        specs = check_specs({**specs, late: specs.get(late) or (Table(key=ids) if ids else Table())})
+    writer = _Writer(sink, path, specs, per_batch, event_time, on_batch, check_files, late, ids)
     listener = None
     selected = armed()
     if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:

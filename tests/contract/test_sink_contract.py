@@ -1,7 +1,8 @@
 """The sink contract (``onceflow.sinks.base``), one suite run against every backend.
 
-SQLite, PostgreSQL with the driver-side transaction, and PostgreSQL written by Spark's
-executors with the staged and the two-phase protocol. Every backend must: add deltas, skip
+The generic sinks with Example 5-1's tables, fed as its ``per_batch`` feeds them: SQLite,
+PostgreSQL with the driver-side transaction, and PostgreSQL written by Spark's executors with
+the staged and the two-phase protocol. Every backend must: add deltas, skip
 a replayed batch (also after a restart), leave nothing of a failed batch, record the batch's
 metrics in its marker, refuse a sink of another checkpoint, and behave at the crash points
 when its process is really SIGKILLed there.
@@ -41,8 +42,7 @@ def test_deltas_add_up_and_global_is_the_sum(backend: Backend) -> None:
     sink.bind("q1")
     assert sink.commit_batch(0, B0, STATS)
     assert sink.commit_batch(1, B1, STATS)
-    sink.flush()  # a staged sink applies in the background; flush waits for it
-    assert backend.staged() == []
+    sink.flush()
     users, glob = backend.counts()
     assert users == {("a", 0): 3, ("b", 0): 2, ("a", 60_000): 5, ("c", 120_000): 5}
     assert glob == {0: 5, 60_000: 5, 120_000: 5}
@@ -74,13 +74,10 @@ def test_failed_batch_leaves_nothing_and_its_retry_commits(backend: Backend) -> 
     sink.flush()
     before = backend.counts()
     backend.break_window_999(True)
-    with pytest.raises(Exception, match="boom"):  # a staged sink reports it at flush
+    with pytest.raises(Exception, match="boom"):
         sink.commit_batch(1, deltas([("a", 0, 7), ("z", 999, 1)]), STATS)
-        sink.flush()
     assert backend.counts() == before
     assert [b["batch_id"] for b in backend.batches()] == [0]
-    if backend.kind == "sqlite":  # accepted before the failure: kept staged, not lost
-        assert backend.staged() == [1]
     backend.break_window_999(False)
     assert sink.commit_batch(1, B1, STATS)
     sink.flush()
@@ -109,16 +106,11 @@ def test_sigkill_inside_the_transaction_then_after_the_commit(backend: Backend) 
     assert backend.counts() == ({}, {})
     assert backend.batches() == []
     assert _child(backend, "after_sink_commit") == -9
-    if backend.kind == "sqlite":  # staged: durable, applied by the restart's bind
-        assert backend.staged() == [0]
-        assert backend.batches() == []
-        assert backend.counts()[0] == {}
-    else:
-        assert [b["batch_id"] for b in backend.batches()] == [0]  # the marker is there
+    assert [b["batch_id"] for b in backend.batches()] == [0]  # the marker is there
     if backend.kind == "postgres-2pc":  # decided; the prepared rows wait for recovery
         assert len(backend.prepared()) >= 1
         assert backend.counts()[0] == {}
-    elif backend.kind != "sqlite":
+    else:
         assert backend.counts()[0] == {("a", 0): 3, ("b", 0): 2, ("a", 60_000): 1}
     sink = backend.make()  # the restarted driver re-runs batch 0: a no-op
     sink.bind("q1")
@@ -127,21 +119,3 @@ def test_sigkill_inside_the_transaction_then_after_the_commit(backend: Backend) 
     assert backend.counts()[1] == {0: 5, 60_000: 1}
     assert [b["batch_id"] for b in backend.batches()] == [0]
     assert backend.prepared() == []
-    assert backend.staged() == []
-
-
-def test_sigkill_after_spark_committed_a_staged_batch_not_yet_applied(tmp_path: Path) -> None:
-    """The staged sink's own gap: Spark's commit log has N, only the staged row has its deltas."""
-    backend = Backend("sqlite", str(tmp_path / "sink.db"))
-    assert _child(backend, "apply_pending") == -9
-    assert backend.staged() == [0]
-    assert backend.batches() == []
-    assert backend.counts() == ({}, {})
-    sink = backend.make()  # the restart: Spark will not re-run batch 0, bind applies it
-    sink.bind("q1")
-    assert backend.staged() == []
-    assert [b["batch_id"] for b in backend.batches()] == [0]
-    assert backend.counts() == ({("a", 0): 3, ("b", 0): 2, ("a", 60_000): 1}, {0: 5, 60_000: 1})
-    assert sink.commit_batch(1, B1, STATS)
-    sink.close()
-    assert backend.counts()[0][("a", 60_000)] == 5

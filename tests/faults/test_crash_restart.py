@@ -20,8 +20,9 @@ import pytest
 
 from onceflow.audit.driver import Driver, committed_batches, wait_until
 from onceflow.audit.recompute import diff_counts
+from onceflow.audit.verdict import read_counts
 from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks.sqlite import read_batches, read_counts
+from onceflow.sinks.sqlite import read_batches
 from onceflow.sources.log import EventLog
 from tests.helpers import distinct_counts
 

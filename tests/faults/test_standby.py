@@ -13,9 +13,9 @@ import pytest
 
 from onceflow.audit.driver import Driver, Standby, wait_until
 from onceflow.audit.recompute import diff_counts
+from onceflow.audit.verdict import read_counts
 from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, archive_path, use_options
-from onceflow.sinks.sqlite import read_counts
 from onceflow.sources.log import EventLog
 from tests.helpers import distinct_counts
 

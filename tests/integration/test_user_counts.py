@@ -1,4 +1,4 @@
-"""Example 5-1 on real Spark: exact results, counted late data, clear errors for bad input."""
+"""Example 5-1 on the public API and real Spark: exact results, counted late data, clear errors."""
 
 from __future__ import annotations
 
@@ -14,10 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.audit.recompute import diff_counts, expected_counts
+from onceflow.audit.verdict import read_counts
+from onceflow.cli.run import PipelineConfig, Totals, run_pipeline
 from onceflow.errors import BadSegmentError, CheckpointMismatchError
 from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.pipelines.user_counts import UserCountsConfig, run
-from onceflow.sinks.sqlite import SQLiteSink, read_batches, read_counts
+from onceflow.sinks import make_sink
+from onceflow.sinks.sqlite import read_batches
 from onceflow.sources.log import EventLog
 from tests.helpers import distinct_counts
 
@@ -33,13 +35,17 @@ def _fill(log_dir: Path, **kw: Any) -> int:
     return n
 
 
-def _run(spark: Any, tmp: Path, **kw: Any) -> Any:
-    cfg = UserCountsConfig(log_dir=tmp / "log", checkpoint=tmp / "ck", **kw)
-    sink = SQLiteSink(tmp / "db.sqlite")
+def run(spark: Any, cfg: PipelineConfig, db: Path) -> Totals:
+    """Example 5-1 (``onceflow.examples.user_counts``) into SQLite, as ``onceflow run --once`` runs it."""
+    sink = make_sink("sqlite", db, None)
     try:
-        return run(spark, cfg, sink, once=True)
+        return run_pipeline(spark, cfg, sink, once=True)
     finally:
         sink.close()
+
+
+def _run(spark: Any, tmp: Path, **kw: Any) -> Totals:
+    return run(spark, PipelineConfig(log_dir=tmp / "log", checkpoint=tmp / "ck", **kw), tmp / "db.sqlite")
 
 
 def test_result_equals_independent_recomputation_and_resumes(spark: Any, tmp_path: Path) -> None:
@@ -67,7 +73,7 @@ def test_late_drops_follow_spark_and_are_recorded(spark: Any, tmp_path: Path) ->
     rows = _fill(tmp_path / "log", events=20_000, users=10, minutes=30, duplicates=0.05, late=0.03,
                  seed=5, segment_size=2_000)
     res = _run(spark, tmp_path, max_files_per_trigger=2)
-    recorded = {b["batch_id"]: b for b in read_batches(tmp_path / "db.sqlite")}
+    recorded = {b["batch_id"]: b for b in read_batches(tmp_path / "db.sqlite", "user_counts")}
     assert sum(b["input_rows"] for b in recorded.values()) == rows
     # Spark's own metric, per batch, equals what onceflow computed from the checkpoint
     spark_late = {p["batchId"]: sum(op["numRowsDroppedByWatermark"] for op in p["stateOperators"])
@@ -100,11 +106,9 @@ def test_bad_segment_mid_stream_stops_before_writing(
     original = EventLog.validate
     monkeypatch.setattr(EventLog, "validate",
                         lambda self, paths=None: 0 if paths is None else original(self, paths))
-    cfg = UserCountsConfig(log_dir=tmp_path / "log", checkpoint=tmp_path / "ck")
-    sink = SQLiteSink(tmp_path / "db.sqlite")
+    cfg = PipelineConfig(log_dir=tmp_path / "log", checkpoint=tmp_path / "ck")
     with pytest.raises(BadSegmentError, match="missing column 'user'") as info:
-        run(spark, cfg, sink, once=True)
-    sink.close()
+        run(spark, cfg, tmp_path / "db.sqlite")
     monkeypatch.undo()
     assert info.value.path == str(bad_path)
     assert read_counts(tmp_path / "db.sqlite") == before
@@ -121,11 +125,9 @@ def test_bad_segment_mid_stream_stops_before_writing(
 def test_new_checkpoint_with_old_database_is_refused(spark: Any, tmp_path: Path) -> None:
     _fill(tmp_path / "log", events=1_000, seed=1)
     _run(spark, tmp_path)
-    cfg = UserCountsConfig(log_dir=tmp_path / "log", checkpoint=tmp_path / "other-ck")
-    sink = SQLiteSink(tmp_path / "db.sqlite")
+    cfg = PipelineConfig(log_dir=tmp_path / "log", checkpoint=tmp_path / "other-ck")
     with pytest.raises(CheckpointMismatchError, match="query id"):
-        run(spark, cfg, sink, once=True)
-    sink.close()
+        run(spark, cfg, tmp_path / "db.sqlite")
 
 
 @pytest.mark.parametrize("kind", ["corrupt", "wrong_schema"])

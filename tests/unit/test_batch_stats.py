@@ -10,8 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onceflow import checkpoint as ckpt
-from onceflow.pipelines.user_counts import _batch_stats
 from onceflow.records import EVENT_SCHEMA
+from onceflow.sinks.base import BatchStats
+
+
+def _batch_stats(batch: ckpt.BatchInput) -> BatchStats:
+    rows, late = ckpt.count_input(batch, "event_time")
+    return BatchStats(rows, late, batch.late_watermark_ms)
 
 
 def _file(path: Path, micros: list[int], row_group_size: int) -> Path:

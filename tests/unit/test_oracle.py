@@ -11,8 +11,9 @@ from onceflow.audit.oracle import expect
 from onceflow.audit.verdict import judge_sqlite
 from onceflow.records import EVENT_SCHEMA
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite import SQLiteSink
+from onceflow.sinks.sqlite_tables import SQLiteTablesSink
 from onceflow.sources.log import EventLog
+from tests.helpers import commit_deltas
 
 MIN = 60_000_000  # one minute in microseconds
 
@@ -77,7 +78,7 @@ def test_oracle_applies_late_rule_and_dedup_across_batches(tmp_path: Path) -> No
 
 
 def _fill_sink(db: Path, late3: int = 2, extra: int = 0, skip: int | None = None) -> None:
-    sink = SQLiteSink(db)
+    sink = SQLiteTablesSink(db, sink_id="user_counts")
     sink.bind("q")
 
     def deltas(rows: list[tuple[str, int, int]]) -> pa.Table:
@@ -92,7 +93,7 @@ def _fill_sink(db: Path, late3: int = 2, extra: int = 0, skip: int | None = None
             3: (deltas([("u1", 300_000, 1)]), BatchStats(4, late3, 300_000))}
     for b, (d, st) in plan.items():
         if b != skip:
-            sink.commit_batch(b, d, st)
+            commit_deltas(sink, b, d, st)
     sink.close()
 
 

@@ -8,13 +8,49 @@ every batch in Spark's commit log has exactly one marker in the sink.
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from onceflow.audit.oracle import Expectation
 from onceflow.audit.recompute import CountDiff, diff_counts
-from onceflow.sinks.sqlite import read_batches, read_counts
+from onceflow.sinks.sqlite import read_batches
+
+Counts = tuple[dict[tuple[str, int], int], dict[int, int]]
+"""Example 5-1's tables as read back: ``({(user, window_start_ms): count}, {window_start_ms: count})``."""
+
+
+def read_counts(path: str | Path) -> Counts:
+    """Read Example 5-1's tables from a SQLite database (empty for tables not created yet)."""
+    if not Path(path).exists():
+        return {}, {}
+    conn = sqlite3.connect(str(path))
+    try:
+        have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        users = {(u, w): c for u, w, c in conn.execute(
+            "SELECT user, window_start_ms, count FROM user_counts")} if "user_counts" in have else {}
+        glob = dict(conn.execute("SELECT window_start_ms, count FROM global_counts").fetchall()
+                    ) if "global_counts" in have else {}
+    finally:
+        conn.close()
+    return users, glob
+
+
+def read_pg_counts(dsn: str) -> Counts:
+    """Read Example 5-1's tables from PostgreSQL (empty for tables not created yet)."""
+    from onceflow.sinks import pg
+
+    with pg.session(dsn) as conn:
+        users: dict[tuple[str, int], int] = {}
+        glob: dict[int, int] = {}
+        if conn.execute("SELECT to_regclass('user_counts') IS NOT NULL").fetchone()[0]:
+            users = {(u, int(w)): int(c) for u, w, c in conn.execute(
+                'SELECT "user", window_start_ms, count FROM user_counts')}
+        if conn.execute("SELECT to_regclass('global_counts') IS NOT NULL").fetchone()[0]:
+            glob = {int(w): int(c) for w, c in conn.execute(
+                "SELECT window_start_ms, count FROM global_counts")}
+    return users, glob
 
 
 @dataclass
@@ -93,9 +129,8 @@ def judge_postgres(dsn: str, expectation: Expectation, sink_id: str = "user_coun
         The verdict.
     """
     from onceflow.sinks import pg
-    from onceflow.sinks.postgres import read_counts
 
-    users, glob = read_counts(dsn)
+    users, glob = read_pg_counts(dsn)
     with pg.session(dsn) as conn:
         pending = pg.prepared_gids(conn, f"of:{sink_id}")
     verdict = judge(f"postgres:{pg.redact(dsn)}", users, glob, pg.read_batches(dsn, sink_id),

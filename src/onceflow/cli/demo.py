@@ -11,8 +11,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from onceflow.cli.run import print_batch
-
 
 @click.command()
 @click.option("--workdir", default="onceflow-demo", show_default=True,
@@ -28,10 +26,10 @@ def demo(workdir: Path, events: int, users: int, minutes: float, duplicates: flo
          seed: int) -> None:
     """Generate a stream with retries and late data, count it exactly once, and check it."""
     from onceflow.audit.recompute import diff_counts, expected_counts
+    from onceflow.audit.verdict import read_counts
+    from onceflow.cli.run import PipelineConfig, run_pipeline
     from onceflow.generator import GeneratorConfig, generate_segments
-    from onceflow.pipelines.user_counts import UserCountsConfig
-    from onceflow.pipelines.user_counts import run as run_pipeline
-    from onceflow.sinks.sqlite import SQLiteSink, read_counts
+    from onceflow.sinks import make_sink
     from onceflow.sources.log import EventLog
     from onceflow.spark import session
 
@@ -51,10 +49,10 @@ def demo(workdir: Path, events: int, users: int, minutes: float, duplicates: flo
                   f"{duplicates:.0%} producer retries, {late:.0%} late) in {log_dir}")
     console.print("[bold]2. starting Spark[/bold] (a few seconds) ...")
     spark = session()
-    pcfg = UserCountsConfig(log_dir=log_dir, checkpoint=ck, max_files_per_trigger=2)
-    sink = SQLiteSink(db)
+    pcfg = PipelineConfig(log_dir=log_dir, checkpoint=ck, max_files_per_trigger=2)
+    sink = make_sink("sqlite", db, None)
     try:
-        result = run_pipeline(spark, pcfg, sink, once=True, on_commit=print_batch)
+        result = run_pipeline(spark, pcfg, sink, once=True)
     finally:
         sink.close()
     users_got, global_got = read_counts(db)
@@ -90,5 +88,6 @@ def demo(workdir: Path, events: int, users: int, minutes: float, duplicates: flo
         ).fetchone()[0]
     console.print(f"   late drops recorded in onceflow_batches: {late_rec:,}")
     console.print(f"Query it yourself: sqlite3 {db} 'SELECT * FROM global_counts LIMIT 5'")
+    console.print("The pipeline is onceflow/examples/user_counts.py: copy it to make your own.")
     if not ok:
         sys.exit(1)

@@ -2,18 +2,58 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
 from onceflow.cli.options import Duration, secret_dsn
-from onceflow.pipelines.common import PipelineConfig
+from onceflow.errors import BadSegmentError, ConfigError
 from onceflow.sinks import SINKS, make_sink
+from onceflow.sources.log import EventLog
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """How to run a pipeline over the event log.
+
+    Attributes:
+        log_dir: The event log directory.
+        checkpoint: Spark checkpoint directory (one per query, reused on restart).
+        allowed_lateness_s: Watermark delay: events more than this behind the
+            maximum event time seen are late and dropped (and counted).
+        max_files_per_trigger: Segments per micro-batch; all available when None.
+        trigger_interval: Processing-time trigger for continuous runs.
+    """
+
+    log_dir: Path
+    checkpoint: Path
+    allowed_lateness_s: float = 60.0
+    max_files_per_trigger: int | None = None
+    trigger_interval: str = "1 second"
+
+    def __post_init__(self) -> None:
+        if self.allowed_lateness_s <= 0:
+            raise ConfigError(
+                "allowed lateness must be > 0: it bounds the dedup state (a zero or "
+                f"missing delay would keep every event id forever), got {self.allowed_lateness_s}"
+            )
+        if self.max_files_per_trigger is not None and self.max_files_per_trigger < 1:
+            raise ConfigError(f"max_files_per_trigger must be >= 1, got {self.max_files_per_trigger}")
+
+
+def explain_failure(exc: BaseException, log: EventLog) -> BaseException:
+    """Turn a Spark failure caused by a log file into a BadSegmentError naming it."""
+    text = str(exc)
+    for seg in log.segments():
+        if seg.path.name in text:
+            return BadSegmentError(str(seg.path), f"Spark could not read it: {text[:300]}")
+    return exc
 
 
 def print_batch(info: dict[str, Any]) -> None:
@@ -41,6 +81,8 @@ class Totals:
     duplicates_dropped: int = 0
     events_counted: int = 0
     seconds: float = 0.0
+    progress: list[dict[str, Any]] = field(default_factory=list)
+    """Spark's recent progress reports of the query."""
 
     def add(self, info: dict[str, Any]) -> None:
         """Count one batch (an ``on_batch`` callback) and print its line."""
@@ -60,21 +102,25 @@ class Totals:
         return self.input_rows / self.seconds if self.seconds > 0 else 0.0
 
 
-def run_user_counts(spark: Any, cfg: PipelineConfig, sink: Any, once: bool) -> Totals:
-    """Run Example 5-1 (:mod:`onceflow.examples.user_counts`) until drained (``once``) or stopped.
+PIPELINES = {"user_counts": "onceflow.examples.user_counts", "billing": "onceflow.examples.billing"}
+"""``--pipeline`` choice -> the example module that runs it (its ``start``)."""
+DEFAULT_SINK = {"user_counts": "sqlite", "billing": "postgres-staged"}
+
+
+def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
+                 pipeline: str = "user_counts") -> Totals:
+    """Run an example pipeline (:data:`PIPELINES`) until drained (``once``) or stopped.
 
     Raises:
         BadSegmentError: A segment of the log is unreadable or has the wrong schema.
         OnceflowError: What failed inside a batch.
     """
     from onceflow.errors import OnceflowError
-    from onceflow.examples import user_counts
-    from onceflow.pipelines.common import explain_failure
-    from onceflow.sources.log import EventLog
 
+    module = importlib.import_module(PIPELINES[pipeline])
     totals = Totals()
     started = time.perf_counter()
-    query = user_counts.start(spark, cfg.log_dir, sink, cfg.checkpoint, within=cfg.allowed_lateness_s,
+    query = module.start(spark, cfg.log_dir, sink, cfg.checkpoint, within=cfg.allowed_lateness_s,
                               max_files_per_trigger=cfg.max_files_per_trigger, once=once,
                               trigger=cfg.trigger_interval, on_batch=totals.add)
     try:
@@ -84,6 +130,7 @@ def run_user_counts(spark: Any, cfg: PipelineConfig, sink: Any, once: bool) -> T
     except Exception as exc:
         raise explain_failure(exc, EventLog(cfg.log_dir)) from exc
     totals.seconds = time.perf_counter() - started
+    totals.progress = [dict(p) for p in query.query.recentProgress]
     return totals
 
 
@@ -109,9 +156,9 @@ def run_user_counts(spark: Any, cfg: PipelineConfig, sink: Any, once: bool) -> T
               help="Batches of checkpoint history Spark keeps (spark.sql.streaming.minBatchesToRetain, "
                    "default 100). 'onceflow verify' audits from the first batch, so it retains all.")
 @click.option("--sink", "sink_kind", type=click.Choice(SINKS), default=None,
-              help="Where results go. user_counts: sqlite (default); postgres (driver-side "
-                   "transaction); postgres-staged / postgres-2pc (written by the executors). "
-                   "billing: postgres-staged (default) or postgres-2pc. Negative controls, never "
+              help="Where results go: sqlite (default of user_counts); postgres (driver-side "
+                   "transaction); postgres-staged (default of billing) / postgres-2pc (written by "
+                   "the executors). Negative controls, never "
                    "for real data: 'naive' and 'postgres-naive' have no batch marker "
                    "(duplicates), 'lossy' commits the marker before the rows (loss).")
 @click.option("--standby", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
@@ -119,8 +166,9 @@ def run_user_counts(spark: Any, cfg: PipelineConfig, sink: Any, once: bool) -> T
                    "exists before touching the log, the sink or the checkpoint.")
 @click.option("--pipeline", type=click.Choice(["user_counts", "billing"]), default="user_counts",
               show_default=True,
-              help="user_counts: Example 5-1 per-user/global counts per minute; billing: bytes "
-                   "per account and hour into PostgreSQL, late records into late_events.")
+              help="user_counts: Example 5-1 per-user/global counts per minute "
+                   "(onceflow/examples/user_counts.py); billing: bytes per account and hour, late "
+                   "records kept in late_events (onceflow/examples/billing.py).")
 def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, once: bool,
         allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
@@ -128,9 +176,8 @@ def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, on
     """Run a pipeline over the event log, exactly once into its sink.
 
     The default pipeline is Streaming Systems Example 5-1 (per-user and global counts per
-    minute); --pipeline billing sums bytes per account and hour into PostgreSQL.
+    minute); --pipeline billing sums bytes per account and hour (default sink postgres-staged).
     """
-    from onceflow.sources.log import EventLog
     from onceflow.spark import session
 
     conf = {}
@@ -145,13 +192,10 @@ def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, on
                          max_files_per_trigger=max_files_per_trigger,
                          trigger_interval=trigger_interval)
     EventLog(log_dir).validate()  # fail fast, before Spark starts
-    if pipeline == "billing":
-        _run_billing(cfg, sink_kind or "postgres-staged", pg_dsn, master, conf, once)
-        return
-    sink = make_sink(sink_kind or "sqlite", db, pg_dsn)
+    sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], db, pg_dsn, sink_id=pipeline)
     spark = spark or session(master=master, conf=conf)
     try:
-        result = run_user_counts(spark, cfg, sink, once)
+        result = run_pipeline(spark, cfg, sink, once, pipeline)
     finally:
         sink.close()
     click.echo(
@@ -175,21 +219,3 @@ def wait_for_release(go: Path, poll_s: float = 0.02) -> None:
             click.echo("onceflow: standby released by nobody: its starter exited", err=True)
             sys.exit(3)
         time.sleep(poll_s)
-
-
-def _run_billing(cfg: Any, sink_kind: str, pg_dsn: str | None, master: str | None,
-                 conf: dict[str, str], once: bool) -> None:
-    """``onceflow run --pipeline billing``."""
-    from onceflow.errors import ConfigError
-    from onceflow.pipelines.billing import run as run_billing
-    from onceflow.sinks.pg import resolve_dsn
-    from onceflow.spark import session
-
-    if sink_kind not in ("postgres-staged", "postgres-2pc"):
-        raise ConfigError(f"--pipeline billing writes to PostgreSQL from the executors: use "
-                          f"--sink postgres-staged or postgres-2pc, not {sink_kind}")
-    dsn = resolve_dsn(pg_dsn)
-    spark = session(master=master, conf=conf)
-    result = run_billing(spark, cfg, dsn, protocol=sink_kind.removeprefix("postgres-"), once=once)
-    click.echo(f"done: {result.batches} batches written to billing and late_events "
-               f"in {result.seconds:.1f} s")

@@ -246,7 +246,13 @@ class PostgresFramesSink:
                 f"protocol={self.protocol!r})")
 
     def bind(self, query_id: str) -> None:
-        """Remember the checkpoint's query id; each table's sink id is bound by its first write."""
+        """Tie the sink id to the checkpoint; each table's ``<sink_id>.<table>`` is bound by its first write.
+
+        Raises:
+            CheckpointMismatchError: The sink id belongs to another checkpoint.
+        """
+        with pg.session(self.dsn) as conn:
+            pg.bind_sink(conn, self.sink_id, query_id, pg.redact(self.dsn))
         self.query_id = query_id
 
     @staticmethod

@@ -27,7 +27,7 @@ Types: integers and booleans are ``INTEGER``, floats and decimals ``REAL``, stri
 sorts and compares correctly and SQLite's date functions read), dates ``TEXT``
 (``YYYY-MM-DD``). Nested types are refused.
 
-The marker row (``onceflow_batches``, shared with the Example 5-1 sink) holds the batch's
+The marker row (``onceflow_batches``, :mod:`onceflow.sinks.sqlite`) holds the batch's
 input rows, late drops, the rows its DataFrame had (``events_counted``), duplicates dropped
 (input minus late minus those), rows written over all tables and per table (``tables``, JSON).
 """
@@ -47,7 +47,7 @@ import pyarrow.compute as pc
 from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite import _HAS_MARKER, META_SCHEMA, Mode, bind_query, check_sink_args, connect
+from onceflow.sinks.sqlite import HAS_MARKER, Mode, bind_query, check_sink_args, connect
 from onceflow.tables import Table, check_outputs
 
 _MARKER = ("INSERT OR REPLACE INTO onceflow_batches(sink_id, batch_id, committed_ms, input_rows, "
@@ -134,7 +134,7 @@ class SQLiteTablesSink:
         """The open connection (opened on first use)."""
         if self._conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = connect(self.path, META_SCHEMA)  # onceflow's tables only, not Example 5-1's
+            self._conn = connect(self.path)
             cols = {r[1] for r in self._conn.execute("PRAGMA table_info(onceflow_batches)")}
             if "tables" not in cols:
                 self._conn.execute("ALTER TABLE onceflow_batches ADD COLUMN tables TEXT")
@@ -208,7 +208,7 @@ class SQLiteTablesSink:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")  # 2
         try:
-            if self.mode != "naive" and conn.execute(_HAS_MARKER, (self.sink_id, batch_id)).fetchone():
+            if self.mode != "naive" and conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():
                 conn.execute("ROLLBACK")
                 return False
             if self.mode == "lossy":  # negative control: the marker commits before the rows

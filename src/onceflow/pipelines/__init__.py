@@ -1,1 +1,0 @@
-"""Ready-made exactly-once pipelines."""
