@@ -34,9 +34,6 @@ class CrashPoint(str, Enum):
     """Rows and marker written inside the open sink transaction, not committed."""
     AFTER_SINK_COMMIT = "after_sink_commit"
     """The sink transaction committed; Spark has not written its commit log."""
-    APPLY_PENDING = "apply_pending"
-    """Staged SQLite sink: the batch is staged and Spark wrote its commit log; the apply of
-    its deltas to the tables has not run (the process dies at the next batch or at the end)."""
     AFTER_COMMIT_LOG = "after_commit_log"
     """Spark wrote the commit log of the batch."""
     AMBIGUOUS_COMMIT = "ambiguous_commit"

@@ -141,3 +141,37 @@ def test_a_json_source_with_a_derived_event_time_runs_with_a_warning(
     with sqlite3.connect(tmp_path / "j.db") as c:
         assert sorted(c.execute("SELECT id, n FROM rows")) == [("x1", 2), ("x2", 3)]
     assert "are not counted for this query" in capfd.readouterr().err
+
+
+def test_late_rows_are_kept_and_the_checkpoint_explains_every_marker(utc: Any, tmp_path: Path) -> None:
+    from onceflow import checkpoint as ck
+
+    (tmp_path / "in").mkdir()
+    t = payments.START
+
+    def run() -> None:
+        df = (utc.readStream.schema(payments.SCHEMA).option("maxFilesPerTrigger", 1)
+              .parquet(str(tmp_path / "in")))
+        clean = onceflow.deduplicate(df, id="payment_id", event_time="ts", within="10 minutes")
+        query = onceflow.write_stream(clean, onceflow.sqlite(tmp_path / "l.db"), tmp_path / "ck",
+                                      {"payments": onceflow.Table()}, late="late_payments", once=True)
+        query.awaitTermination()
+
+    _write(tmp_path / "in" / "part-000000.parquet", [("p1", "a", 1, t + dt.timedelta(hours=1))])
+    run()
+    _write(tmp_path / "in" / "part-000001.parquet",  # p2 late, sent twice; p3 on time
+           [("p2", "a", 2, t), ("p2", "a", 2, t), ("p3", "a", 3, t + dt.timedelta(hours=1))])
+    run()
+    run()  # nothing new: no batch, nothing written twice
+    with sqlite3.connect(tmp_path / "l.db") as c:
+        assert sorted(c.execute("SELECT payment_id FROM payments")) == [("p1",), ("p3",)]
+        late = c.execute("SELECT payment_id, amount_cents, ts, missed_watermark FROM late_payments")
+        late = late.fetchall()
+    assert late == [("p2", 2, "2026-01-01 00:00:00", "2026-01-01 00:50:00")]  # once, with the watermark
+    markers = onceflow.sqlite(tmp_path / "l.db").batches()
+    assert sum(m["late_dropped"] for m in markers) == 2
+    for m in markers:  # an auditor's view: Spark's checkpoint alone explains each marker
+        batch = ck.batch_input(tmp_path / "ck", m["batch_id"])
+        assert ck.count_input(batch, "ts") == (m["input_rows"], m["late_dropped"])
+        assert batch.late_watermark_ms == m["late_watermark_ms"]
+    assert [m["batch_id"] for m in markers] == ck.committed_batches(tmp_path / "ck")
