@@ -108,6 +108,6 @@ class SinkTarget:
         """The auditor's verdict on this sink."""
         if self.db is not None:
             return judge_sqlite(self.db, expectation, SINK_ID)
-        verdict = judge_postgres(self.dsn, expectation, self.marker_id)
+        verdict = judge_postgres(self.dsn, expectation, self.marker_id, gid_prefix=f"of:{SINK_ID}")
         verdict.sink = self.name
         return verdict

@@ -114,7 +114,8 @@ def judge_sqlite(db: str | Path, expectation: Expectation, sink_id: str = "user_
     return judge(f"sqlite:{db}", users, glob, read_batches(db, sink_id), expectation)
 
 
-def judge_postgres(dsn: str, expectation: Expectation, sink_id: str = "user_counts") -> Verdict:
+def judge_postgres(dsn: str, expectation: Expectation, sink_id: str = "user_counts",
+                   gid_prefix: str | None = None) -> Verdict:
     """Judge a PostgreSQL Example 5-1 sink (any protocol) against the expectation.
 
     Besides the counts and markers, a prepared transaction of the sink still pending
@@ -124,6 +125,8 @@ def judge_postgres(dsn: str, expectation: Expectation, sink_id: str = "user_coun
         dsn: Connection string (its ``search_path`` selects the schema).
         expectation: From :func:`onceflow.audit.oracle.expect`.
         sink_id: The sink's marker namespace.
+        gid_prefix: Prepared transactions that count as the sink's (default ``of:<sink_id>``;
+            the executor-side sinks prepare one per table: ``of:<sink_id>.<table>:...``).
 
     Returns:
         The verdict.
@@ -132,7 +135,7 @@ def judge_postgres(dsn: str, expectation: Expectation, sink_id: str = "user_coun
 
     users, glob = read_pg_counts(dsn)
     with pg.session(dsn) as conn:
-        pending = pg.prepared_gids(conn, f"of:{sink_id}")
+        pending = pg.prepared_gids(conn, gid_prefix or f"of:{sink_id}")
     verdict = judge(f"postgres:{pg.redact(dsn)}", users, glob, pg.read_batches(dsn, sink_id),
                     expectation)
     if pending:
