@@ -152,11 +152,12 @@ def delta(root: str | Path, sink_id: str = "default") -> TablesSink:
 PerBatch = Callable[["DataFrame"], "Mapping[str, DataFrame] | DataFrame"]
 
 
-class BatchWriter:
-    """A ``foreachBatch`` function that remembers the error its :meth:`_write` raised.
+class _Writer:
+    """The ``foreachBatch`` function of :func:`write_stream` (steps 1-5 of the module).
 
     Spark wraps an exception raised inside ``foreachBatch`` into its own; the query's caller
-    re-raises :attr:`error` instead, so the user sees onceflow's error and its message.
+    re-raises :attr:`error` (what the last batch raised) instead, so the user sees onceflow's
+    error and its message.
     """
 
     error: BaseException | None = None
@@ -168,13 +169,6 @@ class BatchWriter:
         except BaseException as exc:
             self.error = exc
             raise
-
-    def _write(self, df: DataFrame, batch_id: int) -> None:
-        raise NotImplementedError
-
-
-class _Writer(BatchWriter):
-    """The ``foreachBatch`` function of :func:`write_stream` (steps 2-4 of the module)."""
 
     def __init__(self, sink: TablesSink, checkpoint: Path, specs: dict[str, Table],
                  per_batch: PerBatch | None, event_time: str | None,

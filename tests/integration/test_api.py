@@ -167,7 +167,8 @@ def test_late_rows_are_kept_and_the_checkpoint_explains_every_marker(utc: Any, t
         assert sorted(c.execute("SELECT payment_id FROM payments")) == [("p1",), ("p3",)]
         late = c.execute("SELECT payment_id, amount_cents, ts, missed_watermark FROM late_payments")
         late = late.fetchall()
-    assert late == [("p2", 2, "2026-01-01 00:00:00.000000", "2026-01-01 00:50:00.000000")]  # once, with its watermark
+    # once, with the watermark it missed
+    assert late == [("p2", 2, "2026-01-01 00:00:00.000000", "2026-01-01 00:50:00.000000")]
     markers = onceflow.sqlite(tmp_path / "l.db").batches()
     assert sum(m["late_dropped"] for m in markers) == 2
     for m in markers:  # an auditor's view: Spark's checkpoint alone explains each marker

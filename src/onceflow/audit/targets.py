@@ -90,7 +90,7 @@ class SinkTarget:
     def batches(self) -> list[dict[str, Any]]:
         """The sink's batch markers with metrics."""
         if self.db is not None:
-            return read_batches(self.db, SINK_ID)
+            return read_batches(self.db, self.marker_id)
         return pg.read_batches(self.dsn, self.marker_id)
 
     def committed_batches(self) -> int:
@@ -107,7 +107,7 @@ class SinkTarget:
     def judge(self, expectation: Expectation) -> Verdict:
         """The auditor's verdict on this sink."""
         if self.db is not None:
-            return judge_sqlite(self.db, expectation, SINK_ID)
+            return judge_sqlite(self.db, expectation, self.marker_id)
         verdict = judge_postgres(self.dsn, expectation, self.marker_id, gid_prefix=f"of:{SINK_ID}")
         verdict.sink = self.name
         return verdict

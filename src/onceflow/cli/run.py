@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from onceflow.cli.options import Duration, secret_dsn
-from onceflow.errors import BadSegmentError, ConfigError
+from onceflow.errors import BadSegmentError, ConfigError, OnceflowError
 from onceflow.sinks import SINKS, make_sink
 from onceflow.sources.log import EventLog
 
@@ -72,7 +72,7 @@ def print_batch(info: dict[str, Any]) -> None:
 
 @dataclass
 class Totals:
-    """What one ``onceflow run`` of Example 5-1 did (this process only)."""
+    """What one ``onceflow run`` of an example pipeline did (this process only)."""
 
     batches_committed: int = 0
     batches_replayed: int = 0
@@ -115,14 +115,12 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
         BadSegmentError: A segment of the log is unreadable or has the wrong schema.
         OnceflowError: What failed inside a batch.
     """
-    from onceflow.errors import OnceflowError
-
     module = importlib.import_module(PIPELINES[pipeline])
     totals = Totals()
     started = time.perf_counter()
     query = module.start(spark, cfg.log_dir, sink, cfg.checkpoint, within=cfg.allowed_lateness_s,
-                              max_files_per_trigger=cfg.max_files_per_trigger, once=once,
-                              trigger=cfg.trigger_interval, on_batch=totals.add)
+                         max_files_per_trigger=cfg.max_files_per_trigger, once=once,
+                         trigger=cfg.trigger_interval, on_batch=totals.add)
     try:
         query.awaitTermination()
     except OnceflowError:
