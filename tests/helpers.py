@@ -79,3 +79,18 @@ def commit_deltas(sink: Any, batch_id: int, deltas: pa.Table, stats: BatchStats)
     counted = int(pc.sum(deltas.column("count")).as_py() or 0)
     return bool(sink.commit_tables(batch_id, {"user_counts": deltas, "global_counts": window_totals(deltas)},
                                    TABLES, stats, counted))
+
+
+def held_batches(db: str | Path, sink_id: str = "user_counts") -> list[int]:
+    """Batch ids a SQLite sink holds durably: applied (a marker) or staged (applied at its restart)."""
+    import sqlite3
+
+    if not Path(db).exists():
+        return []
+    with sqlite3.connect(db, timeout=30) as conn:
+        try:
+            return sorted({r[0] for r in conn.execute(
+                "SELECT batch_id FROM onceflow_batches WHERE sink_id = ? UNION "
+                "SELECT batch_id FROM onceflow_staged WHERE sink_id = ?", (sink_id, sink_id))})
+        except sqlite3.OperationalError:  # not created yet
+            return []

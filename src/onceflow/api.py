@@ -32,9 +32,12 @@ numbered commit protocol is in its module, e.g. :mod:`onceflow.sinks.sqlite_tabl
 4. With ``late=``: the rows of N's input files that the watermark dropped (event time ``<=``
    the late watermark, the rule :mod:`onceflow.checkpoint` counts by), read back by Spark
    only when N dropped any, go to the ``late`` table with the watermark they missed.
-5. ``sink.commit_tables(N, ...)``: checked, then written with the marker in one transaction,
-   or skipped when N's marker is there. Any error here fails the query before Spark writes
-   ``commits/N``; :meth:`OnceQuery.awaitTermination` raises it as the onceflow error it is.
+5. ``sink.commit_tables(N, ...)``: checked, then written with the marker in one transaction
+   (the SQLite sink may stage it durably and apply it beside batch N+1), or skipped when N's
+   marker is there. Any error here fails the query before Spark writes ``commits/N``;
+   :meth:`OnceQuery.awaitTermination` raises it as the onceflow error it is.
+6. When the query ends (``awaitTermination`` returns or raises, ``stop``), the sink's
+   ``flush()`` waits until every batch it accepted is in its tables.
 """
 
 from __future__ import annotations
@@ -310,7 +313,9 @@ class _Writer:
         return int(df.count())
 
     def close(self) -> None:
+        """Stop the stats thread; wait until the sink applied every batch it accepted."""
         self._pool.shutdown(wait=True)
+        self.sink.flush()
 
 
 class OnceQuery:

@@ -52,6 +52,14 @@ class CrashPointError(OnceflowError, ValueError):
     """The crash-point environment variable names an unknown crash point."""
 
 
+class SinkApplyError(OnceflowError, RuntimeError):
+    """A durably staged batch could not be added to the sink's tables.
+
+    The batch stays staged (nothing is lost); a restart with the same checkpoint and
+    database applies it once the cause is fixed.
+    """
+
+
 class StorageError(OnceflowError, OSError):
     """A durable write failed for a reason of the storage: a full disk, a read-only file.
 

@@ -34,6 +34,9 @@ class CrashPoint(str, Enum):
     """Rows and marker written inside the open sink transaction, not committed."""
     AFTER_SINK_COMMIT = "after_sink_commit"
     """The sink transaction committed; Spark has not written its commit log."""
+    APPLY_PENDING = "apply_pending"
+    """SQLite sink: the batch is staged and Spark wrote its commit log; the apply to the
+    tables has not run (the process dies at the next batch or at the end of the run)."""
     AFTER_COMMIT_LOG = "after_commit_log"
     """Spark wrote the commit log of the batch."""
     AMBIGUOUS_COMMIT = "ambiguous_commit"

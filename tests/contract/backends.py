@@ -1,8 +1,8 @@
 """The sink backends the contract suite runs against, and a child process that commits one batch.
 
-``python -m tests.contract.backends KIND LOCATION BATCH`` commits the fixed batch ``B0`` as
-``BATCH`` into a fresh sink of ``KIND`` (with ``ONCEFLOW_CRASH_AT`` from the environment, so
-the process can be SIGKILLed at a crash point).
+``python -m tests.contract.backends KIND LOCATION BATCH`` commits the fixed batch ``B0`` (batch
+0) or ``B1`` (any other) as ``BATCH`` into a sink of ``KIND`` (with ``ONCEFLOW_CRASH_AT`` from
+the environment, so the process can be SIGKILLed at a crash point).
 """
 
 from __future__ import annotations
@@ -37,7 +37,11 @@ class Example51Sink:
         return commit_deltas(self.sink, batch_id, deltas, stats)
 
     def flush(self) -> None:
-        """Every backend applies a batch inside its commit: nothing to wait for."""
+        """Wait until every accepted batch is in the tables (the SQLite sink applies staged
+        batches beside the caller)."""
+        flush = getattr(self.sink, "flush", None)
+        if flush is not None:
+            flush()
 
     def close(self) -> None:
         self.sink.close()
@@ -103,6 +107,13 @@ class Backend:
         with pg.session(self.location) as conn:
             conn.execute(_PG_BOOM if broken else "DROP TRIGGER boom ON user_counts")
 
+    def staged(self) -> list[int]:
+        """Batches the SQLite sink staged and has not applied."""
+        if not self.sqlite or not Path(self.location).exists():
+            return []
+        with sqlite3.connect(self.location) as conn:
+            return [r[0] for r in conn.execute("SELECT batch_id FROM onceflow_staged ORDER BY batch_id")]
+
     def prepared(self) -> list[str]:
         if self.sqlite:
             return []
@@ -119,7 +130,7 @@ def main(argv: list[str]) -> None:
         session(app_name="contract-child", conf={"spark.task.maxFailures": "1"})
     sink = backend.make()
     sink.bind("q1")
-    sink.commit_batch(batch, B0, STATS)
+    sink.commit_batch(batch, B0 if batch == 0 else B1, STATS)
     sink.close()
 
 

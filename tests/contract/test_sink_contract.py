@@ -11,6 +11,7 @@ when its process is really SIGKILLed there.
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.errors import CheckpointMismatchError
+from onceflow.errors import CheckpointMismatchError, SinkApplyError
 from onceflow.faults import CRASH_ENV
 from tests.contract.backends import B0, B1, KINDS, STATS, Backend, deltas
 
@@ -93,10 +94,10 @@ def test_sink_of_another_checkpoint_is_refused(backend: Backend) -> None:
     backend.make(sink_id="second").bind("q2")  # another sink id is fine
 
 
-def _child(backend: Backend, crash_at: str) -> int:
+def _child(backend: Backend, crash_at: str, batch: int = 0) -> int:
     env = {**os.environ, CRASH_ENV: crash_at}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.contract.backends", backend.kind, backend.location, "0"],
+        [sys.executable, "-m", "tests.contract.backends", backend.kind, backend.location, str(batch)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
     return proc.returncode
 
@@ -119,3 +120,56 @@ def test_sigkill_inside_the_transaction_then_after_the_commit(backend: Backend) 
     assert backend.counts()[1] == {0: 5, 60_000: 1}
     assert [b["batch_id"] for b in backend.batches()] == [0]
     assert backend.prepared() == []
+
+
+B0_ONLY = {("a", 0): 3, ("b", 0): 2, ("a", 60_000): 1}
+BOTH = {("a", 0): 3, ("b", 0): 2, ("a", 60_000): 5, ("c", 120_000): 5}
+
+
+@pytest.mark.parametrize("point", ["inside_sink_txn", "after_sink_commit", "apply_pending"])
+def test_sqlite_staged_batch_sigkilled_at_each_point(tmp_path: Path, point: str) -> None:
+    """Batch 1 takes the SQLite sink's staged path (batch 0 created the tables): a real SIGKILL
+    at each of its crash points, then the restart (bind applies what is staged; Spark re-runs
+    batch 1 unless it wrote ``commits/1``, which it did only for ``apply_pending``)."""
+    backend = Backend("sqlite", str(tmp_path / "sink.db"))
+    first = backend.make()
+    first.bind("q1")
+    assert first.commit_batch(0, B0, STATS)
+    first.close()
+    assert _child(backend, f"{point}@1", batch=1) == -9
+    assert backend.counts()[0] == B0_ONLY  # batch 1 is not in the tables ...
+    assert [b["batch_id"] for b in backend.batches()] == [0]
+    assert backend.staged() == ([] if point == "inside_sink_txn" else [1])  # ... but durably staged
+    restarted = backend.make()
+    restarted.bind("q1")
+    assert backend.staged() == []
+    if point != "apply_pending":  # Spark had not written commits/1: it re-runs batch 1
+        assert restarted.commit_batch(1, B1, STATS) == (point == "inside_sink_txn")
+    restarted.close()
+    assert backend.counts() == (BOTH, {0: 5, 60_000: 5, 120_000: 5})
+    assert [b["batch_id"] for b in backend.batches()] == [0, 1]
+
+
+def test_sqlite_staged_batch_that_cannot_apply_stays_staged(tmp_path: Path) -> None:
+    """A table changed between stage and apply (a trigger that refuses rows): the restart says
+    the batch is safe and staged; once the trigger is gone the next restart applies it."""
+    backend = Backend("sqlite", str(tmp_path / "sink.db"))
+    first = backend.make()
+    first.bind("q1")
+    assert first.commit_batch(0, B0, STATS)
+    first.close()
+    assert _child(backend, "apply_pending@1", batch=1) == -9
+    with sqlite3.connect(backend.location) as conn:
+        conn.execute("CREATE TRIGGER boom BEFORE INSERT ON user_counts "
+                     "BEGIN SELECT RAISE(ABORT, 'boom'); END")
+    with pytest.raises(SinkApplyError, match=r"batch 1 of sink 'user_counts' is safely staged.*boom"):
+        backend.make().bind("q1")
+    assert backend.staged() == [1]
+    assert backend.counts()[0] == B0_ONLY
+    with sqlite3.connect(backend.location) as conn:
+        conn.execute("DROP TRIGGER boom")
+    again = backend.make()
+    again.bind("q1")
+    again.close()
+    assert backend.staged() == []
+    assert backend.counts()[0] == BOTH

@@ -97,6 +97,7 @@ def test_modes_replays_and_markers(backend: Backend) -> None:
     assert sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), SPECS, STATS, 2)
     assert not sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), SPECS, STATS, 2)
     assert sink.commit_tables(1, batch([("a", 0, 3.0), ("c", 5, 1.0)]), SPECS, STATS, 2)
+    sink.flush()  # SQLite: batch 1 was staged, applied beside the caller
     assert backend.rows("revenue", "account, amount") == [("a", 4.5), ("b", 2.0), ("c", 1.0)]
     assert sorted(a for _, a in backend.rows("payments", "account, amount")) == [1.0, 1.5, 2.0, 3.0]
     assert backend.rows("latest", "account, amount") == [("a", 3.0), ("b", 2.0), ("c", 1.0)]

@@ -1,10 +1,11 @@
 """The payments example (public API, generic SQLite sink) under real SIGKILLs while files arrive.
 
 One pipeline, many driver lives: killed at random moments after a commit, then at every named
-crash point of the sink protocol in turn, while a feeder keeps writing payment files; a last
-life drains. The tables must equal a Spark batch recomputation of all the files, exactly, and
-every batch must have exactly one marker. Negative controls: the same crash against the naive
-sink (no marker check) duplicates, against the lossy one (marker before rows) loses.
+crash point of the sink protocol in turn (SQLite: also ``apply_pending`` of its staged path),
+while a feeder keeps writing payment files; a last life drains. The tables must equal a Spark
+batch recomputation of all the files, exactly, and every batch must have exactly one marker.
+Negative controls: the same crash against the naive sink (no marker check) duplicates, against
+the lossy one (marker before rows) loses.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit", "ambiguou
 
 
 def _markers(db: Path, dsn: str | None = None) -> list[int]:
-    # one marker per batch: the driver-side sinks' own, or the first table's (executor side)
+    # one marker per batch: the driver-side sinks' own, or the first table's (executor side);
+    # SQLite: also the batches durably staged and not applied yet (the sink has them)
     sql = ("SELECT batch_id FROM onceflow_batches WHERE sink_id IN ('default', 'default.revenue') "
            "ORDER BY batch_id")
     if db.name == "delta":  # the Delta sink's root
@@ -45,7 +47,9 @@ def _markers(db: Path, dsn: str | None = None) -> list[int]:
             return []
     try:
         with sqlite3.connect(db) as c:
-            return [r[0] for r in c.execute(sql)]
+            staged = [r[0] for r in c.execute(
+                "SELECT batch_id FROM onceflow_staged WHERE sink_id = 'default'")]
+            return sorted({*(r[0] for r in c.execute(sql)), *staged})
     except sqlite3.OperationalError:
         return []
 
@@ -70,12 +74,16 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
     rng = random.Random(seed)
     payments.generate(tmp_path / "in", 2_000, per_file=500, duplicates=0.1, seed=seed)
     stop = threading.Event()
+    fed, lock = [2_000], threading.Lock()
+
+    def feed_one() -> None:
+        with lock:
+            payments.generate(tmp_path / "in", 500, per_file=500, duplicates=0.1, seed=seed, first=fed[0])
+            fed[0] += 500
 
     def feed() -> None:  # files keep arriving while drivers live and die
-        n = 2_000
-        while not stop.is_set() and n < 14_000:
-            payments.generate(tmp_path / "in", 500, per_file=500, duplicates=0.1, seed=seed, first=n)
-            n += 500
+        while not stop.is_set() and fed[0] < 14_000:
+            feed_one()
             time.sleep(1.5)
 
     feeder = threading.Thread(target=feed, daemon=True)
@@ -88,9 +96,12 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
             wait_until(lambda b=before: len(_markers(db, dsn)) > b, 180, f"a commit in life {life}")
             time.sleep(rng.uniform(0.0, 2.0))
             d.kill()
-        for point in POINTS:
+        for point in POINTS + (["apply_pending"] if backend == "sqlite" else []):
             target = (max(_markers(db, dsn)) + 1) if _markers(db, dsn) else 0
-            d = _driver(tmp_path, point, crash_at=f"{point}@{target}", dsn=dsn, backend=backend)
+            if point == "apply_pending":  # dies at the flush after a staged batch: one batch is enough
+                feed_one()
+            d = _driver(tmp_path, point, crash_at=f"{point}@{target}", dsn=dsn, backend=backend,
+                        once=point == "apply_pending")
             rc = d.wait(timeout=300)
             if point == "ambiguous_commit":
                 assert rc not in (0, -9), d.output()  # the query failed with the "lost" ack
@@ -102,7 +113,7 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
             partial = backend == "delta"  # Delta commits table by table: the first table has the batch
             expect = {"before_sink_write": (False, False), "inside_sink_txn": (False, partial),
                       "after_sink_commit": (False, True), "ambiguous_commit": (False, True),
-                      "after_commit_log": (True, True)}[point]
+                      "after_commit_log": (True, True), "apply_pending": (True, True)}[point]
             assert (committed, marked) == expect, (point, target)
     finally:
         stop.set()

@@ -2,8 +2,8 @@
 
 The driver runs as a subprocess in its own process group. It is killed (driver and JVM) at
 random moments, and once exactly between the SQLite commit and Spark's commit-log write
-(the ``after_sink_commit`` crash point: the batch is committed in SQLite, Spark has no
-commit-log entry), and once right after Spark's commit log (``after_commit_log``). A negative
+(the ``after_sink_commit`` crash point: the batch is committed — staged — in SQLite, Spark has
+no commit-log entry), and once right after Spark's commit log (``after_commit_log``). A negative
 control shows
 that the same crash against the naive sink (no batch marker) double-counts, so the check can
 fail.
@@ -24,7 +24,7 @@ from onceflow.audit.verdict import read_counts
 from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.sinks.sqlite import read_batches
 from onceflow.sources.log import EventLog
-from tests.helpers import distinct_counts
+from tests.helpers import distinct_counts, held_batches
 
 pytestmark = pytest.mark.faults
 
@@ -66,7 +66,7 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     rc = d.wait(timeout=300)
     assert rc == -9, d.output()
     assert f"crash point after_sink_commit at batch {target}" in d.output()
-    gap_batch = max(b["batch_id"] for b in read_batches(db))  # in the sink, not in Spark's log
+    gap_batch = max(held_batches(db))  # in the sink (applied or staged), not in Spark's log
     assert gap_batch >= target and not (ck / "commits" / str(gap_batch)).exists()
     # Spark re-runs the batch the sink committed: the marker makes it a no-op; then a kill
     # right after Spark's commit log of the next batch
@@ -75,7 +75,7 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     assert d.wait(timeout=300) == -9, d.output()
     assert f"batch {gap_batch}: already committed earlier, skipped (replay)" in d.output()
     assert (ck / "commits" / str(target)).exists()
-    assert target in [b["batch_id"] for b in read_batches(db)]
+    assert target in held_batches(db)
     feeder.join(timeout=300)
     final = Driver(log, ck, db, tmp_path / "final.out", once=True)
     assert final.wait(timeout=300) == 0, final.output()

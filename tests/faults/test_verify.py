@@ -40,7 +40,7 @@ def _dsn_for(sink: str, request: pytest.FixtureRequest) -> str | None:
 
 
 SPARK_FAULTS = ("kill_random", "crash_before_sink_write", "crash_inside_sink_txn", "crash_after_sink_commit",
-                "crash_after_commit_log", "ambiguous_commit", "trigger_change")
+                "crash_after_commit_log", "crash_apply_pending", "ambiguous_commit", "trigger_change")
 
 
 def _markers(db: Path) -> int:
@@ -169,6 +169,7 @@ def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, 
     (["--faults", "executor_kill"], "needs --cluster"),
     (["--faults", "late_events"], "needs at least one of"),
     (["--faults", "receiver_kill"], "need --ingest"),
+    (["--faults", "crash_apply_pending", "--sink", "naive"], "need --sink sqlite"),
 ])
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
     rc, out, _ = _verify(tmp_path, *args, timeout=60)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pyarrow as pa
@@ -107,6 +108,7 @@ def test_verdict_exact_sink(tmp_path: Path) -> None:
 
 def test_verdict_catches_duplication_loss_and_wrong_late_count(tmp_path: Path) -> None:
     exp = expect(_scenario(tmp_path))
+    _fill_sink(tmp_path / "db")
     _fill_sink(tmp_path / "dup", extra=1)
     v = judge_sqlite(tmp_path / "dup", exp)
     assert not v.ok and v.duplicated == 2 and v.lost == 0  # user row and global row
@@ -116,6 +118,10 @@ def test_verdict_catches_duplication_loss_and_wrong_late_count(tmp_path: Path) -
     _fill_sink(tmp_path / "late", late3=1)
     v = judge_sqlite(tmp_path / "late", exp)
     assert v.late_mismatches == [3] and not v.ok and v.lost == 0
+    with sqlite3.connect(tmp_path / "db") as conn:  # a batch staged, never applied
+        conn.execute("INSERT INTO onceflow_staged VALUES ('user_counts', 9, 0, '{}', x'00')")
+    v = judge_sqlite(tmp_path / "db", exp)
+    assert v.violations == ["1 staged batches never applied: [9]"]
 
 
 def test_purged_checkpoint_is_refused_with_the_reason(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ def test_modes_and_replays(tmp_path: Path) -> None:
     assert sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), SPECS, STATS, 2)
     assert not sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), SPECS, STATS, 2)  # replay
     assert sink.commit_tables(1, batch([("a", 0, 3.0), ("c", 5, 1.0)]), SPECS, STATS, 2)
+    sink.flush()  # batch 1 was staged: applied beside the caller
     db = tmp_path / "app.db"
     assert q(db, "SELECT account, window_start, amount FROM revenue ORDER BY 1") == [
         ("a", "2026-01-01 00:00:00.000000", 4.5), ("b", "2026-01-01 00:05:00.000000", 2.0),
@@ -55,7 +56,8 @@ def test_modes_and_replays(tmp_path: Path) -> None:
     with pytest.raises(CheckpointMismatchError):
         sink.bind("another-checkpoint")
     names = {r[0] for r in q(db, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert names == {"revenue", "payments", "latest", "onceflow_batches", "onceflow_sinks"}
+    assert names == {"revenue", "payments", "latest", "onceflow_batches", "onceflow_sinks", "onceflow_staged"}
+    assert sink.staged_batches() == []
 
 
 @pytest.mark.parametrize(("rows", "column", "row"), [

@@ -66,8 +66,12 @@ CRASH_FAULTS = {
     "crash_inside_sink_txn": "inside_sink_txn",
     "crash_after_sink_commit": "after_sink_commit",
     "crash_after_commit_log": "after_commit_log",
+    "crash_apply_pending": "apply_pending",
 }
 """Fault name -> crash point: the driver SIGKILLs its JVM and itself there."""
+
+STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
+"""Faults at a point only the SQLite sink's staged path (``--sink sqlite``) has."""
 
 SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill"]
 """Faults of the Spark side that make a round."""
@@ -86,10 +90,11 @@ INGEST_FAULTS = INGEST_ROUND_FAULTS + INGEST_INPUT_FAULTS
 CLUSTER_MASTER = "local-cluster[2,1,1024]"
 
 
-def default_faults(cluster: bool = False, ingest: bool = False) -> list[str]:
-    """What ``--faults all`` means for a run: every fault the options can reach.
+def default_faults(sink: str = "sqlite", cluster: bool = False, ingest: bool = False) -> list[str]:
+    """What ``--faults all`` means for a run: every fault the sink and options can reach.
 
     Args:
+        sink: The run's ``--sink``.
         cluster: Executors in their own JVMs (``executor_kill``).
         ingest: Senders and a receiver feed the log (the ingest faults).
 
@@ -97,7 +102,8 @@ def default_faults(cluster: bool = False, ingest: bool = False) -> list[str]:
         Fault names, in :data:`ALL_FAULTS` order.
     """
     return [f for f in ALL_FAULTS if (cluster or f != "executor_kill")
-            and (ingest or f not in INGEST_FAULTS)]
+            and (ingest or f not in INGEST_FAULTS)
+            and (sink == "sqlite" or f not in STAGED_SQLITE_FAULTS)]
 
 
 @dataclass
@@ -146,6 +152,10 @@ class VerifyConfig:
         ingest_faults = [f for f in self.faults if f in INGEST_FAULTS]
         if ingest_faults and not self.ingest:
             raise ConfigError(f"the faults {ingest_faults} need --ingest (senders -> receiver -> log)")
+        staged_only = [f for f in self.faults if f in STAGED_SQLITE_FAULTS]
+        if staged_only and self.sink != "sqlite":
+            raise ConfigError(f"the faults {staged_only} need --sink sqlite (a crash point of the SQLite "
+                              f"sink's staged path; {self.sink!r} never reaches it)")
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if self.sink not in KINDS:
@@ -457,6 +467,8 @@ def _spec(fault: str, round_no: int, seed: int) -> Spec:
     so it is the same whether or not the round was resumed.
     """
     tag = f"round{round_no:04d}-{fault}"
+    if fault == "crash_apply_pending":  # dies at the next flush: the next batch, or the end of --once
+        return tag, {"crash_at": f"{_crash_point(fault)}@0", "once": True}
     if fault in CRASH_FAULTS or fault == "ambiguous_commit":
         return tag, {"crash_at": f"{_crash_point(fault)}@0"}
     if fault == "trigger_change":

@@ -16,7 +16,7 @@ from onceflow.audit.chaos import VerifyResult
 _COLORS = {
     "kill_random": "#d62728", "crash_before_sink_write": "#ff7f0e",
     "crash_inside_sink_txn": "#bcbd22", "crash_after_sink_commit": "#9467bd",
-    "crash_after_commit_log": "#8c564b",
+    "crash_after_commit_log": "#8c564b", "crash_apply_pending": "#2ca02c",
     "ambiguous_commit": "#e377c2",
     "trigger_change": "#17becf", "executor_kill": "#7f7f7f",
     "receiver_kill": "#1f77b4", "receiver_crash_after_stage": "#aec7e8",

@@ -108,10 +108,28 @@ def judge_sqlite(db: str | Path, expectation: Expectation, sink_id: str = "user_
         sink_id: The sink's marker namespace.
 
     Returns:
-        The verdict.
+        The verdict (a batch left staged, never applied, is a violation).
     """
     users, glob = read_counts(db)
-    return judge(f"sqlite:{db}", users, glob, read_batches(db, sink_id), expectation)
+    verdict = judge(f"sqlite:{db}", users, glob, read_batches(db, sink_id), expectation)
+    staged = _staged(db, sink_id)
+    if staged:
+        verdict.violations.append(f"{len(staged)} staged batches never applied: {staged[:10]}")
+    return verdict
+
+
+def _staged(db: str | Path, sink_id: str) -> list[int]:
+    """Batches a SQLite sink staged and did not apply (none after a run that ended cleanly)."""
+    if not Path(db).exists():
+        return []
+    conn = sqlite3.connect(str(db))
+    try:
+        if not conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'onceflow_staged'").fetchone():
+            return []
+        return [r[0] for r in conn.execute(
+            "SELECT batch_id FROM onceflow_staged WHERE sink_id = ? ORDER BY batch_id", (sink_id,))]
+    finally:
+        conn.close()
 
 
 def judge_postgres(dsn: str, expectation: Expectation, sink_id: str = "user_counts",

@@ -18,7 +18,7 @@ from onceflow.sinks import SINKS
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--faults", default="all", show_default=True,
               help="Comma-separated fault names, or 'all' (executor_kill only with --cluster, "
-                   "the receiver_*, sender_kill "
+                   "crash_apply_pending only with --sink sqlite, the receiver_*, sender_kill "
                    "and dropped_acks faults only with --ingest).")
 @click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'); naive, lossy and postgres-naive "
@@ -55,7 +55,7 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if names == ["all"]:
-        names = default_faults(cluster, ingest)
+        names = default_faults(sink, cluster, ingest)
     report_dir = report_dir.absolute()
     work = report_dir / "work"
     try:

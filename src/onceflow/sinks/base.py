@@ -24,6 +24,10 @@ numbers its own version of it, with its crash points):
    commit succeeded but the caller sees an error — the same: N fails, is re-run, is skipped.
 7. Return True; Spark then writes ``commits/N``.
 
+A sink may also make N durable in step 5 in a form that it applies to the tables later
+(the SQLite sink's staged path): then its recovery (in ``bind``) must apply whatever is
+durable and not applied, in batch order, and :meth:`TablesSink.flush` waits for the apply.
+
 :meth:`TablesSink.bind` runs before the first batch of a process: it ties the sink to the
 Spark checkpoint's query id, because a new checkpoint restarts batch ids at 0 and step 4
 would then wrongly skip new data. It may be called any number of times with the same id.
@@ -80,6 +84,9 @@ class TablesSink(Protocol):
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows, by batch id."""
+
+    def flush(self) -> None:
+        """Wait until every batch the sink accepted is in its tables (a sink may apply later)."""
 
     def close(self) -> None:
         """Release connections (idempotent)."""

@@ -179,5 +179,8 @@ class DeltaTablesSink:
                         found.setdefault(int(meta["batch_id"]), meta)
         return [found[b] for b in sorted(found)]
 
+    def flush(self) -> None:
+        """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""
+
     def close(self) -> None:
         """Nothing to release."""

@@ -207,6 +207,9 @@ class PostgresTablesSink:
         """This sink's marker rows, by batch id."""
         return pg.read_batches(self.dsn, self.sink_id)
 
+    def flush(self) -> None:
+        """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
         if self._conn is not None:
@@ -329,6 +332,9 @@ class PostgresFramesSink:
         for r in rows:
             found.setdefault(int(r["batch_id"]), dict(r))
         return [found[b] for b in sorted(found)]
+
+    def flush(self) -> None:
+        """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""
 
     def close(self) -> None:
         """Nothing to release (connections are per write)."""

@@ -8,6 +8,8 @@ onceflow's own tables (the user's tables are created by the sink, see
 
 * ``onceflow_batches`` — one marker row per committed batch and sink id, with the batch's
   metrics (input rows, late drops, duplicates dropped, rows out, rows written per table);
+* ``onceflow_staged`` — batches durably handed over but not yet in the tables (the staged
+  protocol of :mod:`onceflow.sinks.sqlite_tables`), as compressed Arrow IPC;
 * ``onceflow_sinks`` — which checkpoint (query id) each sink id belongs to.
 """
 
@@ -29,6 +31,9 @@ CREATE TABLE IF NOT EXISTS onceflow_batches(
     duplicates_dropped INTEGER NOT NULL, events_counted INTEGER NOT NULL,
     rows_written INTEGER NOT NULL, late_watermark_ms INTEGER NOT NULL, tables TEXT,
     PRIMARY KEY(sink_id, batch_id));
+CREATE TABLE IF NOT EXISTS onceflow_staged(
+    sink_id TEXT NOT NULL, batch_id INTEGER NOT NULL, staged_ms INTEGER NOT NULL,
+    meta TEXT NOT NULL, data BLOB NOT NULL, PRIMARY KEY(sink_id, batch_id));
 """
 """onceflow's own tables (every SQLite sink)."""
 

@@ -1,13 +1,18 @@
 """The generic SQLite sink: DataFrames of any schema into tables, each micro-batch exactly once.
 
 Every table of a batch and the batch's marker commit in one SQLite transaction
-(``BEGIN IMMEDIATE`` ... ``COMMIT``, WAL, ``synchronous=FULL``). Commit protocol of
-:meth:`SQLiteTablesSink.commit_tables` for batch N:
+(``BEGIN IMMEDIATE`` ... ``COMMIT``, WAL, ``synchronous=FULL``). A batch takes one of two
+paths through :meth:`SQLiteTablesSink.commit_tables`.
+
+**Direct** — the batch is written inside Spark's batch. Taken when a table is new, is a table
+of the user's own (its definition is not exactly the one onceflow creates, or it has triggers or
+indexes of its own: its constraints can refuse rows), is ``append`` with a key (a key of an
+earlier batch would conflict), and in the ``naive``/``lossy`` test modes. For batch N:
 
 1. Crash point ``before_sink_write``. Every table's rows are checked against its spec
-   (:func:`onceflow.tables.check_batch`) and converted to SQLite values; a batch that does
-   not fit raises :class:`onceflow.errors.BatchRejectedError` here — nothing is written and
-   Spark does not write ``commits/N``. May run any number of times.
+   (:func:`onceflow.tables.check_batch`) and SQLite's value range; a batch that does not fit
+   raises :class:`onceflow.errors.BatchRejectedError` here — nothing is written and Spark
+   does not write ``commits/N``. May run any number of times.
 2. Open the transaction. If the marker ``(sink_id, N)`` exists, roll back and return False:
    an earlier attempt committed N (a replay after a crash is a no-op).
 3. Create missing tables from the batch's schema (key = primary key); an existing table that
@@ -22,10 +27,46 @@ Every table of a batch and the batch's marker commit in one SQLite transaction
    Spark has not written ``commits/N``; it re-runs N after a restart and step 2 skips it.
 6. Return True; Spark writes ``commits/N``.
 
+**Staged** — every other batch (the usual case once onceflow created the tables): the batch is
+made durable in one small write and applied beside Spark's next batch, off its critical path.
+
+S1. Crash point ``before_sink_write``; the checks of step 1. Wait for the apply of the previous
+    batch (S5); if it failed, apply every staged batch again (S6), and if that fails too raise
+    :class:`onceflow.errors.SinkApplyError` — the query stops before ``commits/N``, the earlier
+    batch stays staged, nothing is lost.
+S2. Proof that the batch will apply: every table exists exactly as onceflow creates it for this
+    spec and these columns (same ``CREATE TABLE`` text), with no trigger and no index but its
+    primary key, and is not ``append`` with a key. Its only constraint is then the primary key,
+    which S1 proved non-null and unique within the batch, and upsert/add cannot conflict with
+    earlier rows; SQLite's columns take any value of their type. Else: the direct path.
+S3. Transaction: if the marker or a staged row ``(sink_id, N)`` exists, roll back, apply what
+    is staged (S6) and return False (a replay). Else insert the staged row: the tables as
+    LZ4-compressed Arrow IPC with their specs and the batch's metrics. Crash point
+    ``inside_sink_txn``. Commit durably. Crash point ``after_sink_commit`` (fault
+    ``ambiguous_commit``): Spark has not written ``commits/N``; the restart applies the staged
+    N (S6) and Spark's re-run of N stops at S3.
+S4. Hand N to the applier thread and return True; Spark writes ``commits/N``. Crash point
+    ``apply_pending``: Spark committed N and the apply has not run (the applier holds N back;
+    the next batch or :meth:`SQLiteTablesSink.flush` dies). Only the staged row has N's rows;
+    S6 applies them after the restart.
+S5. Apply, one transaction: if the marker exists, only delete the staged row; else write the
+    tables as step 3 does, insert the marker, delete the staged row; commit. A crash inside
+    leaves the staged row for S6.
+S6. Recovery (in :meth:`SQLiteTablesSink.bind`, before the first batch of a process, and in S1
+    after a failed apply): apply every staged row of this sink, in batch order.
+
+Invariant: Spark writes ``commits/N`` only after N is staged or applied, and a batch's rows
+reach the tables only in the transaction that writes its marker; so a batch Spark will not
+re-run is applied exactly once, and a batch it re-runs is skipped. While a query runs, its
+tables may be one batch behind Spark's commit log; :meth:`SQLiteTablesSink.flush` (called when
+a :class:`onceflow.OnceQuery` ends, and by ``close``) waits until every accepted batch is in them.
+What can still stop an apply is the machine (a full disk, a lock held past 60 s) or someone
+changing a table between S2 and S5: the batch then stays staged and a restart applies it.
+
 Types: integers and booleans are ``INTEGER``, floats and decimals ``REAL``, strings
 ``TEXT``, binary ``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``, which
 sorts and compares correctly and SQLite's date functions read), dates ``TEXT``
-(``YYYY-MM-DD``). Nested types are refused.
+(``YYYY-MM-DD``). Nested types are refused, unsigned integers above 2**63-1 too.
 
 The marker row (``onceflow_batches``, :mod:`onceflow.sinks.sqlite`) holds the batch's
 input rows, late drops, the rows its DataFrame had (``events_counted``), duplicates dropped
@@ -34,18 +75,20 @@ input rows, late drops, the rows its DataFrame had (``events_counted``), duplica
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.errors import BatchRejectedError, ConfigError, SinkApplyError
+from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.sqlite import HAS_MARKER, Mode, bind_query, check_sink_args, connect
 from onceflow.tables import Table, check_outputs
@@ -53,6 +96,7 @@ from onceflow.tables import Table, check_outputs
 _MARKER = ("INSERT OR REPLACE INTO onceflow_batches(sink_id, batch_id, committed_ms, input_rows, "
            "late_dropped, duplicates_dropped, events_counted, rows_written, late_watermark_ms, tables) "
            "VALUES (?,?,?,?,?,?,?,?,?,?)")
+_UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
 
 
 def _quote(name: str) -> str:
@@ -96,6 +140,65 @@ def _column(col: pa.ChunkedArray) -> list[Any]:
     return col.to_pylist()  # type: ignore[no-any-return]
 
 
+def _ddl(name: str, spec: Table, schema: pa.Schema) -> str:
+    """The ``CREATE TABLE`` text onceflow creates a table with (as SQLite stores it)."""
+    body = ", ".join(f"{_quote(c)} {sql_type(schema.field(c).type)}" for c in schema.names)
+    key = f", PRIMARY KEY({', '.join(_quote(k) for k in spec.key)})" if spec.key else ""
+    rowid = " WITHOUT ROWID" if spec.key else ""  # one B-tree keyed by the key: faster upserts
+    return f"CREATE TABLE {_quote(name)}({body}{key}){rowid}"
+
+
+def _check_values(name: str, rows: pa.Table) -> None:
+    """Refuse values SQLite cannot store (step 1): unsigned integers above 2**63-1.
+
+    Raises:
+        BatchRejectedError: Naming the table, the column and the first such row.
+    """
+    for col in rows.column_names:
+        typ = rows.schema.field(col).type
+        if pa.types.is_dictionary(typ):
+            typ = typ.value_type
+        if typ == pa.uint64() and rows.num_rows:
+            big = pc.indices_nonzero(pc.greater(rows.column(col).cast(typ), 2**63 - 1).fill_null(False))
+            if len(big):
+                i = int(big[0].as_py())
+                raise BatchRejectedError(f"table {name!r}: column {col!r} holds {rows.column(col)[i]} in "
+                                         f"row {i}, above SQLite's largest integer 2**63-1; nothing of the "
+                                         "batch was written")
+
+
+def _encode(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: BatchStats,
+            rows_out: int) -> tuple[str, bytes]:
+    """A batch as a staged row (S3): metadata JSON and the tables as LZ4 Arrow IPC streams."""
+    data = io.BytesIO()
+    parts = []
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    for name, rows in outputs.items():
+        start = data.tell()
+        with pa.ipc.new_stream(data, rows.schema, options=options) as writer:
+            writer.write_table(rows)
+        spec = specs[name]
+        parts.append({"name": name, "mode": spec.mode, "key": list(spec.key), "add": list(spec.add),
+                      "bytes": data.tell() - start})
+    meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
+            "late_watermark_ms": stats.late_watermark_ms, "rows_out": rows_out}
+    return json.dumps(meta), data.getvalue()
+
+
+def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str, Table], BatchStats, int]:
+    """A staged row back as the arguments of :meth:`SQLiteTablesSink.commit_tables`."""
+    meta = json.loads(meta_json)
+    outputs, specs, offset = {}, {}, 0
+    view = memoryview(data)
+    for part in meta["tables"]:
+        chunk = view[offset:offset + part["bytes"]]
+        offset += part["bytes"]
+        outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
+        specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"])
+    stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"])
+    return outputs, specs, stats, int(meta["rows_out"])
+
+
 def _statements(name: str, spec: Table, columns: list[str]) -> str:
     cols = ", ".join(_quote(c) for c in columns)
     insert = f"INSERT INTO {_quote(name)}({cols}) VALUES ({', '.join('?' * len(columns))})"
@@ -108,6 +211,7 @@ def _statements(name: str, spec: Table, columns: list[str]) -> str:
     return insert + (conflict + " DO UPDATE SET " + ", ".join(sets) if sets else conflict + " DO NOTHING")
 
 
+
 class SQLiteTablesSink:
     """Tables of any schema in one SQLite database (see the module protocol).
 
@@ -116,22 +220,29 @@ class SQLiteTablesSink:
         sink_id: Marker namespace: two queries writing to one database need different ids.
         mode: ``exactly_once``; ``naive`` (no marker check: a replay is written again) and
             ``lossy`` (marker committed before the rows) are negative controls for tests.
+        staged: Allow the staged path (exactly-once mode only); False writes every batch
+            on the direct path.
     """
 
-    def __init__(self, path: str | Path, sink_id: str = "default", mode: Mode = "exactly_once") -> None:
+    def __init__(self, path: str | Path, sink_id: str = "default", mode: Mode = "exactly_once",
+                 staged: bool = True) -> None:
         check_sink_args(mode, sink_id)
         self.path = Path(path)
         self.sink_id = sink_id
         self.mode = mode
+        self.staged = staged and mode == "exactly_once"
         self._conn: sqlite3.Connection | None = None
         self._checked: dict[str, tuple[Table, tuple[str, ...]]] = {}
+        self._applier: ThreadPoolExecutor | None = None
+        self._pending: tuple[int, Future[bool]] | None = None
+        self._held: int | None = None  # a batch the ``apply_pending`` crash point holds back
 
     def __repr__(self) -> str:
         return f"onceflow.sqlite({str(self.path)!r}, sink_id={self.sink_id!r})"
 
     @property
     def conn(self) -> sqlite3.Connection:
-        """The open connection (opened on first use)."""
+        """The open connection (opened on first use; the applier thread uses it between batches)."""
         if self._conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = connect(self.path)
@@ -141,46 +252,64 @@ class SQLiteTablesSink:
         return self._conn
 
     def bind(self, query_id: str) -> None:
-        """Tie the sink to the checkpoint with ``query_id`` (idempotent).
+        """Tie the sink to the checkpoint with ``query_id`` (idempotent), then apply what is staged (S6).
 
         Raises:
             CheckpointMismatchError: The database holds this sink id for another checkpoint.
+            SinkApplyError: A staged batch cannot be applied (it stays staged).
         """
+        self.flush()
         bind_query(self.conn, self.path, self.sink_id, query_id)
+        self._recover()
 
     def _fit(self, name: str, spec: Table, schema: pa.Schema) -> None:
         """Step 3's table check: create the table, or check that an existing one fits.
 
         Runs inside the batch's transaction (a table it creates exists only if the batch
-        commits); :meth:`commit_tables` remembers the tables that fit once it committed.
+        commits); :meth:`_apply` remembers the tables that fit once it committed.
         """
         cols = tuple(schema.names)
         if self._checked.get(name) == (spec, cols):
             return
-        types = [sql_type(schema.field(c).type) for c in cols]
         info = self.conn.execute(f"PRAGMA table_info({_quote(name)})").fetchall()
         if not info:
-            key = f", PRIMARY KEY({', '.join(_quote(k) for k in spec.key)})" if spec.key else ""
-            body = ", ".join(f"{_quote(c)} {t}" for c, t in zip(cols, types, strict=True))
-            rowid = " WITHOUT ROWID" if spec.key else ""  # one B-tree keyed by the key: faster upserts
-            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {_quote(name)}({body}{key}){rowid}")
-        else:
-            have = {r[1] for r in info}
-            missing = [c for c in cols if c not in have]
-            if missing:
-                raise ConfigError(f"table {name!r} in {self.path} has no column(s) {missing} that the batch "
-                                  f"has (it has {sorted(have)}); add them or write to another table")
-            pk = tuple(r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
-            if spec.key and set(pk) != set(spec.key):
-                raise ConfigError(f"table {name!r} in {self.path} has primary key {list(pk)}, but its spec "
-                                  f"says key={list(spec.key)}; {spec.mode} needs them to be the same")
+            self.conn.execute(_ddl(name, spec, schema))
+            return
+        have = {r[1] for r in info}
+        missing = [c for c in cols if c not in have]
+        if missing:
+            raise ConfigError(f"table {name!r} in {self.path} has no column(s) {missing} that the batch "
+                              f"has (it has {sorted(have)}); add them or write to another table")
+        pk = tuple(r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
+        if spec.key and set(pk) != set(spec.key):
+            raise ConfigError(f"table {name!r} in {self.path} has primary key {list(pk)}, but its spec "
+                              f"says key={list(spec.key)}; {spec.mode} needs them to be the same")
+
+    def _appliable(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> bool:
+        """Step S2: whether every table is onceflow's own, so that writing the batch cannot fail."""
+        if not self.staged or not outputs:
+            return False
+        names = list(outputs)
+        marks = ",".join("?" * len(names))
+        schema = self.conn.execute(f"SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name IN "
+                                   f"({marks})", names).fetchall()
+        created = {tbl: sql for typ, _, tbl, sql in schema if typ == "table"}
+        for name, rows in outputs.items():
+            spec = specs[name]
+            try:
+                if spec.mode == "append" and spec.key or created.get(name) != _ddl(name, spec, rows.schema):
+                    return False
+            except ConfigError:  # e.g. a column of type null (an empty batch): the direct path decides
+                return False
+        # a trigger, or an index the user added (onceflow's tables have only their primary key)
+        return not any(typ == "trigger" or typ == "index" and sql is not None for typ, _, _, sql in schema)
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
-        """Write batch ``batch_id`` to every table unless it was already committed.
+        """Accept batch ``batch_id`` unless it was already committed (steps 1 and S1-S4).
 
         May be called again with the same arguments (after a crash); only the first call
-        that commits has an effect.
+        that commits (or stages) has an effect.
 
         Args:
             batch_id: Spark's micro-batch id.
@@ -190,18 +319,61 @@ class SQLiteTablesSink:
             rows_out: Rows of the batch's DataFrame (after deduplication and late drops).
 
         Returns:
-            True if this call committed the batch, False for a replay.
+            True if this call committed or staged the batch, False for a replay.
 
         Raises:
             BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
             ConfigError: An existing table does not fit (nothing written).
+            SinkApplyError: The previous batch could not be applied (it stays staged).
         """
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1, S1
         check_outputs(outputs, specs)
+        for name, rows in outputs.items():
+            _check_values(name, rows)
+        self.flush()
+        if not self._appliable(outputs, specs):  # S2
+            return self._apply(batch_id, outputs, specs, stats, rows_out, staged=False)
+        meta, data = _encode(outputs, specs, stats, rows_out)
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")  # S3
+        try:
+            done = conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone() or conn.execute(
+                "SELECT 1 FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?",
+                (self.sink_id, batch_id)).fetchone()
+            if done:
+                conn.execute("ROLLBACK")
+                self.apply_staged()
+                return False
+            conn.execute("INSERT INTO onceflow_staged VALUES (?,?,?,?,?)",
+                         (self.sink_id, batch_id, int(time.time() * 1000), meta, data))
+            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        if armed_for(CrashPoint.APPLY_PENDING, batch_id):  # S4
+            self._held = batch_id
+            return True
+        if self._applier is None:
+            self._applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-apply")
+        self._pending = (batch_id, self._applier.submit(  # S5
+            self._apply, batch_id, outputs, specs, stats, rows_out, True))
+        return True
+
+    def _apply(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+               stats: BatchStats, rows_out: int, staged: bool) -> bool:
+        """Write one batch's tables and its marker in one transaction (steps 2-6, or S5).
+
+        Returns:
+            True if this call wrote the batch, False if its marker was there.
+        """
         prepared = []
         for name, rows in outputs.items():
             spec = specs[name]
-            if spec.key:
+            if spec.key:  # key order: neighbouring rows touch the same B-tree pages
                 rows = rows.sort_by([(k, "ascending") for k in spec.key])
             values = list(zip(*(_column(rows.column(c)) for c in rows.column_names), strict=True))
             prepared.append((name, spec, rows.schema, values))
@@ -209,7 +381,11 @@ class SQLiteTablesSink:
         conn.execute("BEGIN IMMEDIATE")  # 2
         try:
             if self.mode != "naive" and conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():
-                conn.execute("ROLLBACK")
+                if staged:  # applied before a crash that left the staged row behind
+                    conn.execute(_UNSTAGE, (self.sink_id, batch_id))
+                    conn.execute("COMMIT")
+                else:
+                    conn.execute("ROLLBACK")
                 return False
             if self.mode == "lossy":  # negative control: the marker commits before the rows
                 self._marker(batch_id, stats, rows_out, {n: len(v) for n, _, _, v in prepared})
@@ -227,6 +403,9 @@ class SQLiteTablesSink:
                 written[name] = len(values)
             if self.mode != "lossy":
                 self._marker(batch_id, stats, rows_out, written)  # 4
+            if staged:
+                conn.execute(_UNSTAGE, (self.sink_id, batch_id))
+            elif self.mode != "lossy":
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
             conn.execute("COMMIT")  # 5
         except BaseException:
@@ -235,8 +414,9 @@ class SQLiteTablesSink:
             raise
         for name, spec, schema, _ in prepared:
             self._checked[name] = (spec, tuple(schema.names))
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        if not staged:
+            maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+            maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 6
 
     def _marker(self, batch_id: int, stats: BatchStats, rows_out: int, written: dict[str, int]) -> None:
@@ -245,18 +425,80 @@ class SQLiteTablesSink:
                                     stats.late_dropped, dropped, rows_out, sum(written.values()),
                                     stats.late_watermark_ms, json.dumps(written)))
 
+    def apply_staged(self) -> int:
+        """Apply every staged batch of this sink in batch order (S6).
+
+        Returns:
+            How many staged batches were found.
+        """
+        rows = self.conn.execute("SELECT batch_id, meta, data FROM onceflow_staged WHERE sink_id = ? "
+                                 "ORDER BY batch_id", (self.sink_id,)).fetchall()
+        for batch_id, meta, data in rows:
+            outputs, specs, stats, rows_out = _decode(meta, data)
+            self._apply(batch_id, outputs, specs, stats, rows_out, staged=True)
+        return len(rows)
+
+    def staged_batches(self) -> list[int]:
+        """Batch ids staged and not yet applied (empty after :meth:`flush`)."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT batch_id FROM onceflow_staged WHERE sink_id = ? ORDER BY batch_id", (self.sink_id,))]
+
+    def flush(self) -> None:
+        """Wait until every accepted batch is in the tables (S1).
+
+        Raises:
+            SinkApplyError: A staged batch could not be applied, also on a second try;
+                it stays staged and a restart applies it.
+        """
+        if self._held is not None:
+            maybe_crash(CrashPoint.APPLY_PENDING, self._held)  # armed: does not return
+            self._held = None
+            self.apply_staged()
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending[1].result()
+        except Exception:  # a transient failure (e.g. a lock held past the timeout) heals here
+            self._recover()
+
+    def _recover(self) -> None:
+        """S6, with an error that says the batch is safe.
+
+        Raises:
+            SinkApplyError: A staged batch could not be applied; it stays staged.
+        """
+        try:
+            self.apply_staged()
+        except Exception as exc:
+            staged = self.staged_batches()
+            raise SinkApplyError(
+                f"batch {staged[0] if staged else '?'} of sink {self.sink_id!r} is safely staged in "
+                f"{self.path} (table onceflow_staged) but could not be written to its tables: {exc}. Fix "
+                "the cause and restart with the same checkpoint and database: the restart applies it."
+            ) from exc
+
     def batches(self) -> list[dict[str, Any]]:
-        """This sink's marker rows, by batch id (what the auditor and users read)."""
+        """This sink's marker rows, by batch id (what the auditor and users read), after :meth:`flush`."""
+        self.flush()
         cur = self.conn.execute("SELECT * FROM onceflow_batches WHERE sink_id = ? ORDER BY batch_id",
                                 (self.sink_id,))
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur]
 
-    def flush(self) -> None:
-        """Nothing to wait for: every batch is applied inside its commit."""
-
     def close(self) -> None:
-        """Close the connection (idempotent)."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Apply what is pending, then close the connection (idempotent).
+
+        Raises:
+            SinkApplyError: See :meth:`flush`; the connection is closed anyway.
+        """
+        try:
+            if self._conn is not None:
+                self.flush()
+        finally:
+            if self._applier is not None:
+                self._applier.shutdown(wait=True)
+                self._applier = None
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
