@@ -32,10 +32,14 @@ numbered commit protocol is in its module, e.g. :mod:`onceflow.sinks.sqlite_tabl
 4. With ``late=``: the rows of N's input files that the watermark dropped (event time ``<=``
    the late watermark, the rule :mod:`onceflow.checkpoint` counts by), read back by Spark
    only when N dropped any, go to the ``late`` table with the watermark they missed.
+   With ``stable=``: a copy of N's output persisted by an earlier attempt replaces the
+   freshly computed one before anything is materialized; else the first computation is
+   persisted before any sink sees it (protocol: :mod:`onceflow.stable`).
 5. ``sink.commit_tables(N, ...)``: checked, then written with the marker in one transaction
    (the SQLite sink may stage it durably and apply it beside batch N+1), or skipped when N's
    marker is there. Any error here fails the query before Spark writes ``commits/N``;
    :meth:`OnceQuery.awaitTermination` raises it as the onceflow error it is.
+   With ``stable=``, N's persisted copy is deleted once the sink committed N.
 6. When the query ends (``awaitTermination`` returns or raises, ``stop``), the sink's
    ``flush()`` waits until every batch it accepted is in its tables.
 """
@@ -44,7 +48,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +61,7 @@ from onceflow.errors import ConfigError, OnceflowError, refuse_unknown
 from onceflow.faults import CrashPoint, armed, commit_log_listener
 from onceflow.sinks.base import BatchStats, TablesSink
 from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+from onceflow.stable import StableOutputs
 from onceflow.tables import Table, check_specs
 
 if TYPE_CHECKING:
@@ -177,8 +182,9 @@ class _Writer:
                  per_batch: PerBatch | None, event_time: str | None,
                  on_batch: Callable[[dict[str, Any]], None] | None,
                  check_files: Callable[[list[Path]], object] | None = None, late: str | None = None,
-                 ids: list[str] | None = None) -> None:
+                 ids: list[str] | None = None, stable: StableOutputs | None = None) -> None:
         self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
+        self.stable, self._qid = stable, ""
         self.per_batch, self.event_time, self.on_batch = per_batch, event_time, on_batch
         self.check_files, self.late, self.ids = check_files, late, ids
         self.out_specs = {n: t for n, t in specs.items() if n != late}
@@ -245,11 +251,18 @@ class _Writer:
             if qid is None:
                 raise OnceflowError(f"checkpoint {self.checkpoint} has no metadata file")
             self.sink.bind(qid)
-            self._bound = True
+            if self.stable is not None:
+                self.stable.cleanup(ckpt.committed_batches(self.checkpoint))
+            self._qid, self._bound = qid, True
         pending = self._pool.submit(self._stats, batch_id)  # 2
         observation = Observation(f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
         observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
         frames = self._outputs(observed)  # 3
+        kept = None
+        if self.stable is not None:  # a persisted first computation replaces this one
+            kept = self.stable.load(batch_id, self._qid, df.sparkSession)
+            if kept is not None:
+                frames.update(kept.tables)
         executor_side = bool(getattr(self.sink, "executor_side", False))
         cached = []
         if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
@@ -260,6 +273,9 @@ class _Writer:
                 cached.extend(frames.values())
                 for f in frames.values():
                     f.count()
+                rows_out = kept.rows_out if kept is not None else self._rows_out(observation, df)
+                if self.stable is not None and kept is None:
+                    frames.update(self.stable.save(batch_id, self._qid, frames, rows_out).tables)
                 outputs: dict[str, Any] = {n: None for n in frames}
             else:
                 try:
@@ -267,7 +283,9 @@ class _Writer:
                 except BaseException:
                     pending.result()  # a bad input file is the clearer error: it names the file
                     raise
-            rows_out = self._rows_out(observation, df)
+                rows_out = kept.rows_out if kept is not None else self._rows_out(observation, df)
+                if self.stable is not None and kept is None:
+                    outputs.update(self.stable.save(batch_id, self._qid, outputs, rows_out).tables)
             counted, batch = pending.result()
             stats = counted or BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint, batch_id))
             if self.late is not None and counted is not None and batch is not None and counted.late_dropped:
@@ -282,6 +300,8 @@ class _Writer:
                 committed = self.sink.commit_frames(batch_id, frames, self.specs, stats, rows_out)  # type: ignore[attr-defined]
             else:
                 committed = self.sink.commit_tables(batch_id, outputs, self.specs, stats, rows_out)  # 5
+            if self.stable is not None:
+                self.stable.drop(batch_id)
         finally:
             for f in cached:
                 f.unpersist()
@@ -377,7 +397,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  trigger: str = "1 second", event_time: str | None = None,
                  on_batch: Callable[[dict[str, Any]], None] | None = None,
                  check_files: Callable[[list[Path]], object] | None = None, late: str | None = None,
-                 **unknown: Any) -> OnceQuery:
+                 stable: bool | Sequence[str] = False, **unknown: Any) -> OnceQuery:
     """Start a query that writes every micro-batch to ``tables`` exactly once.
 
     Args:
@@ -401,6 +421,12 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             dropped (file sources): the rows as they are in the input files, plus
             ``missed_watermark``; one per id when ``df`` comes from :func:`deduplicate`. Its
             spec is ``tables[late]`` if given, else upsert by the dedup id (else append).
+        stable: Stable input (:mod:`onceflow.stable`): ``True`` persists every table of each
+            batch's ``per_batch`` output the first time it is computed, and every retry of the
+            batch (after a task failure, a crash, an ambiguous commit) writes the persisted copy
+            instead of computing again; or a list of the table names to keep stable. Needed when
+            ``per_batch`` is not deterministic (clock, random numbers, a lookup whose answer
+            changes) and the sink has side effects (e.g. :func:`onceflow.effects.http`).
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
@@ -411,7 +437,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             (naming the nearest valid one, e.g. ``tabels`` -> ``tables``).
     """
     refuse_unknown(set(unknown), {"df", "sink", "checkpoint", "tables", "per_batch", "once", "trigger",
-                                  "event_time", "on_batch", "check_files", "late"},
+                                  "event_time", "on_batch", "check_files", "late", "stable"},
                    "onceflow.write_stream")
     specs = check_specs(tables or {})
     if not df.isStreaming:
@@ -427,7 +453,17 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             raise ConfigError("late= needs the event-time column: pass event_time=, or build the stream "
                               "with onceflow.deduplicate(...)")
         specs = check_specs({**specs, late: specs.get(late) or (Table(key=ids) if ids else Table())})
-    writer = _Writer(sink, path, specs, per_batch, event_time, on_batch, check_files, late, ids)
+    keep = None
+    if stable is True:
+        keep = StableOutputs(path, [n for n in specs if n != late])
+    elif stable is not False:
+        names = [stable] if isinstance(stable, str) else list(stable)
+        unknown_tables = [n for n in names if n not in specs or n == late]
+        if unknown_tables:
+            raise ConfigError(f"stable= names {unknown_tables}, which are not tables of per_batch's output "
+                              f"(those are {sorted(n for n in specs if n != late)})")
+        keep = StableOutputs(path, names)
+    writer = _Writer(sink, path, specs, per_batch, event_time, on_batch, check_files, late, ids, keep)
     listener = None
     selected = armed()
     if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:

@@ -60,6 +60,18 @@ class SinkApplyError(OnceflowError, RuntimeError):
     """
 
 
+class EffectsFailedError(OnceflowError, RuntimeError):
+    """Some effects of a batch were refused or could not be delivered; the batch is not committed."""
+
+
+class UnstableOutputError(OnceflowError, RuntimeError):
+    """A retry of a batch computed another payload for an effect than its first attempt.
+
+    The batch's output is not deterministic; ``write_stream(..., stable=True)`` makes every
+    attempt write the first attempt's rows.
+    """
+
+
 class StorageError(OnceflowError, OSError):
     """A durable write failed for a reason of the storage: a full disk, a read-only file.
 

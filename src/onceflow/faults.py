@@ -39,6 +39,15 @@ class CrashPoint(str, Enum):
     tables has not run (the process dies at the next batch or at the end of the run)."""
     AFTER_COMMIT_LOG = "after_commit_log"
     """Spark wrote the commit log of the batch."""
+    AFTER_STABLE_SAVE = "after_stable_save"
+    """Stable input: the batch's output is persisted; no sink has seen it."""
+    BEFORE_STABLE_DROP = "before_stable_drop"
+    """Stable input: the sink committed the batch; its persisted copy is not deleted yet."""
+    EFFECTS_STARTED = "effects_started"
+    """Side-effect sink: the batch's keys are recorded as started in the ledger; no call sent."""
+    EFFECTS_SENT = "effects_sent"
+    """Side-effect sink: every call of the batch was answered; the ledger has not recorded the
+    answers (the window between a call and its ledger write)."""
     AMBIGUOUS_COMMIT = "ambiguous_commit"
     """Not a kill: the sink transaction committed, then the sink raises as if it had failed
     (a lost commit acknowledgement). The query fails; a restart must not apply it twice."""

@@ -1,0 +1,1 @@
+"""Side effects on external services: the demo service, the ledger and the HTTP sink."""

@@ -1,0 +1,197 @@
+"""Stable input: a micro-batch's output is computed once, persisted, and every retry reads it back.
+
+Spark replays a batch's *input* exactly (same offsets, same state), but a transformation may
+still give another answer on the retry: it reads the clock, draws random numbers, asks a
+service whose answer changed, or reads a source that is not replayable. A sink that is
+idempotent per batch does not care (the retry is skipped by its marker); a side effect does —
+the first attempt may already have sent "charge A 12" when the retry computes "charge A 13".
+This is Beam's ``Reshuffle`` / ``@RequiresStableInput``: persist the output before anything
+sees it, and let every retry see the persisted copy.
+
+Storage: ``<checkpoint>/onceflow_stable/<batch_id>/`` — one Parquet file (Arrow outputs) or
+directory (DataFrame outputs, written by Spark's executors) per table, and ``_meta.json`` (the
+query id, the tables, the batch's row count). Protocol of :class:`StableOutputs`, for batch N of
+the query whose checkpoint it is:
+
+1. :meth:`StableOutputs.cleanup`, before the first batch of a process: delete the persisted
+   batches that Spark's commit log has (their sink committed them, and Spark will not re-run
+   them) and any half-written ``.tmp-*`` directory (a crash in step 3). May run any number of
+   times.
+2. :meth:`StableOutputs.load`: if ``<root>/N`` exists, it is complete (step 3 renames it into
+   place only when whole): its tables replace the freshly computed ones, before any of them is
+   materialized, so the retry's own answer is never used.
+3. Else :meth:`StableOutputs.save`: write every stable table into ``<root>/.tmp-N-<random>/``,
+   fsync the files (Arrow outputs) and the directory, then rename it to ``<root>/N`` and fsync
+   ``<root>``. Crash point ``after_stable_save``: N is persisted, no sink has seen it; the retry
+   reads it (step 2). A crash before the rename leaves a ``.tmp`` directory that step 1 removes
+   and N is computed again — nothing has seen the first computation.
+4. The sink commits N from the persisted tables (DataFrame outputs are read back from the
+   persisted files, so the executors' writes also see the stable copy).
+5. :meth:`StableOutputs.drop` once the sink committed N: nothing reads ``<root>/N`` again —
+   a retry of N (the sink committed, Spark had not written ``commits/N``) is skipped by the
+   sink's marker. Crash point ``before_stable_drop``: the copy stays until step 1 of the next
+   process sees ``commits/N``, or the retry re-uses it.
+
+Persisted copies survive process crashes (``kill -9``: the rename is atomic and the Arrow
+files are fsynced); DataFrame outputs are written by Spark, whose local-filesystem writes are
+not fsynced: against power loss, put the checkpoint on storage that is durable on close
+(HDFS, object stores), as Spark's own checkpoint needs anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from onceflow.errors import ConfigError
+from onceflow.faults import CrashPoint, maybe_crash
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+DIR = "onceflow_stable"
+"""Directory under the checkpoint that holds the persisted batches."""
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Persisted:
+    """One persisted batch: its stable tables and the batch's row count.
+
+    Attributes:
+        tables: Table name -> Arrow table, or DataFrame read back from the persisted files.
+        rows_out: Rows of the batch's DataFrame when it was first computed.
+    """
+
+    def __init__(self, tables: dict[str, Any], rows_out: int) -> None:
+        self.tables, self.rows_out = tables, rows_out
+
+
+class StableOutputs:
+    """Persist each batch's stable tables once (see the module protocol).
+
+    Args:
+        checkpoint: The query's Spark checkpoint directory.
+        tables: The table names to keep stable; None: every table of the batch.
+    """
+
+    def __init__(self, checkpoint: str | Path, tables: Iterable[str] | None = None) -> None:
+        self.root = Path(checkpoint) / DIR
+        self.tables = None if tables is None else frozenset(tables)
+
+    def wants(self, name: str) -> bool:
+        """Whether table ``name`` is kept stable."""
+        return self.tables is None or name in self.tables
+
+    def cleanup(self, committed: Iterable[int]) -> list[int]:
+        """Step 1: delete the copies of batches in Spark's commit log and half-written directories.
+
+        Args:
+            committed: Batch ids in Spark's commit log.
+
+        Returns:
+            The batch ids whose copies were deleted.
+        """
+        if not self.root.is_dir():
+            return []
+        done = set(committed)
+        removed = []
+        for entry in self.root.iterdir():
+            if entry.name.startswith(".tmp-"):
+                shutil.rmtree(entry, ignore_errors=True)
+            elif entry.name.isdigit() and int(entry.name) in done:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(int(entry.name))
+        return sorted(removed)
+
+    def batches(self) -> list[int]:
+        """Batch ids persisted now."""
+        if not self.root.is_dir():
+            return []
+        return sorted(int(e.name) for e in self.root.iterdir() if e.name.isdigit())
+
+    def load(self, batch_id: int, query_id: str, spark: SparkSession | None = None) -> Persisted | None:
+        """Step 2: the persisted copy of batch ``batch_id``, or None if there is none.
+
+        Raises:
+            ConfigError: The copy belongs to another query (a checkpoint copied by hand).
+        """
+        final = self.root / str(batch_id)
+        if not final.is_dir():
+            return None
+        meta = json.loads((final / "_meta.json").read_text())
+        if meta["query_id"] != query_id:
+            raise ConfigError(f"{final} holds batch {batch_id} of query {meta['query_id']}, not of this "
+                              f"checkpoint's query {query_id}; delete {self.root} if it was copied here")
+        tables: dict[str, Any] = {}
+        for name, kind in meta["tables"].items():
+            if kind == "arrow":
+                tables[name] = pq.read_table(final / f"{name}.parquet")
+            else:
+                if spark is None:
+                    raise ConfigError(f"batch {batch_id}'s table {name!r} was persisted by Spark; "
+                                      "reading it back needs the SparkSession")
+                tables[name] = spark.read.parquet(str(final / name))
+        return Persisted(tables, int(meta["rows_out"]))
+
+    def save(self, batch_id: int, query_id: str, tables: Mapping[str, Any], rows_out: int) -> Persisted:
+        """Step 3: persist the stable tables of batch ``batch_id`` atomically, once.
+
+        May be called again for the same batch only after a crash (step 1 removed the partial
+        copy); a complete copy is never replaced.
+
+        Args:
+            batch_id: Spark's micro-batch id.
+            query_id: The checkpoint's query id.
+            tables: Table name -> ``pyarrow.Table`` or Spark ``DataFrame`` (only the names
+                :meth:`wants` are persisted).
+            rows_out: Rows of the batch's DataFrame.
+
+        Returns:
+            The persisted copy (Arrow tables as given, DataFrames read back from their files).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".tmp-{batch_id}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        kinds = {}
+        for name, value in tables.items():
+            if not self.wants(name):
+                continue
+            if isinstance(value, pa.Table):
+                pq.write_table(value, tmp / f"{name}.parquet", compression="lz4")
+                _fsync(tmp / f"{name}.parquet")
+                kinds[name] = "arrow"
+            else:
+                value.write.parquet(str(tmp / name))
+                kinds[name] = "spark"
+        meta = {"query_id": query_id, "batch_id": batch_id, "tables": kinds, "rows_out": rows_out}
+        (tmp / "_meta.json").write_text(json.dumps(meta))
+        _fsync(tmp / "_meta.json")
+        _fsync(tmp)
+        final = self.root / str(batch_id)
+        os.rename(tmp, final)
+        _fsync(self.root)
+        maybe_crash(CrashPoint.AFTER_STABLE_SAVE, batch_id)
+        kept = {n: v if isinstance(v, pa.Table) else v.sparkSession.read.parquet(str(final / n))
+                for n, v in tables.items() if self.wants(n)}
+        return Persisted(kept, rows_out)
+
+    def drop(self, batch_id: int) -> None:
+        """Step 5: delete the copy of a batch its sink committed (idempotent)."""
+        maybe_crash(CrashPoint.BEFORE_STABLE_DROP, batch_id)
+        shutil.rmtree(self.root / str(batch_id), ignore_errors=True)
+
