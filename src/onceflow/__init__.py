@@ -9,7 +9,7 @@ The names a user needs::
                                   per_batch=to_revenue)
 """
 
-from onceflow.api import OnceQuery, deduplicate, delta, postgres, sqlite, write_stream
+from onceflow.api import OnceQuery, deduplicate, delta, http, postgres, sqlite, write_stream
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
 from onceflow.sources.log import EventLog
 from onceflow.tables import Table
@@ -17,4 +17,4 @@ from onceflow.tables import Table
 __version__ = "0.1.0"
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
-           "__version__", "deduplicate", "delta", "postgres", "sqlite", "write_stream"]
+           "__version__", "deduplicate", "delta", "http", "postgres", "sqlite", "write_stream"]

@@ -157,7 +157,46 @@ def delta(root: str | Path, sink_id: str = "default") -> TablesSink:
     return DeltaTablesSink(root, sink_id=sink_id)
 
 
-PerBatch = Callable[["DataFrame"], "Mapping[str, DataFrame] | DataFrame"]
+def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: bool = True,
+         concurrency: int = 16, retries: int = 5, timeout_s: float = 10.0,
+         headers: Mapping[str, str] | None = None) -> TablesSink:
+    """A side-effect sink: each output row is one ``POST`` to ``url`` (:mod:`onceflow.sinks.http_effects`).
+
+    Each table needs ``key=[...]``: the columns that name an effect; its idempotency key is
+    ``<sink_id>/<table>/<key values>``. Pair it with ``write_stream(..., stable=True)`` when
+    ``per_batch`` is not deterministic.
+
+    Args:
+        url: Where effects are POSTed (the row as JSON, an ``Idempotency-Key`` header).
+        ledger: SQLite file of the ledger of started and confirmed keys.
+        sink_id: Namespace of keys and markers.
+        idempotent: The service honours ``Idempotency-Key``: effects exactly once. False: at
+            most one completed call per key; ambiguous ones are listed for reconciliation.
+        concurrency: Calls in flight at once.
+        retries: Calls per key at most.
+        timeout_s: Seconds a call may take.
+        headers: Extra headers (e.g. ``Authorization``).
+    """
+    from onceflow.sinks.http_effects import HttpEffectsSink
+
+    return HttpEffectsSink(url, ledger, sink_id=sink_id, idempotent=idempotent, concurrency=concurrency,
+                           retries=retries, timeout_s=timeout_s, headers=headers)
+
+
+PerBatch = Callable[..., "Mapping[str, DataFrame | pa.Table] | DataFrame | pa.Table"]
+"""``per_batch(df)`` or ``per_batch(df, batch_id)`` (as ``foreachBatch`` functions take them)."""
+
+
+def _takes_batch_id(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a second positional argument (the batch id)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or a C callable: call it with the DataFrame only
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
 class _Writer:
@@ -185,6 +224,7 @@ class _Writer:
                  ids: list[str] | None = None, stable: StableOutputs | None = None) -> None:
         self.sink, self.checkpoint, self.specs = sink, checkpoint, specs
         self.stable, self._qid = stable, ""
+        self._with_id = per_batch is not None and _takes_batch_id(per_batch)
         self.per_batch, self.event_time, self.on_batch = per_batch, event_time, on_batch
         self.check_files, self.late, self.ids = check_files, late, ids
         self.out_specs = {n: t for n, t in specs.items() if n != late}
@@ -223,14 +263,14 @@ class _Writer:
                 .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
         return rows.dropDuplicates(self.ids) if self.ids else rows
 
-    def _outputs(self, df: DataFrame) -> dict[str, Any]:
+    def _outputs(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
         specs = self.out_specs
         if self.per_batch is None:
             if len(specs) != 1:
                 raise ConfigError(f"with several tables ({sorted(specs)}) per_batch= must say which "
                                   "rows go where: return {table_name: DataFrame}")
             return {next(iter(specs)): df}
-        out = self.per_batch(df)
+        out = self.per_batch(df, batch_id) if self._with_id else self.per_batch(df)
         if not isinstance(out, Mapping):
             if len(specs) != 1:
                 raise ConfigError("per_batch returned one DataFrame, but tables= names several tables: "
@@ -257,7 +297,7 @@ class _Writer:
         pending = self._pool.submit(self._stats, batch_id)  # 2
         observation = Observation(f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
         observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
-        frames = self._outputs(observed)  # 3
+        frames = self._outputs(observed, batch_id)  # 3
         kept = None
         if self.stable is not None:  # a persisted first computation replaces this one
             kept = self.stable.load(batch_id, self._qid, df.sparkSession)
@@ -407,7 +447,10 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         checkpoint: Spark checkpoint directory; reuse it to resume exactly.
         tables: Table name -> :class:`Table` (write mode and key); required.
         per_batch: Turns one micro-batch's DataFrame into ``{table_name: DataFrame}`` (or one
-            DataFrame when there is one table); plain PySpark, run once per batch attempt.
+            DataFrame when there is one table; a ``pyarrow.Table`` works in place of a
+            DataFrame); plain PySpark, run once per batch attempt. It may take the batch id as
+            a second argument, like a ``foreachBatch`` function (stable across retries of the
+            batch: e.g. part of a side effect's key).
             Without it the batch's rows go to the single table as they are.
         once: Process everything available now, then stop (``availableNow``).
         trigger: Processing-time trigger of a continuous query.
