@@ -146,11 +146,29 @@ def test_postgres_two_phase_sink_under_the_crash_points(tmp_path: Path,
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
 
 
+def test_side_effect_sink_under_its_crash_points_with_a_failing_service(tmp_path: Path) -> None:
+    """Example 5-1's deltas as HTTP calls to the demo service, which fails 3% of calls and
+    times out 1% *after* applying them; the verdict is read from the service's own records."""
+    faults = "crash_effects_started,crash_effects_sent,crash_after_sink_commit,kill_random,late_events"
+    rc, out, rep = _verify(tmp_path, "--rounds", "4", "--seed", "2", "--events-per-round", "2000",
+                           "--faults", faults, "--sink", "http")
+    assert rc == 0, out
+    for r in rep["rounds"]:  # type: ignore[union-attr]
+        assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
+    with closing(sqlite3.connect(tmp_path / "work" / "service.db")) as conn:
+        outcomes = dict(conn.execute("SELECT outcome, count(*) FROM calls GROUP BY 1").fetchall())
+    assert outcomes.get("replayed", 0) > 0  # keys were sent again and recognised, never applied twice
+
+
 @pytest.mark.parametrize(("sink", "fault", "violation"), [
     # no batch marker: a replay adds twice (the SQLite naive sink is caught the same way in
     # tests/faults/test_crash_restart.py)
     ("postgres-naive", "crash_after_sink_commit", "duplicated"),
     ("lossy", "crash_inside_sink_txn", "lost"),  # marker committed before the rows
+    ("http-naive", "crash_effects_sent", "duplicated"),  # no ledger, a service without idempotency
 ])
 def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, violation: str,
                                          request: pytest.FixtureRequest) -> None:
@@ -169,7 +187,8 @@ def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, 
     (["--faults", "executor_kill"], "needs --cluster"),
     (["--faults", "late_events"], "needs at least one of"),
     (["--faults", "receiver_kill"], "need --ingest"),
-    (["--faults", "crash_apply_pending", "--sink", "naive"], "need --sink sqlite"),
+    (["--faults", "crash_apply_pending", "--sink", "naive"], "needs --sink sqlite"),
+    (["--faults", "crash_inside_sink_txn", "--sink", "http"], "never reaches the faults"),
 ])
 def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
     rc, out, _ = _verify(tmp_path, *args, timeout=60)

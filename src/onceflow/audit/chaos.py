@@ -67,11 +67,32 @@ CRASH_FAULTS = {
     "crash_after_sink_commit": "after_sink_commit",
     "crash_after_commit_log": "after_commit_log",
     "crash_apply_pending": "apply_pending",
+    "crash_effects_started": "effects_started",
+    "crash_effects_sent": "effects_sent",
 }
 """Fault name -> crash point: the driver SIGKILLs its JVM and itself there."""
 
 STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
 """Faults at a point only the SQLite sink's staged path (``--sink sqlite``) has."""
+
+EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
+"""Faults at points only the side-effect sinks (``--sink http``, ``http-naive``) have."""
+
+NO_TXN_SINKS = ("http", "http-naive")
+"""Sinks without a transaction to crash inside (no ``crash_inside_sink_txn``)."""
+
+
+def reaches(sink: str, fault: str) -> bool:
+    """Whether a run with ``--sink sink`` can reach ``fault``."""
+    if fault in STAGED_SQLITE_FAULTS:
+        return sink == "sqlite"
+    if fault in EFFECT_FAULTS:
+        return sink in NO_TXN_SINKS
+    if fault == "crash_inside_sink_txn":
+        return sink not in NO_TXN_SINKS
+    if fault == "crash_after_sink_commit":
+        return sink != "http-naive"  # no ledger commit: the naive sink returns after its calls
+    return True
 
 SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill"]
 """Faults of the Spark side that make a round."""
@@ -102,8 +123,7 @@ def default_faults(sink: str = "sqlite", cluster: bool = False, ingest: bool = F
         Fault names, in :data:`ALL_FAULTS` order.
     """
     return [f for f in ALL_FAULTS if (cluster or f != "executor_kill")
-            and (ingest or f not in INGEST_FAULTS)
-            and (sink == "sqlite" or f not in STAGED_SQLITE_FAULTS)]
+            and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)]
 
 
 @dataclass
@@ -152,10 +172,11 @@ class VerifyConfig:
         ingest_faults = [f for f in self.faults if f in INGEST_FAULTS]
         if ingest_faults and not self.ingest:
             raise ConfigError(f"the faults {ingest_faults} need --ingest (senders -> receiver -> log)")
-        staged_only = [f for f in self.faults if f in STAGED_SQLITE_FAULTS]
-        if staged_only and self.sink != "sqlite":
-            raise ConfigError(f"the faults {staged_only} need --sink sqlite (a crash point of the SQLite "
-                              f"sink's staged path; {self.sink!r} never reaches it)")
+        unreachable = [f for f in self.faults if not reaches(self.sink, f)]
+        if unreachable:
+            raise ConfigError(f"--sink {self.sink} never reaches the faults {unreachable} "
+                              "(crash_apply_pending needs --sink sqlite, crash_effects_* an http sink, "
+                              "which has no inside_sink_txn point)")
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if self.sink not in KINDS:
@@ -374,6 +395,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
     drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
     verdict = target.judge(expect(ck))
+    target.close()
     verdict.violations += ingest["violations"] if ingest else []
     conf = _config(cfg)
     conf["sink_location"] = target.name

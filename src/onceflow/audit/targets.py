@@ -1,6 +1,10 @@
 """The sink a verify run writes to: how the driver reaches it, and how the auditor reads it.
 
-SQLite sinks live in a fresh database file in the work directory. PostgreSQL sinks
+SQLite sinks live in a fresh database file in the work directory. The ``http`` sinks call the
+demo service (:mod:`onceflow.effects.service`, a process of its own, which applies 3% of calls
+and answers 500, and applies 1% and answers too late for the driver's 1.5 s timeout), their
+ledger a database file in the work directory; ``http-naive`` calls a service that ignores
+idempotency keys (so its duplicates show). PostgreSQL sinks
 get a fresh schema (``onceflow_verify_<id>``) in the database of the given DSN, selected
 through the connection's ``search_path``; the DSN reaches the driver processes through
 ``ONCEFLOW_PG_DSN``, never on a command line.
@@ -13,10 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.audit.oracle import Expectation
-from onceflow.audit.verdict import Verdict, judge_postgres, judge_sqlite
+from onceflow.audit.verdict import Verdict, judge_effects, judge_postgres, judge_sqlite
 from onceflow.errors import ConfigError
 from onceflow.pgconn import require_psycopg
-from onceflow.sinks import EXAMPLE_SINK_ID, SINKS, SQLITE_SINKS, marker_id, pg
+from onceflow.sinks import (
+    EFFECT_SINKS,
+    EFFECTS_TIMEOUT_ENV,
+    EFFECTS_URL_ENV,
+    EXAMPLE_SINK_ID,
+    SINKS,
+    SQLITE_SINKS,
+    marker_id,
+    pg,
+)
 from onceflow.sinks.sqlite import read_batches
 
 KINDS = SINKS
@@ -45,8 +58,12 @@ class SinkTarget:
         self.schema = ""
         self.marker_id = marker_id(kind, "user_counts")
         """The sink id of the markers of ``user_counts`` (per batch, or per table and batch)."""
+        self.service: Any = None
+        self.workdir = workdir
         if kind in SQLITE_KINDS:
             self.db = workdir / "sink.db"
+        elif kind in EFFECT_SINKS:
+            self.db = workdir / "ledger.db"
         else:
             self._base_dsn = pg.resolve_dsn(pg_dsn)
 
@@ -56,11 +73,22 @@ class SinkTarget:
         return self.db is None
 
     def prepare(self, schema: str | None = None) -> None:
-        """Create the empty place the run writes to (a new PostgreSQL schema).
+        """Create the empty place the run writes to (a new PostgreSQL schema), or start the service.
 
         Args:
             schema: Reuse this schema of a resumed run instead.
         """
+        if self.kind in EFFECT_SINKS:
+            from onceflow.effects.service import ServiceProcess
+
+            pid = self.workdir / "service.pid"
+            if pid.exists():  # a resumed run: the service of the killed verify may still run
+                _kill(int(pid.read_text()))
+            flags = ["--fail-after-apply", "0.03", "--timeout-after-apply", "0.01", "--hang-s", "3"]
+            self.service = ServiceProcess(self.workdir / "service.db", *flags,
+                                          *(["--ignore-keys"] if self.kind == "http-naive" else [])).start()
+            pid.write_text(str(self.service.proc.pid))
+            return
         if not self.is_postgres:
             return
         require_psycopg()
@@ -85,7 +113,15 @@ class SinkTarget:
 
     def env(self) -> dict[str, str]:
         """Environment for the driver process."""
+        if self.service is not None:
+            return {EFFECTS_URL_ENV: self.service.effects_url, EFFECTS_TIMEOUT_ENV: "1.5"}
         return {pg.DSN_ENV: self.dsn} if self.is_postgres else {}
+
+    def close(self) -> None:
+        """Stop what :meth:`prepare` started (the demo service)."""
+        if self.service is not None:
+            self.service.stop()
+            (self.workdir / "service.pid").unlink(missing_ok=True)
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's batch markers with metrics."""
@@ -106,8 +142,21 @@ class SinkTarget:
 
     def judge(self, expectation: Expectation) -> Verdict:
         """The auditor's verdict on this sink."""
+        if self.kind in EFFECT_SINKS:
+            assert self.db is not None
+            return judge_effects(self.workdir / "service.db", self.db, expectation, self.marker_id)
         if self.db is not None:
             return judge_sqlite(self.db, expectation, self.marker_id)
         verdict = judge_postgres(self.dsn, expectation, self.marker_id, gid_prefix=f"of:{SINK_ID}")
         verdict.sink = self.name
         return verdict
+
+
+def _kill(pid: int) -> None:
+    import os
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -142,6 +142,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL connection string (postgres* sinks); prefer the environment "
                    "variable, which keeps a password out of the process list.")
+@click.option("--effects-url", envvar="ONCEFLOW_EFFECTS_URL", default=None, show_envvar=True,
+              help="Where --sink http POSTs each output row (one effect per row; --db is its ledger).")
 @click.option("--once", is_flag=True, help="Process everything available now, then exit 0.")
 @click.option("--allowed-lateness", default="1m", show_default=True, type=Duration(),
               help="Watermark delay; later events are dropped and counted.")
@@ -156,8 +158,9 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--sink", "sink_kind", type=click.Choice(SINKS), default=None,
               help="Where results go: sqlite (default of user_counts); postgres (driver-side "
                    "transaction); postgres-staged (default of billing) / postgres-2pc (written by "
-                   "the executors). Negative controls, never "
-                   "for real data: 'naive' and 'postgres-naive' have no batch marker "
+                   "the executors); http (each row one call to --effects-url, ledger in --db). "
+                   "Negative controls, never "
+                   "for real data: 'naive', 'postgres-naive' and 'http-naive' have no batch marker "
                    "(duplicates), 'lossy' commits the marker before the rows (loss).")
 @click.option("--standby", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="Hot standby (verify --fast-start): start Spark, then wait until this file "
@@ -167,8 +170,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
               help="user_counts: Example 5-1 per-user/global counts per minute "
                    "(onceflow/examples/user_counts.py); billing: bytes per account and hour, late "
                    "records kept in late_events (onceflow/examples/billing.py).")
-def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, once: bool,
-        allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
+def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, effects_url: str | None,
+        once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
         standby: Path | None, pipeline: str) -> None:
     """Run a pipeline over the event log, exactly once into its sink.
@@ -190,6 +193,8 @@ def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, on
                          max_files_per_trigger=max_files_per_trigger,
                          trigger_interval=trigger_interval)
     EventLog(log_dir).validate()  # fail fast, before Spark starts
+    if effects_url:
+        os.environ["ONCEFLOW_EFFECTS_URL"] = effects_url
     sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], db, pg_dsn, sink_id=pipeline)
     spark = spark or session(master=master, conf=conf)
     try:

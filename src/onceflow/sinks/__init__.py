@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from onceflow.errors import ConfigError
@@ -13,7 +14,12 @@ __all__ = ["BatchStats", "SINKS", "SQLiteTablesSink", "TablesSink", "make_sink",
 SQLITE_SINKS = ("sqlite", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
-SINKS = SQLITE_SINKS + POSTGRES_SINKS
+EFFECT_SINKS = ("http", "http-naive")
+SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS
+EFFECTS_URL_ENV = "ONCEFLOW_EFFECTS_URL"
+"""Where ``--sink http`` POSTs effects (``onceflow run --effects-url``)."""
+EFFECTS_TIMEOUT_ENV = "ONCEFLOW_EFFECTS_TIMEOUT_S"
+"""Seconds an effect call of ``--sink http`` may take (default 10)."""
 EXAMPLE_SINK_ID = "user_counts"
 """The sink id ``onceflow run`` writes Example 5-1 under (its markers' namespace)."""
 
@@ -23,7 +29,7 @@ def make_sink(kind: str, db: Path | None, pg_dsn: str | None, sink_id: str = EXA
 
     Args:
         kind: One of :data:`SINKS`.
-        db: SQLite database (SQLite sinks).
+        db: SQLite database (SQLite sinks; the ledger of the ``http`` sinks).
         pg_dsn: PostgreSQL connection string (else ``$ONCEFLOW_PG_DSN``).
         sink_id: Marker namespace.
 
@@ -33,6 +39,16 @@ def make_sink(kind: str, db: Path | None, pg_dsn: str | None, sink_id: str = EXA
     Raises:
         ConfigError: A required location is missing, or the postgres extra is not installed.
     """
+    if kind in EFFECT_SINKS:
+        from onceflow.sinks.http_effects import HttpEffectsSink
+
+        url = os.environ.get(EFFECTS_URL_ENV, "")
+        if db is None or not url:
+            raise ConfigError(f"--sink {kind} calls a service: pass --effects-url URL (or set "
+                              f"{EFFECTS_URL_ENV}) and --db PATH for its ledger")
+        timeout = float(os.environ.get(EFFECTS_TIMEOUT_ENV, 10))
+        return HttpEffectsSink(url, db, sink_id=sink_id, timeout_s=timeout,
+                               mode="naive" if kind == "http-naive" else "exactly_once")
     if kind in SQLITE_SINKS:
         if db is None:
             raise ConfigError(f"--sink {kind} writes to SQLite: pass --db PATH")

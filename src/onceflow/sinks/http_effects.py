@@ -2,7 +2,9 @@
 
 Each row of each table becomes one ``POST`` of the row as JSON, with an ``Idempotency-Key``
 derived from the row's key columns (never random: the same logical effect always has the same
-key — ``<sink_id>/<table>/<key values, URL-quoted>``, see :func:`effect_key`). A durable ledger
+key — ``<sink_id>/<table>/<key values, URL-quoted>``, see :func:`effect_key`). The rows of an
+``add`` table are per-batch deltas (e.g. Example 5-1's counts): their key ends with the batch
+id, ``.../<key values>/<batch_id>`` — one effect per key and batch, summed by the service. A durable ledger
 (:mod:`onceflow.sinks.ledger`) records each key as ``started`` before its call and
 ``confirmed`` after the service's 2xx answer; calls run concurrently (bounded) with retries and
 exponential backoff (tenacity).
@@ -96,11 +98,12 @@ def _json(value: Any) -> str:
     return str(value)
 
 
-def effects_of(sink_id: str, table: str, spec: Table, rows: pa.Table) -> list[Effect]:
-    """The effects of one table's rows (key from the spec's key columns; payload = the row)."""
+def effects_of(sink_id: str, table: str, spec: Table, rows: pa.Table, batch_id: int) -> list[Effect]:
+    """One table's effects: key from the key columns (and batch, for ``add``); payload = the row."""
     out = []
+    tail = [batch_id] if spec.mode == "add" else []
     for row in rows.to_pylist():
-        key = effect_key(sink_id, table, [row[k] for k in spec.key])
+        key = effect_key(sink_id, table, [*(row[k] for k in spec.key), *tail])
         out.append(Effect(key, json.dumps(row, sort_keys=True, separators=(",", ":"), default=_json)))
     return out
 
@@ -196,7 +199,7 @@ class HttpEffectsSink:
                                   "an effect (its idempotency key)")
         check_outputs(outputs, specs)
         effects = [e for name, rows in outputs.items()
-                   for e in effects_of(self.sink_id, name, specs[name], rows)]
+                   for e in effects_of(self.sink_id, name, specs[name], rows, batch_id)]
         if self.mode == "naive":  # negative control: no ledger, every attempt calls everything
             asyncio.run(self._send(effects, lambda _: None))
             maybe_crash(CrashPoint.EFFECTS_SENT, batch_id)
