@@ -145,7 +145,10 @@ class StableOutputs:
                 if spark is None:
                     raise ConfigError(f"batch {batch_id}'s table {name!r} was persisted by Spark; "
                                       "reading it back needs the SparkSession")
-                tables[name] = spark.read.parquet(str(final / name))
+                from pyspark.sql.types import StructType
+
+                schema = StructType.fromJson(json.loads(meta["schemas"][name]))
+                tables[name] = spark.read.schema(schema).parquet(str(final / name))
         return Persisted(tables, int(meta["rows_out"]))
 
     def save(self, batch_id: int, query_id: str, tables: Mapping[str, Any], rows_out: int) -> Persisted:
@@ -167,7 +170,7 @@ class StableOutputs:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{batch_id}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
-        kinds = {}
+        kinds, schemas = {}, {}
         for name, value in tables.items():
             if not self.wants(name):
                 continue
@@ -178,7 +181,9 @@ class StableOutputs:
             else:
                 value.write.parquet(str(tmp / name))
                 kinds[name] = "spark"
-        meta = {"query_id": query_id, "batch_id": batch_id, "tables": kinds, "rows_out": rows_out}
+                schemas[name] = value.schema.json()  # read back without inferring it (a job less)
+        meta = {"query_id": query_id, "batch_id": batch_id, "tables": kinds, "rows_out": rows_out,
+                "schemas": schemas}
         (tmp / "_meta.json").write_text(json.dumps(meta))
         _fsync(tmp / "_meta.json")
         _fsync(tmp)
@@ -186,7 +191,8 @@ class StableOutputs:
         os.rename(tmp, final)
         _fsync(self.root)
         maybe_crash(CrashPoint.AFTER_STABLE_SAVE, batch_id)
-        kept = {n: v if isinstance(v, pa.Table) else v.sparkSession.read.parquet(str(final / n))
+        kept = {n: v if isinstance(v, pa.Table)
+                else v.sparkSession.read.schema(v.schema).parquet(str(final / n))
                 for n, v in tables.items() if self.wants(n)}
         return Persisted(kept, rows_out)
 

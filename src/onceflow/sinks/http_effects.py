@@ -269,7 +269,7 @@ class HttpEffectsSink:
                 if batch and self.mode != "naive":
                     done = batch[:]
                     del batch[:len(done)]
-                    self.ledger.confirm(done)
+                    await asyncio.to_thread(self.ledger.confirm, done)  # the calls go on meanwhile
 
         async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
             task = asyncio.create_task(flusher())
@@ -291,47 +291,63 @@ class HttpEffectsSink:
         return list(answers)
 
     async def _call(self, session: Any, e: Effect) -> _Answer:
-        """One key: call until a 2xx answer, a refusal, or the retry policy gives up."""
-        import aiohttp
+        """One key: call until a 2xx answer, a refusal, or the retry policy gives up.
+
+        The first call runs without the retry machinery (most calls succeed at once); a
+        retryable failure continues under tenacity with exponential backoff.
+        """
         from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-        calls = 0
         headers = {"Idempotency-Key": e.key, "Content-Type": "application/json"}
-        ambiguous_seen = False
+        state = {"calls": 0, "ambiguous": False}
         try:
-            async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries), reraise=True,
-                                               wait=wait_exponential(multiplier=self.backoff_s, max=2.0),
-                                               retry=retry_if_exception_type(_Retry)):
-                with attempt:
-                    calls += 1
-                    try:
-                        async with session.post(self.url, data=e.payload, headers=headers) as resp:
-                            status = resp.status
-                            body = await resp.read()
-                    except aiohttp.ClientConnectorError as exc:  # never reached the service
-                        raise _Retry(0, False, f"no connection: {exc}") from None
-                    except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-                        ambiguous_seen = True
-                        if not self.idempotent:
-                            return _Answer(e.key, "ambiguous", 0, calls, detail=f"ambiguous: {exc!r}")
-                        raise _Retry(0, True, f"ambiguous: {exc!r}") from None
-                    if 200 <= status < 300:
-                        return _Answer(e.key, "ok", status, calls, _replayed(body))
-                    if status in (429, 503):
-                        raise _Retry(status, False, f"HTTP {status} (not applied)")
-                    if status >= 500:
-                        ambiguous_seen = True
-                        if not self.idempotent:
-                            return _Answer(e.key, "ambiguous", status, calls,
-                                           detail=f"ambiguous: HTTP {status}")
-                        raise _Retry(status, True, f"ambiguous: HTTP {status}")
-                    return _Answer(e.key, "refused", status, calls,
-                                   detail=f"refused: HTTP {status} {body[:200].decode(errors='replace')}")
-        except _Retry as exc:
-            detail = f"ambiguous: {exc.detail}" if ambiguous_seen and not exc.detail.startswith("ambiguous") \
-                else exc.detail
-            return _Answer(e.key, "undelivered", exc.status, calls, detail=f"{detail} after {calls} calls")
-        raise AssertionError("unreachable: tenacity re-raises the last error")  # pragma: no cover
+            return await self._attempt(session, e, headers, state)
+        except _Retry as first:
+            last = first
+        if self.retries > 1:
+            try:
+                async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries - 1), reraise=True,
+                                                   wait=wait_exponential(multiplier=self.backoff_s, max=2.0),
+                                                   retry=retry_if_exception_type(_Retry)):
+                    with attempt:
+                        return await self._attempt(session, e, headers, state)
+            except _Retry as exc:
+                last = exc
+        calls = state["calls"]
+        detail = last.detail
+        if state["ambiguous"] and not detail.startswith("ambiguous"):
+            detail = f"ambiguous: {detail}"
+        return _Answer(e.key, "undelivered", last.status, int(calls), detail=f"{detail} after {calls} calls")
+
+    async def _attempt(self, session: Any, e: Effect, headers: dict[str, str],
+                       state: dict[str, Any]) -> _Answer:
+        """One call of a key; raises :class:`_Retry` when the policy allows another."""
+        import aiohttp
+
+        state["calls"] += 1
+        calls = int(state["calls"])
+        try:
+            async with session.post(self.url, data=e.payload, headers=headers) as resp:
+                status = resp.status
+                body = await resp.read()
+        except aiohttp.ClientConnectorError as exc:  # never reached the service
+            raise _Retry(0, False, f"no connection: {exc}") from None
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            state["ambiguous"] = True
+            if not self.idempotent:
+                return _Answer(e.key, "ambiguous", 0, calls, detail=f"ambiguous: {exc!r}")
+            raise _Retry(0, True, f"ambiguous: {exc!r}") from None
+        if 200 <= status < 300:
+            return _Answer(e.key, "ok", status, calls, _replayed(body))
+        if status in (429, 503):
+            raise _Retry(status, False, f"HTTP {status} (not applied)")
+        if status >= 500:
+            state["ambiguous"] = True
+            if not self.idempotent:
+                return _Answer(e.key, "ambiguous", status, calls, detail=f"ambiguous: HTTP {status}")
+            raise _Retry(status, True, f"ambiguous: HTTP {status}")
+        return _Answer(e.key, "refused", status, calls,
+                       detail=f"refused: HTTP {status} {body[:200].decode(errors='replace')}")
 
     def unconfirmed(self) -> list[dict[str, Any]]:
         """Keys started and never confirmed (see the module): reconcile them with the service."""
