@@ -18,11 +18,13 @@ from onceflow.sinks import SINKS
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--faults", default="all", show_default=True,
               help="Comma-separated fault names, or 'all' (executor_kill only with --cluster, "
-                   "crash_apply_pending only with --sink sqlite, the receiver_*, sender_kill "
+                   "crash_apply_pending only with --sink sqlite, crash_effects_* only with --sink "
+                   "http (which has no crash_inside_sink_txn), the receiver_*, sender_kill "
                    "and dropped_acks faults only with --ingest).")
 @click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
-              help="The sink under test (as in 'onceflow run'); naive, lossy and postgres-naive "
-                   "are negative controls: verify must fail.")
+              help="The sink under test (as in 'onceflow run'; http: calls to a demo service verify "
+                   "starts); naive, lossy, postgres-naive and http-naive are negative controls: "
+                   "verify must fail.")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
 @click.option("--cluster", is_flag=True, help="Run on local-cluster[2,1,1024] (executor JVMs).")
