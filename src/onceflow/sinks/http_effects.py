@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import time
 from collections.abc import Mapping
@@ -78,6 +79,8 @@ from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.ledger import Effect, Ledger
 from onceflow.tables import Table, check_outputs
+
+_log = logging.getLogger(__name__)
 
 
 def effect_key(sink_id: str, table: str, values: list[Any]) -> str:
@@ -243,6 +246,10 @@ class HttpEffectsSink:
                   file=sys.stderr)
         self.ledger.finish(batch_id, counts, time.perf_counter() - started, left,  # 6
                            (stats.input_rows, stats.late_dropped, stats.late_watermark_ms), rows_out)
+        _log.info("batch %d: %d effects; processed: %d calls attempted, %d applied and %d replayed by the "
+                  "service; committed: %d confirmed in the ledger, %d unconfirmed", batch_id,
+                  *(counts[m] for m in ("effects", "calls", "applied", "replayed", "confirmed",
+                                        "unconfirmed")))
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 7
