@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import onceflow
 from onceflow import Table
@@ -73,6 +74,14 @@ def per_batch(batch: DataFrame) -> dict[str, pa.Table]:
     return {"user_counts": users, "global_counts": window_totals(users)}
 
 
+def events_counted(outputs: dict[str, pa.Table]) -> int:
+    """The batch's events after deduplication: each is counted once in ``user_counts``.
+
+    Passed as ``count_rows=``: the batch needs no row count of its own (no observation).
+    """
+    return int(pc.sum(outputs["user_counts"].column("count")).as_py() or 0)
+
+
 def events(spark: SparkSession, log_dir: str | Path, within: str | float = "1 minute",
            max_files_per_trigger: int | None = None) -> DataFrame:
     """The log's events as a stream, deduplicated by ``event_id`` within ``within``.
@@ -113,5 +122,5 @@ def start(spark: SparkSession, log_dir: str | Path, sink: Any, checkpoint: str |
     """
     return onceflow.write_stream(events(spark, log_dir, within, max_files_per_trigger), sink=sink,
                                  checkpoint=checkpoint, tables=TABLES, per_batch=per_batch, once=once,
-                                 trigger=trigger, on_batch=on_batch,
+                                 trigger=trigger, on_batch=on_batch, count_rows=events_counted,
                                  check_files=EventLog(log_dir).validate)  # a bad segment: an error naming it
