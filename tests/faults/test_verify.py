@@ -160,7 +160,9 @@ def test_side_effect_sink_under_its_crash_points_with_a_failing_service(tmp_path
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
     with closing(sqlite3.connect(tmp_path / "work" / "service.db")) as conn:
         outcomes = dict(conn.execute("SELECT outcome, count(*) FROM calls GROUP BY 1").fetchall())
+        answers = dict(conn.execute("SELECT answer, count(*) FROM calls GROUP BY 1").fetchall())
     assert outcomes.get("replayed", 0) > 0  # keys were sent again and recognised, never applied twice
+    assert answers.get("500", 0) > 0 and answers.get("late", 0) > 0  # applied, then failed / timed out
 
 
 @pytest.mark.parametrize(("sink", "fault", "violation"), [

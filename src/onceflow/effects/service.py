@@ -14,7 +14,8 @@ Endpoints:
   without idempotency.
 * ``GET /effects`` — every applied effect: ``[{"seq", "key", "payload", "applied_ms"}]``.
   Every call received is also recorded (table ``calls``: key, payload, outcome ``applied`` /
-  ``replayed`` / ``failed_before``), so a test can see every version of a key that reached it.
+  ``replayed`` / ``failed_before``, and the answer it got: ``200``, ``503``, ``500`` or ``late``),
+  so a test can see every version of a key that reached it.
 * ``GET /price?account=A`` — a price that changes on every call (a non-deterministic lookup
   for enrichment steps): ``{"account": "A", "price": <int>}``.
 * ``GET /health``.
@@ -51,7 +52,7 @@ CREATE TABLE IF NOT EXISTS effects(
 CREATE INDEX IF NOT EXISTS effects_key ON effects(key);
 CREATE TABLE IF NOT EXISTS calls(
     seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, payload TEXT NOT NULL,
-    outcome TEXT NOT NULL, received_ms INTEGER NOT NULL);
+    outcome TEXT NOT NULL, answer TEXT NOT NULL, received_ms INTEGER NOT NULL);
 """
 
 
@@ -86,8 +87,8 @@ class EffectService:
         self.prices = 0
         self.lock = asyncio.Lock()
 
-    def _apply(self, key: str, payload: str, fail: bool) -> tuple[int, bool]:
-        """Record the call, and its effect unless ``fail`` or a key applied before (honoured).
+    def _apply(self, key: str, payload: str, answer: str) -> tuple[int, bool]:
+        """Record the call and its answer; apply the effect unless ``503`` or a key seen before.
 
         Returns:
             The effect's sequence number (0 if not applied) and whether it was a replay.
@@ -96,12 +97,13 @@ class EffectService:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             row = None
+            fail = answer == "503"
             if self.honour_keys and not fail:
                 row = self.conn.execute("SELECT seq FROM effects WHERE key = ? ORDER BY seq LIMIT 1",
                                         (key,)).fetchone()
             outcome = "failed_before" if fail else "replayed" if row is not None else "applied"
-            self.conn.execute("INSERT INTO calls(key, payload, outcome, received_ms) VALUES (?,?,?,?)",
-                              (key, payload, outcome, now))
+            self.conn.execute("INSERT INTO calls(key, payload, outcome, answer, received_ms) "
+                              "VALUES (?,?,?,?,?)", (key, payload, outcome, answer, now))
             seq = int(row[0]) if row is not None else 0
             if outcome == "applied":
                 cur = self.conn.execute("INSERT INTO effects(key, payload, applied_ms) VALUES (?,?,?)",
@@ -124,15 +126,19 @@ class EffectService:
         except (ValueError, UnicodeDecodeError):
             return web.json_response({"error": "the body must be a JSON object"}, status=400)
         roll = self.rng.random()
+        answer = "200"
+        for label, p in (("503", self.fail_before), ("500", self.fail_after), ("late", self.timeout_after)):
+            if roll < p:
+                answer = label
+                break
+            roll -= p
         async with self.lock:  # one writer; the commit is short
-            seq, replayed = self._apply(key, payload, fail=roll < self.fail_before)
-        if roll < self.fail_before:
+            seq, replayed = self._apply(key, payload, answer)
+        if answer == "503":
             return web.json_response({"error": "injected failure before applying"}, status=503)
-        roll -= self.fail_before
-        if roll < self.fail_after:
+        if answer == "500":
             return web.json_response({"error": "injected failure after applying"}, status=500)
-        roll -= self.fail_after
-        if roll < self.timeout_after:
+        if answer == "late":
             await asyncio.sleep(self.hang_s)
         return web.json_response({"seq": seq, "replayed": replayed})
 
