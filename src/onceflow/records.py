@@ -17,6 +17,16 @@ import pyarrow as pa
 
 from onceflow.errors import ConfigError
 
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """Flush a file or a directory (its entries: a rename into it) to stable storage."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 EVENT_FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("event_id", pa.string()),
     ("user", pa.string()),
@@ -116,11 +126,7 @@ class SenderClock:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.state)
-        fd = os.open(self.state.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(self.state.parent)
 
     def next(self) -> int:
         """The next timestamp (microseconds since the epoch), strictly above every earlier one."""

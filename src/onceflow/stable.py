@@ -53,20 +53,13 @@ import pyarrow.parquet as pq
 
 from onceflow.errors import ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.records import fsync_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 DIR = "onceflow_stable"
 """Directory under the checkpoint that holds the persisted batches."""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Persisted:
@@ -176,7 +169,7 @@ class StableOutputs:
                 continue
             if isinstance(value, pa.Table):
                 pq.write_table(value, tmp / f"{name}.parquet", compression="lz4")
-                _fsync(tmp / f"{name}.parquet")
+                fsync_path(tmp / f"{name}.parquet")
                 kinds[name] = "arrow"
             else:
                 value.write.parquet(str(tmp / name))
@@ -185,11 +178,11 @@ class StableOutputs:
         meta = {"query_id": query_id, "batch_id": batch_id, "tables": kinds, "rows_out": rows_out,
                 "schemas": schemas}
         (tmp / "_meta.json").write_text(json.dumps(meta))
-        _fsync(tmp / "_meta.json")
-        _fsync(tmp)
+        fsync_path(tmp / "_meta.json")
+        fsync_path(tmp)
         final = self.root / str(batch_id)
         os.rename(tmp, final)
-        _fsync(self.root)
+        fsync_path(self.root)
         maybe_crash(CrashPoint.AFTER_STABLE_SAVE, batch_id)
         kept = {n: v if isinstance(v, pa.Table)
                 else v.sparkSession.read.schema(v.schema).parquet(str(final / n))

@@ -40,20 +40,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow.errors import BadSegmentError
-from onceflow.records import EVENT_SCHEMA, schema_problems
+from onceflow.records import EVENT_SCHEMA, fsync_path, schema_problems
 
 SEGMENT_RE = re.compile(r"^seg-(\d{12})\.parquet$")
 TOKEN_KEY = b"onceflow.ingest_token"
 """Parquet metadata key of the token a staged segment carries."""
 _MS = 1_000_000  # nanoseconds per millisecond
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -226,12 +218,8 @@ class EventLog:
         if token is not None:
             out = out.replace_schema_metadata({TOKEN_KEY: token.encode()})
         pq.write_table(out, tmp)  # 1
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # 2
-        finally:
-            os.close(fd)
-        _fsync_dir(self.directory)  # the staged name is durable too
+        fsync_path(tmp)  # 2
+        fsync_path(self.directory)  # the staged name is durable too
         return tmp
 
     def find_token(self, token: str, last: int) -> Segment | None:
@@ -267,7 +255,7 @@ class EventLog:
         mtime = max(time.time_ns() // _MS, floor_ns // _MS + 1) * _MS
         os.utime(staged, ns=(mtime, mtime))
         os.rename(staged, final)  # 4
-        _fsync_dir(self.directory)  # 5
+        fsync_path(self.directory)  # 5
         return Segment(seq, final)
 
     def extend(self, tables: Iterable[pa.Table]) -> Iterator[Segment]:
