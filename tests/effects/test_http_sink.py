@@ -6,6 +6,7 @@ the service's own records (every call received, every effect applied) are the ev
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 from onceflow.effects.service import ServiceProcess, read_effects
 from onceflow.errors import EffectsFailedError, UnstableOutputError
 from onceflow.faults import CRASH_ENV
-from onceflow.sinks.http_effects import HttpEffectsSink
+from onceflow.sinks.http_effects import HttpEffectsSink, effects_of
 from tests.effects.child import SPECS, STATS, charges
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,6 +102,20 @@ def test_a_service_without_idempotency_gets_at_most_one_completed_call_per_key(t
         held = sink.unconfirmed()
         assert len(held) == 20  # applied by the service, never confirmed: the user reconciles these
         assert sink.effect_batches()[0]["held"] == 20 and sink.effect_batches()[0]["calls"] == 0
+        sink.close()
+    cli = [sys.executable, "-m", "onceflow.cli.main", "effects", "--ledger", str(ledger),
+           "--sink-id", "default"]
+    listed = subprocess.run([*cli, "--unconfirmed"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    keys = [json.loads(line)["key"] for line in listed.stdout.splitlines()]
+    assert sorted(keys) == sorted(e.key for e in effects_of("default", "charges", SPECS["charges"],
+                                                            charges(0)["charges"], 0))
+    summary = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert "1 batches: 20 effects, 0 calls attempted, 0 confirmed" in summary.stdout
+    assert "20 keys started and never confirmed" in summary.stdout
+    missing = subprocess.run([*cli[:-4], "--ledger", str(tmp_path / "nope.db")], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 1 and "no ledger at" in missing.stderr
 
 
 def test_negative_control_without_the_ledger_a_crash_after_the_call_duplicates(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import click
 from onceflow import __version__
 from onceflow.audit.resume import register_self
 from onceflow.cli.demo import demo
+from onceflow.cli.effects import effects
 from onceflow.cli.generate import generate
 from onceflow.cli.ingest import ingest, send
 from onceflow.cli.run import run
@@ -28,6 +29,7 @@ cli.add_command(demo)
 cli.add_command(verify)
 cli.add_command(ingest)
 cli.add_command(send)
+cli.add_command(effects)
 
 
 def main() -> None:
