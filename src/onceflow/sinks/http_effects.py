@@ -78,6 +78,7 @@ from onceflow.errors import ConfigError, EffectsFailedError, UnstableOutputError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.ledger import Effect, Ledger
+from onceflow.sinks.sqlite import read_batches
 from onceflow.tables import Table, check_outputs
 
 _log = logging.getLogger(__name__)
@@ -119,14 +120,15 @@ class _Answer:
     calls: int
     replayed: bool = False
     detail: str = ""
+    maybe_applied: bool = False  # a call of the key may have reached the service and been applied
 
 
 class _Retry(Exception):
     """A call to try again (tenacity's retry predicate)."""
 
-    def __init__(self, status: int, ambiguous: bool, detail: str) -> None:
+    def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
-        self.status, self.ambiguous, self.detail = status, ambiguous, detail
+        self.status, self.detail = status, detail
 
 
 class HttpEffectsSink:
@@ -229,7 +231,7 @@ class HttpEffectsSink:
         counts["confirmed"] = sum(a.outcome == "ok" for a in answers)
         failed = [a for a in answers if a.outcome in ("refused", "undelivered")]
         self.ledger.forget(a.key for a in failed  # provably not applied: sent as new keys next time
-                           if a.outcome == "refused" or not a.detail.startswith("ambiguous"))
+                           if a.outcome == "refused" or not a.maybe_applied)
         if failed:
             first = failed[0]
             raise EffectsFailedError(
@@ -324,7 +326,8 @@ class HttpEffectsSink:
         detail = last.detail
         if state["ambiguous"] and not detail.startswith("ambiguous"):
             detail = f"ambiguous: {detail}"
-        return _Answer(e.key, "undelivered", last.status, int(calls), detail=f"{detail} after {calls} calls")
+        return _Answer(e.key, "undelivered", last.status, int(calls), detail=f"{detail} after {calls} calls",
+                       maybe_applied=bool(state["ambiguous"]))
 
     async def _attempt(self, session: Any, e: Effect, headers: dict[str, str],
                        state: dict[str, Any]) -> _Answer:
@@ -338,21 +341,21 @@ class HttpEffectsSink:
                 status = resp.status
                 body = await resp.read()
         except aiohttp.ClientConnectorError as exc:  # never reached the service
-            raise _Retry(0, False, f"no connection: {exc}") from None
+            raise _Retry(0, f"no connection: {exc}") from None
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
             state["ambiguous"] = True
             if not self.idempotent:
                 return _Answer(e.key, "ambiguous", 0, calls, detail=f"ambiguous: {exc!r}")
-            raise _Retry(0, True, f"ambiguous: {exc!r}") from None
+            raise _Retry(0, f"ambiguous: {exc!r}") from None
         if 200 <= status < 300:
             return _Answer(e.key, "ok", status, calls, _replayed(body))
         if status in (429, 503):
-            raise _Retry(status, False, f"HTTP {status} (not applied)")
+            raise _Retry(status, f"HTTP {status} (not applied)")
         if status >= 500:
             state["ambiguous"] = True
             if not self.idempotent:
                 return _Answer(e.key, "ambiguous", status, calls, detail=f"ambiguous: HTTP {status}")
-            raise _Retry(status, True, f"ambiguous: HTTP {status}")
+            raise _Retry(status, f"ambiguous: HTTP {status}")
         return _Answer(e.key, "refused", status, calls,
                        detail=f"refused: HTTP {status} {body[:200].decode(errors='replace')}")
 
@@ -366,10 +369,7 @@ class HttpEffectsSink:
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows, by batch id."""
-        cur = self.ledger.conn.execute("SELECT * FROM onceflow_batches WHERE sink_id = ? ORDER BY batch_id",
-                                       (self.sink_id,))
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur]
+        return read_batches(self.ledger_path, self.sink_id)
 
     def flush(self) -> None:
         """Nothing to wait for: a batch's effects are done when ``commit_tables`` returns."""
