@@ -11,10 +11,12 @@ The names a user needs::
 
 from onceflow.api import OnceQuery, deduplicate, delta, http, postgres, sqlite, write_stream
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
+from onceflow.sources.kafka import read_kafka
 from onceflow.sources.log import EventLog
 from onceflow.tables import Table
 
 __version__ = "0.1.0"
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
-           "__version__", "deduplicate", "delta", "http", "postgres", "sqlite", "write_stream"]
+           "__version__", "deduplicate", "delta", "http", "postgres", "read_kafka", "sqlite",
+           "write_stream"]

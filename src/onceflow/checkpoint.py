@@ -144,6 +144,23 @@ def _log_offset(checkpoint: Path, batch_id: int, source: int) -> int:
     return int(str(offsets[source]["logOffset"]))
 
 
+def source_offset(checkpoint: str | os.PathLike[str], batch_id: int,
+                  source: int = 0) -> dict[str, object] | None:
+    """The end offset Spark logged for one source of batch ``batch_id`` (``offsets/N``).
+
+    Args:
+        checkpoint: The checkpoint directory.
+        batch_id: The batch.
+        source: Index of the source in the query.
+
+    Returns:
+        The source's offset as it serialized it (a JSON object), or None when absent.
+    """
+    entries = _read_log_file(Path(checkpoint) / "offsets" / str(batch_id))[1:]
+    found = entries[source] if len(entries) > source else None
+    return found if isinstance(found, dict) else None
+
+
 def _source_log_entries(directory: Path, log_id: int) -> list[dict[str, object]]:
     plain = directory / str(log_id)
     if plain.exists():

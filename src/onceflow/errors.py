@@ -96,6 +96,18 @@ class BatchRejectedError(OnceflowError, ValueError):
     """
 
 
+class SourceDataLossError(OnceflowError, RuntimeError):
+    """Records a source had to deliver are gone (e.g. Kafka retention deleted them unread).
+
+    Never skipped silently: the query stops. Skipping (counted and logged) is an opt-in of
+    the source (``failOnDataLoss=false`` for ``onceflow_kafka``).
+    """
+
+
+class SourceReadError(OnceflowError, RuntimeError):
+    """A source could not read a range it planned (broker unreachable, fatal client error)."""
+
+
 def refuse_unknown(given: set[str], known: set[str], where: str) -> None:
     """Refuse option names ``where`` does not know, naming the nearest valid one.
 

@@ -1,0 +1,448 @@
+"""``onceflow_kafka``: Kafka as a replayable Spark streaming source (Python DataSource API).
+
+Spark's own Kafka connector needs jars no reachable registry ships for Spark 4; this source
+reads Kafka with ``confluent-kafka`` and takes the options and columns of Spark's, so existing
+code ports by changing the format name::
+
+    onceflow.kafka.register(spark)        # once per session (onceflow.session() does it)
+    raw = (spark.readStream.format("onceflow_kafka")
+           .option("kafka.bootstrap.servers", "broker:9092")
+           .option("subscribe", "payments")              # or subscribePattern
+           .option("idHeader", "event_id")               # the producer's id, if it sends one
+           .load())                                      # key, value, topic, partition, ...
+
+Columns: ``key, value, topic, partition, offset, timestamp, timestampType, headers`` as in
+Spark's Kafka source (headers always included) and ``record_id``: the producer's record id
+(header ``idHeader`` or JSON field ``idField`` of the value) when it sends one, else
+``topic/partition/offset``. Deduplicate on it (``onceflow.deduplicate(raw, id="record_id",
+...)``) so that a producer's retries, which land at new offsets, count once.
+
+Options: ``kafka.bootstrap.servers`` (required); ``subscribe`` (comma-separated topics) or
+``subscribePattern`` (a regular expression matched against whole topic names);
+``startingOffsets`` (``earliest`` (default), ``latest``, or JSON ``{"topic": {"0": 42}}`` with
+-2 for earliest and -1 for latest; partitions it omits start at earliest);
+``maxOffsetsPerTrigger`` (offsets per micro-batch, shared among partitions by their backlog);
+``maxRecordsPerTask`` (ranges longer than this are split into several tasks, default
+100000); ``failOnDataLoss`` (default true); ``idHeader`` / ``idField``; ``readTimeoutMs``
+(longest wait for a planned record, default 120000); every other ``kafka.<name>`` is passed
+to the consumer as librdkafka setting ``<name>`` (security: ``kafka.security.protocol``,
+``kafka.sasl.mechanism``, ``kafka.ssl.ca.location``, ...). ``kafka.enable.auto.commit`` and
+``kafka.auto.offset.reset`` are refused: offsets are the checkpoint's business. librdkafka
+reads ``read_committed`` by default (``kafka.isolation.level`` to change it).
+
+Resume contract (what makes a micro-batch replayable):
+
+1. Before batch N runs, :meth:`KafkaStreamReader.latestOffset` fixes its end offsets, per
+   topic partition the *next* offset to read (exclusive end), and Spark writes them to the
+   checkpoint's offset log (``offsets/N``). Batch N reads ``[end of N-1, end of N)``:
+   the record at the end offset itself belongs to batch N+1. A re-run of N after a crash
+   reads the same ranges from the log, so the same records (:mod:`onceflow.sources.kafka_read`).
+2. Ends come from the broker's end offsets as a consumer with the query's settings sees them;
+   under ``read_committed`` that is the last stable offset, so open transactions are not
+   planned. Offsets without a record (transaction markers, aborted records, compacted
+   records) are skipped by offset: a range may hold fewer records than offsets.
+3. A partition that was not in the previous end (a new partition of a subscribed topic, or a
+   new topic matching the pattern) is read from offset 0; it is logged.
+4. Offsets deleted before they were read (retention) stop the query with
+   :class:`~onceflow.errors.SourceDataLossError`. With ``failOnDataLoss=false`` the batch's
+   end records where reading resumes instead (key ``from``); the skipped offsets are
+   logged, and counted by :func:`skipped_offsets` from the checkpoint.
+5. ``Trigger.AvailableNow`` (``write_stream(once=True)``) reads up to the end offsets of when
+   the query started; partitions found later wait for the next run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, refuse_unknown
+from onceflow.sources.kafka_read import SCHEMA_DDL, OffsetRange, ReadSpec, read_range
+
+NAME = "onceflow_kafka"
+
+_log = logging.getLogger("onceflow.kafka")
+
+_OPTIONS = {"kafka.bootstrap.servers", "subscribe", "subscribepattern", "startingoffsets",
+            "maxoffsetspertrigger", "maxrecordspertask", "failondataloss", "idheader", "idfield",
+            "readtimeoutms", "includeheaders"}
+_REFUSED = {"kafka.enable.auto.commit": "Spark's checkpoint records what was read",
+            "kafka.auto.offset.reset": "startingOffsets chooses where a new query starts; later "
+                                       "offsets come from the checkpoint",
+            "kafka.enable.partition.eof": "the reader needs partition-end events"}
+
+TP = tuple[str, int]
+Offsets = dict[TP, int]
+
+
+@dataclass(frozen=True)
+class KafkaOptions:
+    """The source's options, checked (see the module docstring)."""
+
+    spec: ReadSpec
+    topics: tuple[str, ...]
+    pattern: str | None
+    starting: str
+    max_per_trigger: int | None
+    max_per_task: int
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> KafkaOptions:
+        """Check and convert the options Spark passes (keys case-insensitive).
+
+        Raises:
+            ConfigError: An unknown, refused, missing or malformed option.
+        """
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        passthrough = {k[len("kafka."):]: v for k, v in opts.items()
+                       if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
+        for name, why in _REFUSED.items():
+            if name in opts:
+                raise ConfigError(f"onceflow_kafka: option {name!r} is not allowed: {why}")
+        refuse_unknown({k for k in opts if not k.startswith("kafka.") or k == "kafka.bootstrap.servers"},
+                       _OPTIONS, f"the {NAME} data source")
+        if not opts.get("kafka.bootstrap.servers"):
+            raise ConfigError(f"{NAME} needs option 'kafka.bootstrap.servers' (host:port of the brokers)")
+        topics = tuple(t.strip() for t in opts.get("subscribe", "").split(",") if t.strip())
+        pattern = opts.get("subscribepattern") or None
+        if bool(topics) == bool(pattern):
+            raise ConfigError(f"{NAME} needs exactly one of 'subscribe' (topic names, comma-separated) "
+                              "or 'subscribePattern' (a regular expression)")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{NAME}: subscribePattern {pattern!r} is not a regular expression: "
+                                  f"{exc}") from None
+        starting = opts.get("startingoffsets", "earliest").strip()
+        if starting not in ("earliest", "latest"):
+            _starting_json(starting)
+        spec = ReadSpec(
+            consumer={"bootstrap.servers": opts["kafka.bootstrap.servers"], **passthrough},
+            fail_on_data_loss=_boolean(opts, "failondataloss", True),
+            id_header=opts.get("idheader") or None, id_field=opts.get("idfield") or None,
+            read_timeout_s=_positive(opts, "readtimeoutms", 120_000) / 1000)
+        per_trigger = opts.get("maxoffsetspertrigger")
+        return cls(spec, topics, pattern, starting,
+                   _positive(opts, "maxoffsetspertrigger", 1) if per_trigger else None,
+                   _positive(opts, "maxrecordspertask", 100_000))
+
+
+def _boolean(opts: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name, str(default)).strip().lower()
+    if raw not in ("true", "false"):
+        raise ConfigError(f"{NAME}: option {name!r} must be true or false, not {raw!r}")
+    return raw == "true"
+
+
+def _positive(opts: Mapping[str, str], name: str, default: int) -> int:
+    raw = opts.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{NAME}: option {name!r} must be a positive integer, not {raw!r}")
+    return value
+
+
+def _starting_json(raw: str) -> Offsets:
+    try:
+        parsed = json.loads(raw)
+        return {(str(t), int(p)): int(o) for t, parts in parsed.items() for p, o in parts.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise ConfigError(f"{NAME}: startingOffsets must be 'earliest', 'latest' or JSON like "
+                          f'{{"topic": {{"0": 42, "1": -2}}}}, not {raw!r}') from None
+
+
+def to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
+    """``{(topic, partition): offset}`` as the offset log stores it (sorted, string keys)."""
+    out: dict[str, dict[str, int]] = {}
+    for (topic, part), off in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(part)] = off
+    return out
+
+
+def from_json(data: Mapping[str, Any] | None) -> Offsets:
+    """The inverse of :func:`to_json`."""
+    return {(t, int(p)): int(o) for t, parts in (data or {}).items() for p, o in parts.items()}
+
+
+class KafkaPartition(InputPartition):
+    """One read task: an :class:`~onceflow.sources.kafka_read.OffsetRange`."""
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans offset ranges on the driver; tasks read them (contract in the module docstring)."""
+
+    def __init__(self, options: KafkaOptions) -> None:
+        self.options = options
+        self._consumer: Any = None
+        self._target: Offsets | None = None
+        self._known: set[TP] = set()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_consumer": None}
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            from confluent_kafka import Consumer
+
+            self._consumer = Consumer({"group.id": "onceflow-planner", **self.options.spec.consumer,
+                                       "enable.auto.commit": False})
+        return self._consumer
+
+    def _partitions(self) -> list[TP]:
+        """The subscribed topic partitions the brokers report now."""
+        try:
+            meta = self._client().list_topics(timeout=30)
+        except Exception as exc:  # confluent_kafka.KafkaException
+            raise SourceReadError(f"{NAME}: cannot read topic metadata from "
+                                  f"{self.options.spec.consumer['bootstrap.servers']}: {exc}") from None
+        opts = self.options
+        names = [t for t in meta.topics if (t in opts.topics if opts.pattern is None
+                                            else re.fullmatch(opts.pattern, t) and not t.startswith("__"))]
+        return sorted((t, p) for t in names for p in meta.topics[t].partitions)
+
+    def _watermarks(self, tp: TP) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition
+
+        try:
+            low, high = self._client().get_watermark_offsets(TopicPartition(*tp), timeout=30, cached=False)
+        except Exception as exc:  # confluent_kafka.KafkaException
+            raise SourceReadError(f"{NAME}: cannot read the offsets of {tp[0]}/{tp[1]}: {exc}") from None
+        return int(low), int(high)
+
+    def initialOffset(self) -> dict[str, Any]:  # noqa: N802
+        """Where a new query starts (``startingOffsets``), per subscribed partition."""
+        starting = self.options.starting
+        given = {} if starting in ("earliest", "latest") else _starting_json(starting)
+        offsets: Offsets = {}
+        for tp in self._partitions():
+            low, high = self._watermarks(tp)
+            want = given.get(tp, -1 if starting == "latest" else -2)
+            offsets[tp] = low if want == -2 else high if want == -1 else want
+        self._known = set(offsets)
+        return {"offsets": to_json(offsets)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+        """``maxOffsetsPerTrigger`` as Spark's read limit."""
+        per = self.options.max_per_trigger
+        return ReadMaxRows(per) if per else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        """Fix the end offsets of ``Trigger.AvailableNow`` (contract step 5)."""
+        self._target = {tp: self._watermarks(tp)[1] for tp in self._partitions()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:  # noqa: N802
+        """The next batch's end offsets (contract steps 1, 3, 4)."""
+        begin = from_json(start.get("offsets"))
+        ends, starts = dict(begin), dict(begin)
+        resumed: Offsets = {}
+        for tp in self._partitions():
+            low, high = self._watermarks(tp)
+            if self._target is not None:
+                high = min(high, self._target.get(tp, begin.get(tp, 0)))
+            if tp not in begin:
+                _log.warning("%s: new partition %s/%d: reading it from offset 0", NAME, *tp)
+                starts[tp] = ends[tp] = 0
+            at = starts[tp]
+            if high < at:
+                raise SourceDataLossError(
+                    f"{NAME}: {tp[0]}/{tp[1]} ends at offset {high} but the checkpoint already read up to "
+                    f"{at}: the topic was deleted and recreated? Start a new checkpoint for the new topic")
+            if low > at:
+                self._lost(tp, at, low)
+                resumed[tp] = starts[tp] = low
+            ends[tp] = high
+        ends = _limit(starts, ends, limit)
+        if ends == begin and not resumed:
+            return start
+        out: dict[str, Any] = {"offsets": to_json(ends)}
+        if resumed:
+            out["from"] = to_json(resumed)
+        return out
+
+    def _lost(self, tp: TP, at: int, low: int) -> None:
+        if self.options.spec.fail_on_data_loss:
+            raise SourceDataLossError(
+                f"{NAME}: offsets [{at}, {low}) of {tp[0]}/{tp[1]} were deleted (retention) before "
+                "onceflow read them. Nothing was skipped: to skip them (counted and logged), restart "
+                "with the source option failOnDataLoss=false")
+        _log.warning("%s: %s/%d: skipping %d offsets [%d, %d) deleted before they were read "
+                     "(failOnDataLoss=false)", NAME, tp[0], tp[1], low - at, at, low)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """Tasks of ``[start, end)``: one per partition range, long ranges split."""
+        begin, ends, resumed = from_json(start.get("offsets")), from_json(end.get("offsets")), \
+            from_json(end.get("from"))
+        tasks: list[InputPartition] = []
+        step = self.options.max_per_task
+        for tp in sorted(ends):
+            lo, hi = resumed.get(tp, begin.get(tp, 0)), ends[tp]
+            for s in range(lo, hi, step):
+                tasks.append(KafkaPartition(OffsetRange(tp[0], tp[1], s, min(s + step, hi))))
+        return tasks
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Executor side: the range's records as Arrow record batches."""
+        yield from read_range(self.options.spec, partition.value)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: what was read lives in Spark's checkpoint, not in Kafka."""
+
+    def stop(self) -> None:
+        """Close the planner's consumer."""
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
+def _limit(starts: Offsets, ends: Offsets, limit: ReadLimit) -> Offsets:
+    """Cap ``ends`` by a :class:`ReadMaxRows` limit, shared by backlog (largest first)."""
+    if not isinstance(limit, ReadMaxRows):
+        return ends
+    backlog = {tp: ends[tp] - starts.get(tp, 0) for tp in ends if ends[tp] > starts.get(tp, 0)}
+    total = sum(backlog.values())
+    if total <= limit.max_rows:
+        return ends
+    share = {tp: math.floor(limit.max_rows * n / total) for tp, n in backlog.items()}
+    left = limit.max_rows - sum(share.values())
+    for tp in sorted(backlog, key=lambda t: (-backlog[t], t))[:left]:
+        share[tp] += 1
+    return {tp: starts.get(tp, 0) + share[tp] if tp in share else off for tp, off in ends.items()}
+
+
+class KafkaDataSource(DataSource):
+    """The ``onceflow_kafka`` format (streaming read only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return NAME
+
+    def schema(self) -> str:
+        """Spark's Kafka columns plus ``record_id``."""
+        return SCHEMA_DDL
+
+    def streamReader(self, schema: Any) -> KafkaStreamReader:  # noqa: N802
+        """The stream reader (options checked here, before the query starts)."""
+        require_client()
+        _show_logs()
+        return KafkaStreamReader(KafkaOptions.parse(self.options))
+
+
+def _show_logs() -> None:
+    """Let the source's log lines reach stderr in Spark's Python workers (no logging set up there)."""
+    if not logging.getLogger().handlers and not _log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        _log.addHandler(handler)
+        _log.setLevel(logging.INFO)
+
+
+def register(spark: Any) -> None:
+    """Register ``onceflow_kafka`` with a session (idempotent).
+
+    Args:
+        spark: The SparkSession.
+    """
+    spark.dataSource.register(KafkaDataSource)
+
+
+def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[str] | None = None,
+               subscribe_pattern: str | None = None, starting_offsets: str | Mapping[str, Any] = "earliest",
+               max_offsets_per_trigger: int | None = None, id_header: str | None = None,
+               id_field: str | None = None, fail_on_data_loss: bool = True,
+               options: Mapping[str, str] | None = None) -> Any:
+    """A Kafka stream as a DataFrame (``onceflow_kafka``, registered with the session if needed).
+
+    Args:
+        spark: The SparkSession.
+        bootstrap_servers: ``host:port`` of one or more brokers, comma-separated.
+        subscribe: Topic name(s).
+        subscribe_pattern: Or a regular expression matched against whole topic names.
+        starting_offsets: ``earliest``, ``latest`` or ``{"topic": {"0": 42}}`` (new queries only).
+        max_offsets_per_trigger: Offsets per micro-batch (all available when None).
+        id_header: Header carrying the producer's record id.
+        id_field: Top-level field of a JSON value carrying the producer's record id.
+        fail_on_data_loss: Offsets deleted before they were read stop the query (else skipped,
+            counted and logged).
+        options: More source options, e.g. ``{"kafka.security.protocol": "SASL_SSL"}``.
+
+    Returns:
+        The streaming DataFrame (columns in the module docstring).
+
+    Raises:
+        ConfigError: confluent-kafka is missing (``pip install 'onceflow[kafka]'``), or a bad option.
+    """
+    require_client()
+    register(spark)
+    given: dict[str, str] = {"kafka.bootstrap.servers": bootstrap_servers,
+                             "failOnDataLoss": str(fail_on_data_loss).lower(),
+                             "startingOffsets": starting_offsets if isinstance(starting_offsets, str)
+                             else json.dumps(starting_offsets)}
+    if subscribe is not None:
+        given["subscribe"] = subscribe if isinstance(subscribe, str) else ",".join(subscribe)
+    for name, value in (("subscribePattern", subscribe_pattern), ("idHeader", id_header),
+                        ("idField", id_field), ("maxOffsetsPerTrigger", max_offsets_per_trigger)):
+        if value is not None:
+            given[name] = str(value)
+    given.update(options or {})
+    KafkaOptions.parse(given)  # a bad option fails here, in the caller's code
+    return spark.readStream.format(NAME).options(**given).load()
+
+
+def require_client() -> None:
+    """Fail clearly when ``confluent-kafka`` is not installed.
+
+    Raises:
+        ConfigError: Naming the extra to install.
+    """
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        raise ConfigError("the Kafka source needs confluent-kafka: pip install 'onceflow[kafka]'") from None
+
+
+def skipped_offsets(checkpoint: str | Path, source: int = 0) -> dict[int, dict[str, int]]:
+    """Offsets each batch skipped under ``failOnDataLoss=false`` (contract step 4).
+
+    Args:
+        checkpoint: The query's checkpoint directory.
+        source: The source's index in the query (0 for a single source).
+
+    Returns:
+        ``{batch_id: {"topic/partition": skipped offsets}}`` for the batches that skipped any.
+    """
+    from onceflow import checkpoint as ckpt
+
+    out: dict[int, dict[str, int]] = {}
+    for batch_id in ckpt.offset_batches(checkpoint):
+        end: Any = ckpt.source_offset(checkpoint, batch_id, source) or {}
+        resumed = from_json(end.get("from"))
+        if not resumed:
+            continue
+        before: Any = ckpt.source_offset(checkpoint, batch_id - 1, source) if batch_id > 0 else None
+        prev = from_json((before or {}).get("offsets"))
+        out[batch_id] = {f"{t}/{p}": off - prev.get((t, p), 0) for (t, p), off in resumed.items()}
+    return out
+
+
+__all__ = ["NAME", "KafkaDataSource", "KafkaOptions", "read_kafka", "register", "require_client",
+           "skipped_offsets"]
