@@ -1,7 +1,8 @@
 """The oracle: exact expected sink contents from the raw log and Spark's checkpoint only.
 
 It never reads the pipeline's memory or metrics. For every batch in Spark's commit log,
-in batch order, it reads the batch's input files (``sources/0``) and the late watermark
+in batch order, it reads the batch's input files (``sources/0``; for Kafka, the records of the
+offset ranges in ``offsets/N``, read by the auditor's own consumer) and the late watermark
 (``offsets/N-1``), then applies the pipeline's rules:
 
 1. a row with ``event_time <= late watermark`` is dropped as late (Spark's rule), and the
@@ -20,9 +21,11 @@ last ``spark.sql.streaming.minBatchesToRetain`` batches, so audited runs raise t
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow import checkpoint as ckpt
@@ -74,11 +77,14 @@ class Expectation:
     uncommitted_batches: list[int]
 
 
-def expect(checkpoint: str | Path) -> Expectation:
+def expect(checkpoint: str | Path, inputs: Callable[[int], pa.Table] | None = None) -> Expectation:
     """Compute the expectation for a checkpoint (see the module docstring).
 
     Args:
         checkpoint: Spark's checkpoint directory of the pipeline.
+        inputs: A batch's input rows (``event_id, user, event_time``) for a source that is not
+            the file log, e.g. Kafka (:func:`onceflow.audit.kafka_rig.batch_reader`); by default
+            the batch's files from ``sources/0``.
 
     Returns:
         The expected counts and per-batch drops.
@@ -97,14 +103,18 @@ def expect(checkpoint: str | Path) -> Expectation:
     users: Counter[tuple[str, int]] = Counter()
     batches: list[BatchExpectation] = []
     for batch_id in committed:
-        bi = ckpt.batch_input(checkpoint, batch_id)
-        exp = BatchExpectation(batch_id, bi.files, bi.late_watermark_ms)
+        if inputs is None:
+            bi = ckpt.batch_input(checkpoint, batch_id)
+            exp = BatchExpectation(batch_id, bi.files, bi.late_watermark_ms)
+            table = pq.read_table(bi.files, columns=["event_id", "user", "event_time"]) if bi.files else None
+        else:
+            exp = BatchExpectation(batch_id, [], ckpt.late_watermark_ms(checkpoint, batch_id))
+            table = inputs(batch_id)
         batches.append(exp)
-        if not bi.files:
+        if table is None or not table.num_rows:
             continue
-        table = pq.read_table(bi.files, columns=["event_id", "user", "event_time"])
         exp.input_rows = table.num_rows
-        late = ckpt.late_mask(table.column("event_time"), bi.late_watermark_ms).tolist()
+        late = ckpt.late_mask(table.column("event_time"), exp.late_watermark_ms).tolist()
         ids = table.column("event_id").to_pylist()
         names = table.column("user").to_pylist()
         micros = table.column("event_time").cast("int64").to_pylist()

@@ -13,7 +13,8 @@ from typing import Any
 import click
 
 from onceflow.cli.options import Duration, secret_dsn
-from onceflow.errors import BadSegmentError, ConfigError, OnceflowError
+from onceflow.errors import BadSegmentError, ConfigError, OnceflowError, from_spark
+from onceflow.examples.user_counts import KafkaTopic
 from onceflow.sinks import SINKS, make_sink
 from onceflow.sources.log import EventLog
 
@@ -23,7 +24,7 @@ class PipelineConfig:
     """How to run a pipeline over the event log.
 
     Attributes:
-        log_dir: The event log directory.
+        log_dir: The event log directory, or a Kafka topic (Example 5-1 only).
         checkpoint: Spark checkpoint directory (one per query, reused on restart).
         allowed_lateness_s: Watermark delay: events more than this behind the
             maximum event time seen are late and dropped (and counted).
@@ -31,7 +32,7 @@ class PipelineConfig:
         trigger_interval: Processing-time trigger for continuous runs.
     """
 
-    log_dir: Path
+    log_dir: Path | KafkaTopic
     checkpoint: Path
     allowed_lateness_s: float = 60.0
     max_files_per_trigger: int | None = None
@@ -126,6 +127,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
     except OnceflowError:
         raise
     except Exception as exc:
+        if isinstance(cfg.log_dir, KafkaTopic):
+            raise from_spark(exc) from exc
         raise explain_failure(exc, EventLog(cfg.log_dir)) from exc
     totals.seconds = time.perf_counter() - started
     totals.progress = [dict(p) for p in query.query.recentProgress]
@@ -133,8 +136,14 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 
 
 @click.command()
-@click.option("--log", "log_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--log", "log_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Event log directory (segment files).")
+@click.option("--kafka", "kafka", default=None, metavar="HOST:PORT",
+              help="Read Example 5-1's events from Kafka brokers instead of --log (with --topic; "
+                   "value JSON {user, event_time_us}, header event_id).")
+@click.option("--topic", default=None, help="The Kafka topic of --kafka.")
+@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
+              help="Kafka offsets per micro-batch (default: all available).")
 @click.option("--checkpoint", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Spark checkpoint directory; reuse it to resume exactly.")
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -170,7 +179,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
               help="user_counts: Example 5-1 per-user/global counts per minute "
                    "(onceflow/examples/user_counts.py); billing: bytes per account and hour, late "
                    "records kept in late_events (onceflow/examples/billing.py).")
-def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, effects_url: str | None,
+def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
+        checkpoint: Path, db: Path | None, pg_dsn: str | None, effects_url: str | None,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
         standby: Path | None, pipeline: str) -> None:
@@ -188,11 +198,13 @@ def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, ef
     if standby is not None:
         spark = session(master=master, conf=conf)
         wait_for_release(standby)
-    cfg = PipelineConfig(log_dir=log_dir.absolute(), checkpoint=checkpoint.absolute(),
+    source = _source(log_dir, kafka, topic, max_offsets_per_trigger, pipeline)
+    cfg = PipelineConfig(log_dir=source, checkpoint=checkpoint.absolute(),
                          allowed_lateness_s=allowed_lateness,
                          max_files_per_trigger=max_files_per_trigger,
                          trigger_interval=trigger_interval)
-    EventLog(log_dir).validate()  # fail fast, before Spark starts
+    if isinstance(source, Path):
+        EventLog(source).validate()  # fail fast, before Spark starts
     if effects_url:
         os.environ["ONCEFLOW_EFFECTS_URL"] = effects_url
     sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], db, pg_dsn, sink_id=pipeline)
@@ -206,6 +218,18 @@ def run(log_dir: Path, checkpoint: Path, db: Path | None, pg_dsn: str | None, ef
         f"{result.input_rows} rows read, {result.duplicates_dropped} duplicates removed, "
         f"{result.late_dropped} late dropped, {result.events_per_second:,.0f} events/s"
     )
+
+
+def _source(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets: int | None,
+            pipeline: str) -> Path | KafkaTopic:
+    """The run's input: the event log, or a Kafka topic."""
+    if kafka is None:
+        if log_dir is None:
+            raise click.UsageError("give --log DIR (the event log) or --kafka HOST:PORT --topic NAME")
+        return log_dir.absolute()
+    if log_dir is not None or not topic or pipeline != "user_counts":
+        raise click.UsageError("--kafka needs --topic, replaces --log, and runs --pipeline user_counts")
+    return KafkaTopic(kafka, topic, max_offsets)
 
 
 def wait_for_release(go: Path, poll_s: float = 0.02) -> None:
