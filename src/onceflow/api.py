@@ -19,7 +19,8 @@ numbered commit protocol is in its module, e.g. :mod:`onceflow.sinks.sqlite_tabl
 1. Before the first batch of a process: bind the sink to the checkpoint's query id (a
    database written by another checkpoint is refused: batch ids restart at 0 there).
 2. Read N's input files and late watermark from Spark's checkpoint and count its input rows
-   and late drops (Parquet file sources; beside Spark's own work, in a thread).
+   and late drops (Parquet file sources; beside Spark's own work, in a thread). Other sources
+   (Kafka, ...): Spark's metrics of N's plan once step 3 ran it (:func:`onceflow.checkpoint.plan_counts`).
 3. Run ``per_batch`` on N's DataFrame and collect each table's rows (one Spark job per
    DataFrame it returns; a ``pyarrow.Table`` it returns, e.g. derived on the driver from another
    output, is taken as it is). The batch's row count is observed by the first job that reads
@@ -230,6 +231,7 @@ class _Writer:
         self.check_files, self.late, self.ids = check_files, late, ids
         self.out_specs = {n: t for n, t in specs.items() if n != late}
         self._bound = False
+        self.spark: Any = None
         self._warned = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
 
@@ -331,7 +333,7 @@ class _Writer:
                 if self.stable is not None and kept is None:
                     outputs.update(self.stable.save(batch_id, self._qid, outputs, rows_out).tables)
             counted, batch = pending.result()
-            stats = counted or BatchStats(rows_out, 0, ckpt.late_watermark_ms(self.checkpoint, batch_id))
+            stats = counted or self._plan_stats(df, batch_id, kept is None, rows_out)
             if self.late is not None and counted is not None and batch is not None and counted.late_dropped:
                 late = self._late_rows(df, counted, batch)  # 4
                 if executor_side:
@@ -356,6 +358,19 @@ class _Writer:
                            "rows_written": {n: t.num_rows if t is not None else None
                                             for n, t in outputs.items()},
                            "seconds": time.perf_counter() - started})
+
+    def _plan_stats(self, df: DataFrame, batch_id: int, computed: bool, rows_out: int) -> BatchStats:
+        """Step 2 for a source without countable files: Spark's metrics of the batch's plan.
+
+        Only when this batch's outputs were computed here (not loaded from a stable copy);
+        otherwise, or when the plan read fewer rows than the batch produced (it did not run
+        all of it), the batch's own rows and 0 late (:func:`onceflow.checkpoint.plan_counts`).
+        """
+        watermark = ckpt.late_watermark_ms(self.checkpoint, batch_id)
+        found = ckpt.plan_counts(self.spark, self._qid) if computed and self._qid and self.spark else None
+        if found is None or found[0] < rows_out:
+            return BatchStats(rows_out, 0, watermark)
+        return BatchStats(found[0], found[1], watermark)
 
     @staticmethod
     def _frame(df: DataFrame, value: Any) -> DataFrame:
@@ -523,6 +538,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         raise ConfigError("count_rows must be a function {table: rows} -> int")
     writer = _Writer(sink, path, specs, per_batch, event_time, on_batch, check_files, late, ids, keep,
                      count_rows)
+    writer.spark = df.sparkSession  # the query's own session (foreachBatch gets a clone without it)
     listener = None
     selected = armed()
     if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:

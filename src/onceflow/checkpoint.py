@@ -16,7 +16,9 @@ a row of batch N is dropped as late iff its event time is ``<=`` the watermark o
 batch ``N-1`` (``offsets/N-1``); batch 0 drops nothing. :func:`late_watermark_ms`
 gives that watermark and :func:`count_late` applies the rule.
 
-These readers never write to the checkpoint.
+These readers never write to the checkpoint. For a source without files to re-count,
+:func:`plan_counts` reads a running batch's input rows and late drops from Spark's metrics of
+the plan it executed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -303,4 +306,53 @@ def count_input(batch: BatchInput, event_time: str | None) -> tuple[int, int]:
                 continue
             times = pf.read_row_group(rg, columns=[event_time]).column(0)
             late += count_late(times, batch.late_watermark_ms)
+    return rows, late
+
+
+def _metric(metrics: Any, name: str) -> int:
+    found = metrics.get(name)
+    return int(found.get().value()) if found.isDefined() else 0
+
+
+def plan_counts(spark: Any, query_id: str) -> tuple[int, int] | None:
+    """Rows read and rows dropped as late by the current batch of the query ``query_id``.
+
+    For sources whose input cannot be re-counted from files (Kafka, any Python data source,
+    ``rate``...), read inside ``foreachBatch`` from the plan Spark executed for the batch —
+    the metrics Spark's progress reports are built from:
+
+    1. ``foreachBatch`` hands over a DataFrame over the RDD of the batch's physical plan (the
+       query's ``lastExecution``); whatever ``per_batch`` computes from it runs that plan.
+    2. After it ran, every leaf of that plan (a source's scan) holds ``numOutputRows``: the
+       rows the batch read; every stateful operator holds ``numRowsDroppedByWatermark``: the
+       rows it dropped as late.
+    3. The metrics add up over executions: a plan computed twice would count twice, so this is
+       used only when onceflow computed the batch's outputs once, never for a batch whose
+       outputs came from a persisted stable copy (the plan did not run).
+
+    Args:
+        spark: The session running the query.
+        query_id: The query's id (stable across restarts; the checkpoint's ``metadata``).
+
+    Returns:
+        ``(input rows, late rows)``, or None when the query or its plan is not reachable
+        (then the caller records what it knows otherwise).
+    """
+    try:
+        query = spark.streams.get(query_id)
+        if query is None:
+            return None
+        plan = query._jsq.streamingQuery().lastExecution().executedPlan()
+    except Exception:  # py4j: another Spark build, a query stopping
+        return None
+    rows = late = 0
+    todo = [plan]
+    while todo:
+        node = todo.pop()
+        metrics, children = node.metrics(), node.children()
+        n = children.size()
+        if n == 0:
+            rows += _metric(metrics, "numOutputRows")
+        late += _metric(metrics, "numRowsDroppedByWatermark")
+        todo.extend(children.apply(i) for i in range(n))
     return rows, late

@@ -178,8 +178,25 @@ def maybe_crash(point: CrashPoint, batch_id: int) -> None:
             raise AmbiguousCommitError(
                 f"injected fault: batch {batch_id} committed, reporting failure anyway"
             )
-        print(f"onceflow: crash point {point.value} at batch {batch_id}", file=sys.stderr)
+        _say(f"onceflow: crash point {point.value} at batch {batch_id}")
         crash_now()
+
+
+def _say(message: str) -> None:
+    """Print ``message`` on stderr; in a Python worker of the driver's JVM, on the driver's too.
+
+    A worker's stderr reaches the driver's only through a JVM thread that copies it: killed
+    with the JVM, the copy may never happen. The driver's own stderr (``/proc/<pid>/fd/2``)
+    gets the line directly.
+    """
+    print(message, file=sys.stderr, flush=True)
+    driver = int(os.environ.get(DRIVER_PID_ENV, "0") or 0)
+    if driver > 0 and driver != os.getpid():
+        try:
+            with open(f"/proc/{driver}/fd/2", "a", encoding="utf-8") as out:
+                out.write(message + "\n")
+        except OSError:
+            pass
 
 
 def commit_log_listener() -> Any:

@@ -227,9 +227,6 @@ def session(
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("ONCEFLOW_SPARK_LOG_LEVEL", "ERROR"))
-    from onceflow.sources.kafka import register
-
-    register(spark)  # format("onceflow_kafka") works in every onceflow session
     gateway = spark.sparkContext._gateway
     proc = getattr(gateway, "proc", None)
     if proc is not None:

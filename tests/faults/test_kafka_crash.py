@@ -24,6 +24,7 @@ from onceflow.audit.kafka_rig import batch_reader, produce_events, topic_records
 from onceflow.audit.oracle import expect
 from onceflow.audit.verdict import judge_sqlite
 from onceflow.generator import GeneratorConfig, generate_table
+from onceflow.sinks.sqlite import read_batches
 from onceflow.sources.kafka_broker import BrokerProcess
 
 pytestmark = pytest.mark.faults
@@ -100,6 +101,9 @@ def test_kafka_crash_points_and_random_kills_leave_exact_counts(broker: Any, tmp
     assert sum(b.late_dropped for b in exp.batches) == 0  # on-time input: every id must count
     assert sum(exp.user_counts.values()) == distinct < records.num_rows, seed  # retries removed by id
     assert sum(b.input_rows for b in exp.batches) == records.num_rows  # every record read once
+    markers = {m["batch_id"]: m for m in read_batches(tmp_path / "counts.db")}
+    # the markers' input rows (Spark's plan metrics for a Kafka batch) are the oracle's, batch by batch
+    assert {b.batch_id: b.input_rows for b in exp.batches} == {i: m["input_rows"] for i, m in markers.items()}
 
 
 def test_kafka_negative_control_is_caught(broker: Any, tmp_path: Path) -> None:

@@ -27,7 +27,6 @@ import functools
 import os
 import random
 import subprocess
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -36,6 +35,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow.audit import inputs
 from onceflow.audit.driver import (
     Driver,
     ProcessGroup,
@@ -51,12 +51,13 @@ from onceflow.audit.ingest_rig import (
     RECEIVER_CRASHES,
     IngestRig,
 )
+from onceflow.audit.inputs import TOPIC, Feeder, KafkaInput, LogInput
 from onceflow.audit.oracle import expect
 from onceflow.audit.resume import kill_stale, load_state, rng_state, save_state
+from onceflow.audit.standalone import StandaloneCluster
 from onceflow.audit.targets import KINDS, SinkTarget
 from onceflow.audit.verdict import Verdict
 from onceflow.errors import ConfigError
-from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sinks import pg
 from onceflow.sources.log import EventLog
@@ -94,7 +95,8 @@ def reaches(sink: str, fault: str) -> bool:
         return sink != "http-naive"  # no ledger commit: the naive sink returns after its calls
     return True
 
-SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill"]
+SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill",
+                "worker_kill"]
 """Faults of the Spark side that make a round."""
 
 ROUND_FAULTS = SPARK_FAULTS + INGEST_ROUND_FAULTS
@@ -111,19 +113,33 @@ INGEST_FAULTS = INGEST_ROUND_FAULTS + INGEST_INPUT_FAULTS
 CLUSTER_MASTER = "local-cluster[2,1,1024]"
 
 
-def default_faults(sink: str = "sqlite", cluster: bool = False, ingest: bool = False) -> list[str]:
+CLUSTERS = ("", "local", "standalone")
+"""``--cluster`` choices: none (``local[*]``), ``local-cluster[2,1,1024]``, a standalone master
+and two workers (:mod:`onceflow.audit.standalone`)."""
+
+CLUSTER_FAULTS = {"executor_kill": "local", "worker_kill": "standalone"}
+"""Faults that need executors of a cluster kind: an executor JVM of the local cluster killed,
+or a whole standalone worker (with its executor) killed and restarted."""
+
+
+def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool = False) -> list[str]:
     """What ``--faults all`` means for a run: every fault the sink and options can reach.
 
     Args:
         sink: The run's ``--sink``.
-        cluster: Executors in their own JVMs (``executor_kill``).
+        cluster: One of :data:`CLUSTERS` (True: ``local``).
         ingest: Senders and a receiver feed the log (the ingest faults).
 
     Returns:
         Fault names, in :data:`ALL_FAULTS` order.
     """
-    return [f for f in ALL_FAULTS if (cluster or f != "executor_kill")
+    kind = _cluster_kind(cluster)
+    return [f for f in ALL_FAULTS if CLUSTER_FAULTS.get(f, kind) == kind
             and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)]
+
+
+def _cluster_kind(cluster: bool | str) -> str:
+    return "local" if cluster is True else "" if cluster is False else cluster
 
 
 @dataclass
@@ -139,8 +155,10 @@ class VerifyConfig:
             ``postgres-2pc``, or the negative controls ``naive`` / ``lossy`` / ``postgres-naive``.
         pg_dsn: PostgreSQL server for postgres sinks (else ``$ONCEFLOW_PG_DSN``); the run
             writes into a new schema there.
-        cluster: Run drivers on ``local-cluster[2,1,1024]`` (needed by ``executor_kill``).
+        cluster: One of :data:`CLUSTERS` (True: ``local``): drivers on ``local-cluster[2,1,1024]``
+            (``executor_kill``) or on a standalone master with two workers (``worker_kill``).
         ingest: Feed the log through senders and a receiver (needed by the ingest faults).
+        source: ``log`` (the event log) or ``kafka`` (a topic on a mock broker verify starts).
         events_per_round: Distinct events generated per round.
         segment_size: Rows per segment.
         round_timeout_s: Longest a round may wait for its fault to happen.
@@ -154,8 +172,9 @@ class VerifyConfig:
     seed: int = 0
     sink: str = "sqlite"
     pg_dsn: str | None = None
-    cluster: bool = False
+    cluster: bool | str = ""
     ingest: bool = False
+    source: str = "log"
     events_per_round: int = 4_000
     segment_size: int = 1_000
     round_timeout_s: float = 240.0
@@ -167,8 +186,16 @@ class VerifyConfig:
             raise ConfigError(f"unknown faults {unknown}; choose from {', '.join(ALL_FAULTS)}")
         if not any(f in ROUND_FAULTS for f in self.faults):
             raise ConfigError(f"--faults needs at least one of {', '.join(ROUND_FAULTS)}")
-        if "executor_kill" in self.faults and not self.cluster:
-            raise ConfigError("the executor_kill fault needs --cluster (executors in their own JVMs)")
+        self.cluster = _cluster_kind(self.cluster)
+        if self.cluster not in CLUSTERS:
+            raise ConfigError(f"cluster must be local or standalone, got {self.cluster!r}")
+        for fault, kind in CLUSTER_FAULTS.items():
+            if fault in self.faults and self.cluster != kind:
+                raise ConfigError(f"the {fault} fault needs --cluster {kind}")
+        if self.source not in ("log", "kafka"):
+            raise ConfigError(f"source must be log or kafka, got {self.source!r}")
+        if self.source == "kafka" and self.ingest:
+            raise ConfigError("--ingest feeds the event log; it does not combine with --source kafka")
         ingest_faults = [f for f in self.faults if f in INGEST_FAULTS]
         if ingest_faults and not self.ingest:
             raise ConfigError(f"the faults {ingest_faults} need --ingest (senders -> receiver -> log)")
@@ -232,38 +259,6 @@ class VerifyResult:
         return out
 
 
-def _chunks(cfg: VerifyConfig) -> list[list[pa.Table]]:
-    total = cfg.events_per_round * cfg.rounds
-    gen = GeneratorConfig(
-        events=total, users=50, minutes=max(total / 2_000, 1.0), seed=cfg.seed,
-        duplicates=0.05 if "producer_duplicates" in cfg.faults else 0.0,
-        late=0.02 if "late_events" in cfg.faults else 0.0, segment_size=cfg.segment_size,
-    )
-    segments = list(generate_segments(gen))
-    per = max(len(segments) // cfg.rounds, 1)
-    chunks = [segments[i * per:(i + 1) * per] for i in range(cfg.rounds)]
-    chunks[-1].extend(segments[cfg.rounds * per:])
-    return chunks
-
-
-class _Feeder:
-    """Appends segments from a thread, one every ``pace_s``, while a round runs."""
-
-    def __init__(self, log: EventLog, tables: list[pa.Table], pace_s: float) -> None:
-        self.appended = 0
-        self._thread = threading.Thread(target=self._run, args=(log, tables, pace_s), daemon=True)
-        self._thread.start()
-
-    def _run(self, log: EventLog, tables: list[pa.Table], pace_s: float) -> None:
-        for t in tables:
-            time.sleep(pace_s)
-            log.append(t)
-            self.appended += 1
-
-    def join(self) -> None:
-        self._thread.join()
-
-
 def _config(cfg: VerifyConfig) -> dict[str, Any]:
     conf = asdict(cfg)
     conf["workdir"] = str(cfg.workdir)
@@ -284,8 +279,31 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         The rounds and the verdict.
 
     Raises:
-        ConfigError: ``resume`` without a state, or with another configuration.
+        ConfigError: ``resume`` without a state, or with another configuration, or of a
+            Kafka-fed run (the mock broker's records lived in the interrupted run's memory).
     """
+    if resume and cfg.source == "kafka":
+        raise ConfigError("--resume is not possible with --source kafka: the mock broker that held the "
+                          "topic ended with the interrupted run; start a new run")
+    src: LogInput | KafkaInput = KafkaInput(rows_per_file=cfg.segment_size) if cfg.source == "kafka" \
+        else LogInput(cfg.workdir / "log")
+    cluster = None
+    try:
+        if cfg.cluster == "standalone":
+            cluster = StandaloneCluster(cfg.workdir / "cluster").start()
+            say(f"cluster: standalone master {cluster.master_url}, {len(cluster.workers)} workers")
+        if cfg.source == "kafka":
+            say(f"source: Kafka topic {TOPIC} on a mock broker at {src.broker.bootstrap}")  # type: ignore[union-attr]
+        return _run(cfg, say, resume, src, cluster)
+    finally:
+        src.close()
+        if cluster is not None:
+            cluster.stop()
+
+
+def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: LogInput | KafkaInput,
+         cluster: StandaloneCluster | None) -> VerifyResult:
+    """:func:`run_verify` once its input (and cluster) are up."""
     work = cfg.workdir
     log_dir, ck, outs = work / "log", work / "checkpoint", work / "out"
     outs.mkdir(parents=True, exist_ok=True)
@@ -302,9 +320,10 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
     target.prepare(state.get("schema"))
     say(f"sink: {target.name}")
     log = EventLog(log_dir)
-    chunks = _chunks(cfg)
+    chunks = inputs.chunks(cfg.events_per_round * cfg.rounds, cfg.rounds, cfg.segment_size, cfg.seed,
+                           "producer_duplicates" in cfg.faults, "late_events" in cfg.faults)
     kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
-    master = CLUSTER_MASTER if cfg.cluster else None
+    master = CLUSTER_MASTER if cfg.cluster == "local" else cluster.master_url if cluster else None
     records = [RoundRecord(**r) for r in state.get("rounds", [])]
     input_rows = state.get("input_rows", 0)
     rig = None
@@ -326,7 +345,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
 
     def driver(tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
         return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
-                      env={**jvm, **target.env(), **(env or {})}, **kw)
+                      env={**jvm, **target.env(), **(env or {})}, **src.driver_kw(), **kw)
 
     def persist() -> None:
         save_state(work, {
@@ -339,7 +358,8 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
 
     persist()  # resume step 1: a run cut off in its first round can resume too
     scheduled = sum(r.fault != VERIFY_KILL for r in records)
-    standby = Standby(driver, outs) if cfg.fast_start and rig is None else None
+    # no standbys on a standalone cluster: a waiting driver is an application holding executors
+    standby = Standby(driver, outs) if cfg.fast_start and rig is None and cluster is None else None
 
     def launch(spec: Spec, upcoming: list[Spec]) -> Driver:
         """The driver of ``spec``: a released standby, or a fresh one; pre-starts ``upcoming``."""
@@ -367,10 +387,10 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
                    "restarted, drained with --once")
         elif rig is None:
             if todo:
-                log.append(todo[0])
-            feeder = _Feeder(log, todo[1:], pace_s=0.5)
+                src.append(todo[0])
+            feeder = Feeder(src.append, todo[1:], pace_s=0.5)
             try:
-                _inject(fault, start, rec, target, rng, cfg.round_timeout_s, t0)
+                _inject(fault, start, rec, target, rng, cfg.round_timeout_s, t0, cluster)
             finally:
                 feeder.join()
         else:
@@ -394,7 +414,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
     final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
     drain = (drain_start, time.monotonic() - t0)
     say(f"final drain: exit code {final_rc}")
-    verdict = target.judge(expect(ck))
+    verdict = target.judge(expect(ck, src.oracle_inputs(ck)))
     target.close()
     verdict.violations += ingest["violations"] if ingest else []
     conf = _config(cfg)
@@ -497,13 +517,13 @@ def _spec(fault: str, round_no: int, seed: int) -> Spec:
         return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
     if fault == VERIFY_KILL:
         return tag, {"once": True}
-    if fault == "executor_kill":  # WARN level shows Spark's "Lost task" lines
+    if fault in CLUSTER_FAULTS:  # WARN level shows Spark's "Lost task" lines
         return tag, {"env": {"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"}}
     return tag, {}
 
 
 def _inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: SinkTarget,
-            rng: random.Random, timeout: float, t0: float) -> None:
+            rng: random.Random, timeout: float, t0: float, cluster: StandaloneCluster | None = None) -> None:
     """Run one round's driver (``start()``, see :func:`_spec`) and inject ``fault`` into it."""
     before = rec.markers_before
 
@@ -543,6 +563,8 @@ def _inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: S
                 lost = d.output().count("Lost task")
                 rec.outcome = (f"executor SIGKILLed while busy ({lost} task attempts lost and "
                                "retried by Spark), query went on")
+        elif fault == "worker_kill" and cluster is not None:
+            _kill_worker(cluster, d, rec, target, timeout, t0)
         else:  # kill_random
             time.sleep(rng.uniform(0.0, 2.0))
             rec.fault_s = time.monotonic() - t0
@@ -552,3 +574,20 @@ def _inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: S
     finally:
         d.kill()
         rec.exit_code = d.proc.returncode
+
+
+def _kill_worker(cluster: StandaloneCluster, d: Driver, rec: RoundRecord, target: SinkTarget,
+                 timeout: float, t0: float) -> None:
+    """``worker_kill``: SIGKILL a busy worker with its executor; restart it once the query went on."""
+    i = cluster.busy_worker(timeout_s=60)
+    if i is None:
+        rec.outcome = "no busy worker found"
+        return
+    cluster.kill_worker(i)
+    rec.fault_s = time.monotonic() - t0
+    after = target.committed_batches()
+    wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the worker kill")
+    lost = d.output().count("Lost task") + d.output().count("lost executor")
+    cluster.start_worker(i)
+    rec.outcome = (f"worker {i} and its executor SIGKILLed while busy ({lost} lost-task/executor "
+                   "lines), query went on; worker restarted")

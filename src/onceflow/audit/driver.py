@@ -114,14 +114,19 @@ class Driver(ProcessGroup):
         master: Spark master URL, if not the local default.
         env: Extra environment variables for the process.
         standby: Start as a hot standby released by this file (see :class:`Standby`).
+        kafka: ``(bootstrap, topic, rows per file)``: read the topic instead of ``log``, with
+            ``max_files`` x rows per file offsets per batch.
     """
 
     def __init__(self, log: Path, ck: Path, db: Path | None, out: Path, *, once: bool = False,
                  crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
                  master: str | None = None, env: dict[str, str] | None = None,
-                 standby: Path | None = None) -> None:
-        args = ["run", "--log", str(log), "--checkpoint", str(ck), "--sink", sink,
-                "--max-files-per-trigger", str(max_files), "--trigger", "200 milliseconds",
+                 standby: Path | None = None, kafka: tuple[str, str, int] | None = None) -> None:
+        source = ["--log", str(log), "--max-files-per-trigger", str(max_files)]
+        if kafka is not None:
+            source = ["--kafka", kafka[0], "--topic", kafka[1],
+                      "--max-offsets-per-trigger", str(max_files * kafka[2])]
+        args = ["run", *source, "--checkpoint", str(ck), "--sink", sink, "--trigger", "200 milliseconds",
                 "--retain-batches", str(RETAIN_ALL)]
         if db is not None:
             args += ["--db", str(db)]

@@ -17,7 +17,8 @@ from onceflow.sinks import SINKS
               help="Fault rounds (each restarts the pipeline from its checkpoint).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--faults", default="all", show_default=True,
-              help="Comma-separated fault names, or 'all' (executor_kill only with --cluster, "
+              help="Comma-separated fault names, or 'all' (executor_kill only with --cluster local, "
+                   "worker_kill only with --cluster standalone, "
                    "crash_apply_pending only with --sink sqlite, crash_effects_* only with --sink "
                    "http (which has no crash_inside_sink_txn), the receiver_*, sender_kill "
                    "and dropped_acks faults only with --ingest).")
@@ -27,7 +28,15 @@ from onceflow.sinks import SINKS
                    "verify must fail.")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
-@click.option("--cluster", is_flag=True, help="Run on local-cluster[2,1,1024] (executor JVMs).")
+@click.option("--cluster", type=click.Choice(["local", "standalone"]), is_flag=False, flag_value="local",
+              default=None,
+              help="Run on executors in their own JVMs: 'local' (also plain --cluster) is "
+                   "local-cluster[2,1,1024] (enables executor_kill); 'standalone' starts a Spark "
+                   "standalone master and two workers as separate processes on loopback (enables "
+                   "worker_kill: a busy worker and its executor SIGKILLed, then restarted).")
+@click.option("--source", type=click.Choice(["log", "kafka"]), default="log", show_default=True,
+              help="Where the pipeline reads: the event log, or a Kafka topic on a mock broker "
+                   "(librdkafka's, real protocol on loopback) that verify starts and produces to.")
 @click.option("--ingest", is_flag=True,
               help="Feed the log through real senders and an 'onceflow ingest serve' receiver "
                    "(enables the receiver_*, sender_kill and dropped_acks faults).")
@@ -44,8 +53,8 @@ from onceflow.sinks import SINKS
                    "(trained once per machine, kept in ~/.cache/onceflow), and pre-start the next "
                    "two rounds' drivers as hot standbys that touch nothing until released: "
                    "rounds ~2.5x cheaper; what the pipeline computes and commits is the same.")
-def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, cluster: bool,
-           ingest: bool, resume: bool, report_dir: Path, events_per_round: int,
+def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, cluster: str | None,
+           source: str, ingest: bool, resume: bool, report_dir: Path, events_per_round: int,
            fast_start: bool) -> None:
     """Run the pipeline under injected faults and check the sink against the oracle.
 
@@ -57,18 +66,20 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if names == ["all"]:
-        names = default_faults(sink, cluster, ingest)
+        names = default_faults(sink, cluster or "", ingest)
     report_dir = report_dir.absolute()
     work = report_dir / "work"
     try:
         cfg = VerifyConfig(workdir=work, rounds=rounds, faults=names, seed=seed, sink=sink,
-                           pg_dsn=pg_dsn, cluster=cluster, ingest=ingest, events_per_round=events_per_round,
+                           pg_dsn=pg_dsn, cluster=cluster or "", ingest=ingest, source=source,
+                           events_per_round=events_per_round,
                            fast_start=fast_start)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if work.exists() and not resume:
         shutil.rmtree(work)
-    click.echo(f"verify: {rounds} rounds, faults {', '.join(names)}, sink {sink}, seed {seed}"
+    click.echo(f"verify: {rounds} rounds, faults {', '.join(names)}, sink {sink}, seed {seed}, "
+               f"source {source}" + (f", cluster {cluster}" if cluster else "")
                + (", through senders and the ingest receiver" if ingest else ""))
     try:
         result = run_verify(cfg, say=click.echo, resume=resume)

@@ -4,7 +4,7 @@ Spark's own Kafka connector needs jars no reachable registry ships for Spark 4; 
 reads Kafka with ``confluent-kafka`` and takes the options and columns of Spark's, so existing
 code ports by changing the format name::
 
-    onceflow.kafka.register(spark)        # once per session (onceflow.session() does it)
+    onceflow.sources.kafka.register(spark)    # once per session (read_kafka does it)
     raw = (spark.readStream.format("onceflow_kafka")
            .option("kafka.bootstrap.servers", "broker:9092")
            .option("subscribe", "payments")              # or subscribePattern

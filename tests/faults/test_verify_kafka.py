@@ -1,0 +1,64 @@
+"""``onceflow verify --source kafka`` (and on a standalone cluster with a worker kill), as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.faults
+
+
+def _verify(report: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:
+    proc = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report),
+                           "--source", "kafka", *args], capture_output=True, text=True, timeout=timeout)
+    path = report / "report.json"
+    return proc.returncode, proc.stdout + proc.stderr, json.loads(path.read_text()) if path.exists() else {}
+
+
+def _rounds_ok(rep: dict[str, object]) -> list[dict[str, object]]:
+    rounds = rep["rounds"]
+    assert isinstance(rounds, list)
+    for r in rounds:
+        bad = ("timed out", "unexpected", "fault not reached", "no busy")
+        assert not str(r["outcome"]).startswith(bad), r
+    return rounds
+
+
+def test_kafka_source_under_crash_points_and_kills(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "5", "--seed", "18", "--events-per-round", "2000",
+                           "--faults", "kill_random,crash_inside_sink_txn,crash_after_sink_commit,"
+                           "crash_after_commit_log,trigger_change,producer_duplicates,late_events")
+    assert rc == 0, out[-3000:]
+    assert "source: Kafka topic" in out
+    _rounds_ok(rep)
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
+    assert verdict["late_expected"] == verdict["late_recorded"] > 0  # late drops counted per batch
+    assert rep["input_rows"] == 10_500  # 10,000 events + 5% producer retries, each produced once
+
+
+def test_kafka_negative_control_is_caught(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "1", "--seed", "4", "--events-per-round", "3000",
+                           "--sink", "naive", "--faults", "crash_after_sink_commit")
+    assert rc == 1, out[-3000:]
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["duplicated"] > 0
+
+
+def test_standalone_cluster_with_a_worker_kill(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "2", "--seed", "5", "--events-per-round", "4000",
+                           "--cluster", "standalone", "--faults", "worker_kill,kill_random", timeout=1200)
+    assert rc == 0, out[-3000:]
+    assert "cluster: standalone master spark://127.0.0.1:" in out
+    rounds = _rounds_ok(rep)
+    killed = str(rounds[0]["outcome"])
+    assert "SIGKILLed while busy" in killed and "worker restarted" in killed
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
