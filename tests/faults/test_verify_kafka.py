@@ -52,13 +52,17 @@ def test_kafka_negative_control_is_caught(tmp_path: Path) -> None:
 
 
 def test_standalone_cluster_with_a_worker_kill(tmp_path: Path) -> None:
-    rc, out, rep = _verify(tmp_path, "--rounds", "2", "--seed", "5", "--events-per-round", "4000",
+    rc, out, rep = _verify(tmp_path, "--rounds", "3", "--seed", "5", "--events-per-round", "4000",
                            "--cluster", "standalone", "--faults", "worker_kill,kill_random", timeout=1200)
     assert rc == 0, out[-3000:]
     assert "cluster: standalone master spark://127.0.0.1:" in out
     rounds = _rounds_ok(rep)
-    killed = str(rounds[0]["outcome"])
-    assert "SIGKILLed while busy" in killed and "worker restarted" in killed
+    kills = [str(r["outcome"]) for r in rounds if r["fault"] == "worker_kill"]
+    assert len(kills) == 2
+    for killed in kills:
+        assert "SIGKILLed while busy" in killed and "worker restarted" in killed
+        assert "Spark: 0 executor lost" not in killed  # the driver saw the executor go
+    assert any(" 0 tasks cut off" not in k for k in kills), kills  # a kill hit a running task
     verdict = rep["verdict"]
     assert isinstance(verdict, dict)
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]

@@ -517,7 +517,7 @@ def _spec(fault: str, round_no: int, seed: int) -> Spec:
         return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
     if fault == VERIFY_KILL:
         return tag, {"once": True}
-    if fault in CLUSTER_FAULTS:  # WARN level shows Spark's "Lost task" lines
+    if fault in CLUSTER_FAULTS:  # WARN level shows Spark's "Lost task" / "Lost executor" lines
         return tag, {"env": {"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"}}
     return tag, {}
 
@@ -584,10 +584,11 @@ def _kill_worker(cluster: StandaloneCluster, d: Driver, rec: RoundRecord, target
         rec.outcome = "no busy worker found"
         return
     cluster.kill_worker(i)
+    running = cluster.tasks_cut_off(i)
     rec.fault_s = time.monotonic() - t0
     after = target.committed_batches()
     wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the worker kill")
-    lost = d.output().count("Lost task") + d.output().count("lost executor")
     cluster.start_worker(i)
-    rec.outcome = (f"worker {i} and its executor SIGKILLed while busy ({lost} lost-task/executor "
-                   "lines), query went on; worker restarted")
+    rec.outcome = (f"worker {i} and its executor SIGKILLed while busy ({len(running)} tasks cut off "
+                   f"mid-run: {', '.join(running[:4]) or 'none'}; Spark: "
+                   f"{d.output().count('Lost executor')} executor lost), query went on; worker restarted")

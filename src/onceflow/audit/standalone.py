@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from onceflow.audit.driver import cpu_ticks, executor_pids
+from onceflow.audit.driver import cpu_ticks
 from onceflow.errors import OnceflowError
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -127,21 +128,41 @@ class StandaloneCluster:
         self.workers[i] = None
 
     def busy_worker(self, timeout_s: float, interval: float = 0.05) -> int | None:
-        """Wait until a worker's executor runs tasks (CPU > ~60%); its index, or None."""
+        """Wait until a worker's executor runs tasks; its index, or None.
+
+        Busy: the worker's executor JVM and its Python workers (everything in the worker's
+        process group but the worker itself) used more than ~60% of a core in each of three
+        consecutive ``interval`` s (a burst of garbage collection or JIT is shorter).
+        """
         hz = os.sysconf("SC_CLK_TCK")
         deadline = time.monotonic() + timeout_s
         last: dict[int, int] = {}
+        streak: dict[int, int] = {}
         while time.monotonic() < deadline:
             time.sleep(interval)
             for i, proc in enumerate(self.workers):
                 if proc is None or proc.poll() is not None:
                     continue
-                for pid in executor_pids(proc.pid):
-                    now = cpu_ticks(pid)
-                    if pid in last and now - last[pid] > 0.6 * hz * interval:
-                        return i
-                    last[pid] = now
+                now = sum(cpu_ticks(pid) for pid in group_pids(proc.pid) if pid != proc.pid)
+                busy = i in last and now - last[i] > 0.6 * hz * interval
+                streak[i] = streak.get(i, 0) + 1 if busy else 0
+                last[i] = now
+                if streak[i] >= 3:
+                    return i
         return None
+
+    def tasks_cut_off(self, i: int) -> list[str]:
+        """Tasks worker ``i``'s newest executor started and never finished (from its log).
+
+        Call after :meth:`kill_worker`: these ran when it was killed (``task 1.0 in stage 3.0``).
+        """
+        logs = sorted((self.workdir / f"worker-{i}").glob("app-*/*/stderr"), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return []
+        text = logs[-1].read_text(errors="replace")
+        started = re.findall(r"Running (task \S+ in stage \S+) \(TID (\d+)\)", text)
+        finished = set(re.findall(r"Finished task \S+ in stage \S+ \(TID (\d+)\)", text))
+        return [name for name, tid in started if tid not in finished]
 
     def stop(self) -> None:
         """Kill every worker and the master."""
@@ -157,6 +178,19 @@ class StandaloneCluster:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def group_pids(group: int) -> list[int]:
+    """Processes of a process group (from ``/proc``)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == group:
+                    pids.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return pids
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
