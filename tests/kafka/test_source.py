@@ -164,3 +164,16 @@ def test_a_read_limit_is_shared_by_backlog() -> None:
     assert capped == {("t", 0): 70, ("t", 1): 130, ("t", 2): 5}
     assert sum(capped[tp] - starts[tp] for tp in capped) == 100
     assert _limit(starts, ends, ReadMaxRows(5000)) == ends
+
+
+def test_starting_offsets_latest_and_per_partition(spark: Any, broker: Any, tmp_path: Path) -> None:
+    broker.create_topic("start", 2)
+    produce(broker.bootstrap, "start", 20, partitions=2)
+    given = pa.concat_tables(run(spark, broker.bootstrap, tmp_path / "a", subscribe="start",
+                                 starting_offsets={"start": {"0": 7, "1": -1}}))
+    assert sorted(coords(given)) == [("start", 0, o) for o in range(7, 10)]  # partition 1 from its end
+    latest = run(spark, broker.bootstrap, tmp_path / "b", subscribe="start", starting_offsets="latest")
+    assert sum(t.num_rows for t in latest) == 0
+    produce(broker.bootstrap, "start", 4, partitions=2, first=20)
+    later = pa.concat_tables(run(spark, broker.bootstrap, tmp_path / "b", subscribe="start"))
+    assert sorted(coords(later)) == [("start", p, o) for p in (0, 1) for o in (10, 11)]
