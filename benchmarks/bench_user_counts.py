@@ -11,12 +11,20 @@ All variants run in one Spark session over the same log, each with a fresh check
                   ``foreachBatch`` collecting rows and upserting them into SQLite
                   (at-least-once: no batch marker).
 
-Usage: python benchmarks/bench_user_counts.py [--events 5000000] [--rounds 1]
+Each run starts from a collected heap (Python ``gc.collect()`` and the JVM's ``System.gc()``,
+outside the timed part), and a sampler process measures how fast the machine's CPU is while
+it runs (``machine_speed.py``: on a shared machine the same work takes up to 1.7x longer in a
+slow phase); every run is also reported in reference-speed seconds (its wall time times the
+reference unit time over the run's unit time), and the ratios are given both ways.
+
+Usage: python benchmarks/bench_user_counts.py [--events 5000000] [--rounds 3]
+       [--variants onceflow,noop]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import sqlite3
@@ -26,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from machine_speed import Sampler
 from pyspark.sql import functions as F
 
 import onceflow
@@ -107,17 +116,36 @@ def run_plain(spark: Any, log: Path, work: Path, files: int) -> Timing:
 VARIANTS = {"onceflow": run_onceflow, "noop": run_noop, "plain": run_plain}
 
 
+def settle(spark: Any) -> None:
+    """Collect both heaps before a timed run, so no run pays for its predecessor's garbage."""
+    gc.collect()
+    spark.sparkContext._jvm.java.lang.System.gc()
+    time.sleep(0.5)
+
+
+def paired(a: list[float], b: list[float]) -> float:
+    """Median over rounds of ``a[i] / b[i]`` (both variants of a round run back to back)."""
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=5_000_000)
     ap.add_argument("--segment-size", type=int, default=100_000)
     ap.add_argument("--files-per-batch", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup-rounds", type=int, default=1,
-                    help="full rounds run first and discarded (JIT, caches)")
+    ap.add_argument("--warmup-rounds", type=int, default=3,
+                    help="full rounds run first and discarded (the JVM keeps getting faster over its "
+                         "first ~6 runs: JIT, caches)")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help=f"comma-separated subset of {', '.join(VARIANTS)} (onceflow and noop are required)")
     ap.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "onceflow-bench-log")
     args = ap.parse_args()
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    if not {"onceflow", "noop"} <= set(names) or not set(names) <= set(VARIANTS):
+        ap.error(f"--variants: need onceflow and noop, and only names from {', '.join(VARIANTS)}")
+    variants = {n: VARIANTS[n] for n in VARIANTS if n in names}
     t0 = time.perf_counter()
     rows = make_log(args.data, args.events, args.segment_size)
     print(f"log: {rows:,} rows ({args.events:,} distinct) in {args.data} "
@@ -134,49 +162,68 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as warm:  # JIT and Python worker warm-up
         w = Path(warm)
         EventLog(w / "log").append(next(generate_segments(GeneratorConfig(events=50_000))))
-        for name, fn in VARIANTS.items():
+        for name, fn in variants.items():
             (w / name).mkdir()
             fn(spark, w / "log", w / name, 1)
-    best: dict[str, float] = {}
-    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    batches: dict[str, list[list[float]]] = {name: [] for name in VARIANTS}
-    for r in range(-args.warmup_rounds, args.rounds):
-        order = list(VARIANTS.items())
-        for name, fn in (order if r % 2 == 0 else order[::-1]):
-            work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
-            secs, per_batch = fn(spark, args.data, work, args.files_per_batch)
-            shutil.rmtree(work, ignore_errors=True)
-            label = "warm-up" if r < 0 else f"round {r + 1}"
-            print(f"{label:8s} {name:9s} {secs:7.1f} s  {rows / secs:12,.0f} events/s")
-            if r < 0:
-                continue
-            best[name] = min(best.get(name, secs), secs)
-            times[name].append(secs)
-            batches[name].append(per_batch)
-    med = {name: statistics.median(v) for name, v in times.items()}
-    print()
-    for name in VARIANTS:
-        print(f"{name:9s} best {rows / best[name]:12,.0f} events/s   median {rows / med[name]:12,.0f}")
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    units: dict[str, list[float]] = {name: [] for name in variants}
+    batches: dict[str, list[list[float]]] = {name: [] for name in variants}
+    with Sampler() as speed:
+        for r in range(-args.warmup_rounds, args.rounds):
+            order = list(variants.items())
+            for name, fn in (order if r % 2 == 0 else order[::-1]):
+                work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+                settle(spark)
+                m0 = time.monotonic()
+                secs, per_batch = fn(spark, args.data, work, args.files_per_batch)
+                unit = speed.window(m0, time.monotonic())
+                shutil.rmtree(work, ignore_errors=True)
+                label = "warm-up" if r < 0 else f"round {r + 1}"
+                print(f"{label:8s} {name:9s} {secs:7.1f} s  {rows / secs:12,.0f} events/s  "
+                      f"cpu unit {unit * 1000 if unit else float('nan'):5.2f} ms", flush=True)
+                if r < 0:
+                    continue
+                times[name].append(secs)
+                units[name].append(unit or float("nan"))
+                batches[name].append(per_batch)
+    ref = statistics.median(u for v in units.values() for u in v)
+    # A run in a slow phase of the CPU did its work at ref/unit of the reference speed.
+    scaled = {n: [t * ref / u for t, u in zip(times[n], units[n], strict=True)] for n in variants}
+    print(f"\nreference cpu unit {ref * 1000:.2f} ms (median over all runs)")
+    for name in variants:
+        typical = statistics.median(times[name])
+        print(f"{name:9s} best {rows / min(times[name]):12,.0f} events/s   median {rows / typical:12,.0f}"
+              f"   at reference speed: median {rows / statistics.median(scaled[name]):12,.0f}"
+              f"   (spread of runs {max(times[name]) / min(times[name]):.2f}x, at reference speed "
+              f"{max(scaled[name]) / min(scaled[name]):.2f}x)")
     # Each round runs the variants back to back, so a per-round ratio cancels slow phases of
     # the machine that hit a whole round.
-    paired = {other: statistics.median(o / t for o, t in zip(times[other], times["onceflow"],
-                                                              strict=True))
-              for other in ("noop", "plain")}
-    print(f"paired ratio onceflow/noop  = {paired['noop']:.3f}  (median of {args.rounds} rounds)")
-    print(f"paired ratio onceflow/plain = {paired['plain']:.3f}")
+    print(f"paired ratio onceflow/noop  = {paired(times['noop'], times['onceflow']):.3f}  "
+          f"(median of {args.rounds} rounds; at reference speed "
+          f"{paired(scaled['noop'], scaled['onceflow']):.3f})  (target >= 0.97)")
+    if "plain" in variants:
+        print(f"paired ratio onceflow/plain = {paired(times['plain'], times['onceflow']):.3f}  "
+              f"(at reference speed {paired(scaled['plain'], scaled['onceflow']):.3f})  (target >= 1.0)")
+    # A drift over the run (the JVM still warming up, caches) favours whichever variant runs
+    # later in a round; two rounds in opposite orders (A B | B A) place every variant at the
+    # same mean position, so the ratio of their sums cancels a linear drift.
+    blocks = [(times["noop"][i] + times["noop"][i + 1]) / (times["onceflow"][i] + times["onceflow"][i + 1])
+              for i in range(0, args.rounds - 1, 2)]
+    if blocks:
+        print(f"block ratio onceflow/noop  = {statistics.median(blocks):.3f}  (median of {len(blocks)} "
+              f"two-round blocks in opposite orders: {', '.join(f'{b:.3f}' for b in blocks)})")
     # Finer pairs: batch k of a round in one variant against batch k of the same round in the
-    # other (the same files and state size); the median over all of them is far less moved by
-    # a slow phase of the machine than whole-run times. Spark's trigger time of a batch covers
-    # planning, the sink call and both logs. Not covered: query start/stop.
-    for name in ("onceflow",):
-        pairs = [n / o for rn, ro in zip(batches["noop"], batches[name], strict=True)
-                 for n, o in zip(rn, ro, strict=False)]
-        if pairs:
-            print(f"per-batch paired ratio {name}/noop = {statistics.median(pairs):.3f}  "
-                  f"(median of {len(pairs)} batch pairs)")
-    for label, stat in (("best", best), ("median", med)):
-        print(f"{label:6s} ratio onceflow/noop  = {stat['noop'] / stat['onceflow']:.3f}  (target >= 0.97)")
-        print(f"{label:6s} ratio onceflow/plain = {stat['plain'] / stat['onceflow']:.3f}  (target >= 1.0)")
+    # other (the same files and state size). Spark's trigger time of a batch covers planning,
+    # the sink call and both logs. Not covered: query start/stop.
+    pairs = [n / o for rn, ro in zip(batches["noop"], batches["onceflow"], strict=True)
+             for n, o in zip(rn, ro, strict=False)]
+    if pairs:
+        print(f"per-batch paired ratio onceflow/noop = {statistics.median(pairs):.3f}  "
+              f"(median of {len(pairs)} batch pairs)")
+    med = {name: statistics.median(v) for name, v in times.items()}
+    print(f"median ratio onceflow/noop  = {med['noop'] / med['onceflow']:.3f}")
+    if "plain" in variants:
+        print(f"median ratio onceflow/plain = {med['plain'] / med['onceflow']:.3f}")
     spark.stop()
 
 

@@ -194,7 +194,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._consumer: Any = None
         self._target: Offsets | None = None
-        self._known: set[TP] = set()
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_consumer": None}
@@ -237,7 +236,6 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             low, high = self._watermarks(tp)
             want = given.get(tp, -1 if starting == "latest" else -2)
             offsets[tp] = low if want == -2 else high if want == -1 else want
-        self._known = set(offsets)
         return {"offsets": to_json(offsets)}
 
     def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
