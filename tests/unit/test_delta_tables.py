@@ -18,7 +18,8 @@ STATS = BatchStats(3, 0, 0)
 
 
 def rows(batch: int, n: int = 3) -> dict[str, pa.Table]:
-    return {"events": pa.table({"id": [f"b{batch}-{i}" for i in range(n)], "v": list(range(n))})}
+    return {"events": pa.table({"id": pa.array([f"b{batch}-{i}" for i in range(n)], pa.string()),
+                                "v": pa.array(range(n), pa.int64())})}
 
 
 def test_delta_rs_alone_writes_a_repeated_version_twice(tmp_path: Path) -> None:
@@ -62,3 +63,20 @@ def test_two_writers_racing_for_the_same_batches_never_duplicate(tmp_path: Path)
     table = DeltaTable(str(tmp_path / "d" / "events")).to_pyarrow_table()
     ids = table.column("id").to_pylist()
     assert len(ids) == len(set(ids)) == 33 and sum(wins) == 10
+
+
+@pytest.mark.parametrize("table", [Table(), Table(key=["id"], add=["v"]), Table(key=["id"])],
+                         ids=["append", "add", "upsert"])
+def test_a_batch_without_rows_keeps_its_marker_and_metrics(tmp_path: Path, table: Table) -> None:
+    # a MERGE of no rows commits nothing in delta-rs: the batch's marker (and e.g. its late
+    # drops, when every row was late) would be lost, and a replay would not be recognised
+    sink = DeltaTablesSink(tmp_path / "d")
+    spec = {"events": table}
+    assert sink.commit_tables(0, rows(0), spec, STATS, 3)
+    assert sink.commit_tables(1, rows(1, n=0), spec, BatchStats(4, 4, 1000), 0)
+    assert not sink.commit_tables(1, rows(1, n=0), spec, BatchStats(4, 4, 1000), 0)  # a replay
+    markers = sink.batches()
+    assert [(m["batch_id"], m["late_dropped"], m["input_rows"]) for m in markers] == [(0, 0, 3), (1, 4, 4)]
+    events = DeltaTable(str(tmp_path / "d" / "events"))
+    assert events.transaction_version("onceflow:default") == 1
+    assert events.to_pyarrow_table().num_rows == 3

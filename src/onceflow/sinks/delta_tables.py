@@ -13,7 +13,9 @@ Commit protocol of :meth:`DeltaTablesSink.commit_tables` for batch N:
    ``transaction_version(app_id) >= N``, this table already has batch N: skip it (a replay).
 3. Else commit the rows with ``Transaction(app_id, N)`` and the batch's metrics (commit
    metadata ``onceflow``) on that snapshot: ``append`` writes them, ``upsert`` and ``add``
-   MERGE on the key (``add`` adds the ``add`` columns). A concurrent commit carrying the same
+   MERGE on the key (``add`` adds the ``add`` columns). A table's part with no rows is an
+   empty append: a MERGE of nothing commits nothing (measured), which would lose the batch's
+   marker and metrics (e.g. a batch whose every row was late). A concurrent commit carrying the same
    app id makes delta-rs refuse this one (measured: "Concurrent transaction failed"): the
    snapshot is reloaded and step 2 decides again — two writers never both commit N.
    Crash point ``inside_sink_txn`` between two tables' commits (after the first table's).
@@ -123,7 +125,10 @@ class DeltaTablesSink:
                 raise ConfigError(f"Delta table {path} has no column(s) {missing} that the batch has (it "
                                   f"has {sorted(have)}); add them or write to another table")
             try:
-                if spec.mode == "append":  # 3
+                if not rows.num_rows:  # 3: no rows, but the batch's marker and metrics all the same
+                    dl.write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
+                                       mode="append", commit_properties=props)
+                elif spec.mode == "append":
                     dl.write_deltalake(table, rows, mode="append", commit_properties=props)
                 else:
                     on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in spec.key)
