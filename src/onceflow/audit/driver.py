@@ -105,7 +105,8 @@ class Driver(ProcessGroup):
     Args:
         log: Event log directory.
         ck: Checkpoint directory.
-        db: SQLite database (None for a PostgreSQL sink, whose DSN comes through ``env``).
+        db: SQLite database, or the Delta tables' root with ``sink="delta"`` (None for a
+            PostgreSQL sink, whose DSN comes through ``env``).
         out: File that receives the process's stdout and stderr.
         once: Pass ``--once``.
         crash_at: Value for ``ONCEFLOW_CRASH_AT`` (a crash point), if any.
@@ -129,7 +130,7 @@ class Driver(ProcessGroup):
         args = ["run", *source, "--checkpoint", str(ck), "--sink", sink, "--trigger", "200 milliseconds",
                 "--retain-batches", str(RETAIN_ALL)]
         if db is not None:
-            args += ["--db", str(db)]
+            args += ["--delta" if sink == "delta" else "--db", str(db)]
         if once:
             args.append("--once")
         if master:

@@ -4,7 +4,8 @@ SQLite sinks live in a fresh database file in the work directory. The ``http`` s
 demo service (:mod:`onceflow.effects.service`, a process of its own, which applies 3% of calls
 and answers 500, and applies 1% and answers too late for the driver's 1.5 s timeout), their
 ledger a database file in the work directory; ``http-naive`` calls a service that ignores
-idempotency keys (so its duplicates show). PostgreSQL sinks
+idempotency keys (so its duplicates show). The ``delta`` sink writes Delta tables under
+``<workdir>/delta`` (its markers: the tables' app transactions and commit metadata). PostgreSQL sinks
 get a fresh schema (``onceflow_verify_<id>``) in the database of the given DSN, selected
 through the connection's ``search_path``; the DSN reaches the driver processes through
 ``ONCEFLOW_PG_DSN``, never on a command line.
@@ -12,15 +13,17 @@ through the connection's ``search_path``; the DSN reaches the driver processes t
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 from onceflow.audit.oracle import Expectation
-from onceflow.audit.verdict import Verdict, judge_effects, judge_postgres, judge_sqlite
-from onceflow.errors import ConfigError
+from onceflow.audit.verdict import Verdict, judge_delta, judge_effects, judge_postgres, judge_sqlite
+from onceflow.errors import ConfigError, OnceflowError
 from onceflow.pgconn import require_psycopg
 from onceflow.sinks import (
+    DELTA_SINKS,
     EFFECT_SINKS,
     EFFECTS_TIMEOUT_ENV,
     EFFECTS_URL_ENV,
@@ -31,6 +34,22 @@ from onceflow.sinks import (
     pg,
 )
 from onceflow.sinks.sqlite import read_batches
+
+
+def delta_batches(root: Path, sink_id: str) -> list[dict[str, Any]]:
+    """The markers of a Delta sink (see :meth:`DeltaTablesSink.batches`), read while it may write.
+
+    A table whose first commit is still being written counts as having none yet.
+    """
+    from onceflow.sinks.delta_tables import DeltaTablesSink
+
+    for _ in range(5):
+        try:
+            return DeltaTablesSink(root, sink_id=sink_id).batches()
+        except Exception as exc:  # deltalake's TableNotFoundError / a log file mid-write
+            last = exc
+            time.sleep(0.05)
+    raise OnceflowError(f"cannot read the Delta sink's markers under {root}: {last}")
 
 KINDS = SINKS
 SQLITE_KINDS = SQLITE_SINKS
@@ -64,6 +83,11 @@ class SinkTarget:
             self.db = workdir / "sink.db"
         elif kind in EFFECT_SINKS:
             self.db = workdir / "ledger.db"
+        elif kind in DELTA_SINKS:
+            from onceflow.sinks.delta_tables import DeltaTablesSink
+
+            self.db = workdir / "delta"  # the tables' root directory
+            DeltaTablesSink(self.db, sink_id=SINK_ID)  # no deltalake: a ConfigError naming the extra
         else:
             self._base_dsn = pg.resolve_dsn(pg_dsn)
 
@@ -109,7 +133,8 @@ class SinkTarget:
 
     def run_args(self) -> list[str]:
         """``onceflow run`` arguments that select this sink."""
-        return ["--sink", self.kind] + (["--db", str(self.db)] if self.db is not None else [])
+        where = "--delta" if self.kind in DELTA_SINKS else "--db"
+        return ["--sink", self.kind] + ([where, str(self.db)] if self.db is not None else [])
 
     def env(self) -> dict[str, str]:
         """Environment for the driver process."""
@@ -125,12 +150,16 @@ class SinkTarget:
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's batch markers with metrics."""
+        if self.kind in DELTA_SINKS:
+            return delta_batches(self.workdir / "delta", SINK_ID)
         if self.db is not None:
             return read_batches(self.db, self.marker_id)
         return pg.read_batches(self.dsn, self.marker_id)
 
     def committed_batches(self) -> int:
         """Number of batch markers (0 before the sink exists)."""
+        if self.kind in DELTA_SINKS:
+            return len(self.batches())
         if self.db is not None:
             from onceflow.audit.driver import committed_batches
 
@@ -145,6 +174,8 @@ class SinkTarget:
         if self.kind in EFFECT_SINKS:
             assert self.db is not None
             return judge_effects(self.workdir / "service.db", self.db, expectation, self.marker_id)
+        if self.kind in DELTA_SINKS:
+            return judge_delta(self.workdir / "delta", expectation, SINK_ID)
         if self.db is not None:
             return judge_sqlite(self.db, expectation, self.marker_id)
         verdict = judge_postgres(self.dsn, expectation, self.marker_id, gid_prefix=f"of:{SINK_ID}")

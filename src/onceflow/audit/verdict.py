@@ -55,6 +55,25 @@ def read_pg_counts(dsn: str) -> Counts:
     return users, glob
 
 
+def read_delta_counts(root: str | Path) -> tuple[Counts, int]:
+    """Read Example 5-1's tables from Delta tables under ``root`` (empty for tables not created yet).
+
+    Returns:
+        The counts, and how many rows repeat a key already read (Delta has no primary key:
+        a key written twice is a duplicate the counts alone would hide).
+    """
+    from deltalake import DeltaTable
+
+    found: list[list[dict[str, Any]]] = []
+    for name in ("user_counts", "global_counts"):
+        path = Path(root) / name
+        found.append(DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+                     if (path / "_delta_log").is_dir() else [])
+    users = {(r["user"], int(r["window_start_ms"])): int(r["count"]) for r in found[0]}
+    glob = {int(r["window_start_ms"]): int(r["count"]) for r in found[1]}
+    return (users, glob), len(found[0]) - len(users) + len(found[1]) - len(glob)
+
+
 @dataclass
 class Verdict:
     """The auditor's finding for one sink.
@@ -117,6 +136,39 @@ def judge_sqlite(db: str | Path, expectation: Expectation, sink_id: str = "user_
     staged = _staged(db, sink_id)
     if staged:
         verdict.violations.append(f"{len(staged)} staged batches never applied: {staged[:10]}")
+    return verdict
+
+
+def judge_delta(root: str | Path, expectation: Expectation, sink_id: str = "user_counts") -> Verdict:
+    """Judge Example 5-1 in Delta tables (``--sink delta``) against the expectation.
+
+    Besides the counts and markers (the commits' ``onceflow`` metadata), every table must
+    hold the last batch's app transaction: a table a batch behind another is a violation.
+
+    Args:
+        root: The tables' root directory.
+        expectation: From :func:`onceflow.audit.oracle.expect`.
+        sink_id: The sink's id (app id ``onceflow:<sink_id>``).
+
+    Returns:
+        The verdict.
+    """
+    from deltalake import DeltaTable
+
+    from onceflow.sinks.delta_tables import DeltaTablesSink
+
+    (users, glob), repeated = read_delta_counts(root)
+    verdict = judge(f"delta:{root}", users, glob, DeltaTablesSink(root, sink_id=sink_id).batches(),
+                    expectation)
+    if repeated:
+        verdict.violations.append(f"{repeated} rows repeat a key of their table")
+    last = max((b.batch_id for b in expectation.batches), default=None)
+    for name in ("user_counts", "global_counts"):
+        path = Path(root) / name
+        have = DeltaTable(str(path)).transaction_version(f"onceflow:{sink_id}") \
+            if (path / "_delta_log").is_dir() else None
+        if last is not None and have != last:
+            verdict.violations.append(f"{name}: its last batch is {have}, Spark's is {last}")
     return verdict
 
 

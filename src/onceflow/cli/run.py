@@ -148,6 +148,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
               help="Spark checkpoint directory; reuse it to resume exactly.")
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="SQLite database for user_counts and global_counts (SQLite sinks).")
+@click.option("--delta", "delta_root", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Root directory of the Delta tables (--sink delta; one table per directory).")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL connection string (postgres* sinks); prefer the environment "
                    "variable, which keeps a password out of the process list.")
@@ -167,7 +169,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--sink", "sink_kind", type=click.Choice(SINKS), default=None,
               help="Where results go: sqlite (default of user_counts); postgres (driver-side "
                    "transaction); postgres-staged (default of billing) / postgres-2pc (written by "
-                   "the executors); http (each row one call to --effects-url, ledger in --db). "
+                   "the executors); http (each row one call to --effects-url, ledger in --db); "
+                   "delta (Delta tables under --delta, the marker a Delta app transaction). "
                    "Negative controls, never "
                    "for real data: 'naive', 'postgres-naive' and 'http-naive' have no batch marker "
                    "(duplicates), 'lossy' commits the marker before the rows (loss).")
@@ -180,7 +183,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "(onceflow/examples/user_counts.py); billing: bytes per account and hour, late "
                    "records kept in late_events (onceflow/examples/billing.py).")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
-        checkpoint: Path, db: Path | None, pg_dsn: str | None, effects_url: str | None,
+        checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
+        effects_url: str | None,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
         standby: Path | None, pipeline: str) -> None:
@@ -207,7 +211,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         EventLog(source).validate()  # fail fast, before Spark starts
     if effects_url:
         os.environ["ONCEFLOW_EFFECTS_URL"] = effects_url
-    sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], db, pg_dsn, sink_id=pipeline)
+    sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], db, pg_dsn, sink_id=pipeline, delta=delta_root)
     spark = spark or session(master=master, conf=conf)
     try:
         result = run_pipeline(spark, cfg, sink, once, pipeline)

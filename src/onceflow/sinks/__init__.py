@@ -15,7 +15,8 @@ SQLITE_SINKS = ("sqlite", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
 EFFECT_SINKS = ("http", "http-naive")
-SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS
+DELTA_SINKS = ("delta",)
+SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS
 EFFECTS_URL_ENV = "ONCEFLOW_EFFECTS_URL"
 """Where ``--sink http`` POSTs effects (``onceflow run --effects-url``)."""
 EFFECTS_TIMEOUT_ENV = "ONCEFLOW_EFFECTS_TIMEOUT_S"
@@ -24,7 +25,8 @@ EXAMPLE_SINK_ID = "user_counts"
 """The sink id ``onceflow run`` writes Example 5-1 under (its markers' namespace)."""
 
 
-def make_sink(kind: str, db: Path | None, pg_dsn: str | None, sink_id: str = EXAMPLE_SINK_ID) -> TablesSink:
+def make_sink(kind: str, db: Path | None, pg_dsn: str | None, sink_id: str = EXAMPLE_SINK_ID,
+              delta: Path | None = None) -> TablesSink:
     """The generic sink a ``--sink`` choice names.
 
     Args:
@@ -32,13 +34,20 @@ def make_sink(kind: str, db: Path | None, pg_dsn: str | None, sink_id: str = EXA
         db: SQLite database (SQLite sinks; the ledger of the ``http`` sinks).
         pg_dsn: PostgreSQL connection string (else ``$ONCEFLOW_PG_DSN``).
         sink_id: Marker namespace.
+        delta: Root directory of the Delta tables (``delta``).
 
     Returns:
         The sink (not yet connected).
 
     Raises:
-        ConfigError: A required location is missing, or the postgres extra is not installed.
+        ConfigError: A required location is missing, or the extra the sink needs is not installed.
     """
+    if kind in DELTA_SINKS:
+        from onceflow.sinks.delta_tables import DeltaTablesSink
+
+        if delta is None:
+            raise ConfigError("--sink delta writes Delta tables: pass --delta DIR (their root directory)")
+        return DeltaTablesSink(delta, sink_id=sink_id)
     if kind in EFFECT_SINKS:
         from onceflow.sinks.http_effects import HttpEffectsSink
 

@@ -180,8 +180,9 @@ class DeltaTablesSink:
                 raw = entry.get("onceflow")
                 if raw:
                     meta = json.loads(raw)
-                    if meta.get("sink_id") == self.sink_id:
-                        found.setdefault(int(meta["batch_id"]), meta)
+                    if meta.get("sink_id") == self.sink_id:  # + the commit's time, as other sinks' markers
+                        found.setdefault(int(meta["batch_id"]),
+                                         {**meta, "committed_ms": entry.get("timestamp")})
         return [found[b] for b in sorted(found)]
 
     def flush(self) -> None:
