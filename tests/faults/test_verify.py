@@ -197,6 +197,7 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
     ("postgres-naive", "crash_after_sink_commit", "duplicated"),
     ("lossy", "crash_inside_sink_txn", "lost"),  # marker committed before the rows
     ("http-naive", "crash_effects_sent", "duplicated"),  # no ledger, a service without idempotency
+    ("delta-naive", "crash_after_sink_commit", "duplicated"),  # the app transaction never checked
 ])
 def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, violation: str,
                                          request: pytest.FixtureRequest) -> None:

@@ -105,7 +105,7 @@ class Driver(ProcessGroup):
     Args:
         log: Event log directory.
         ck: Checkpoint directory.
-        db: SQLite database, or the Delta tables' root with ``sink="delta"`` (None for a
+        db: SQLite database, or the Delta tables' root with a ``delta`` sink (None for a
             PostgreSQL sink, whose DSN comes through ``env``).
         out: File that receives the process's stdout and stderr.
         once: Pass ``--once``.
@@ -130,7 +130,7 @@ class Driver(ProcessGroup):
         args = ["run", *source, "--checkpoint", str(ck), "--sink", sink, "--trigger", "200 milliseconds",
                 "--retain-batches", str(RETAIN_ALL)]
         if db is not None:
-            args += ["--delta" if sink == "delta" else "--db", str(db)]
+            args += ["--delta" if sink.startswith("delta") else "--db", str(db)]
         if once:
             args.append("--once")
         if master:

@@ -5,7 +5,8 @@ demo service (:mod:`onceflow.effects.service`, a process of its own, which appli
 and answers 500, and applies 1% and answers too late for the driver's 1.5 s timeout), their
 ledger a database file in the work directory; ``http-naive`` calls a service that ignores
 idempotency keys (so its duplicates show). The ``delta`` sink writes Delta tables under
-``<workdir>/delta`` (its markers: the tables' app transactions and commit metadata). PostgreSQL sinks
+``<workdir>/delta`` (its markers: the tables' app transactions and commit metadata);
+``delta-naive`` never checks the app transaction (its duplicates show). PostgreSQL sinks
 get a fresh schema (``onceflow_verify_<id>``) in the database of the given DSN, selected
 through the connection's ``search_path``; the DSN reaches the driver processes through
 ``ONCEFLOW_PG_DSN``, never on a command line.

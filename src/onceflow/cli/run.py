@@ -172,7 +172,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "the executors); http (each row one call to --effects-url, ledger in --db); "
                    "delta (Delta tables under --delta, the marker a Delta app transaction). "
                    "Negative controls, never "
-                   "for real data: 'naive', 'postgres-naive' and 'http-naive' have no batch marker "
+                   "for real data: 'naive', 'postgres-naive' and 'http-naive' have no batch marker, "
+                   "'delta-naive' never checks it "
                    "(duplicates), 'lossy' commits the marker before the rows (loss).")
 @click.option("--standby", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="Hot standby (verify --fast-start): start Spark, then wait until this file "

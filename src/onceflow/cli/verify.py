@@ -24,7 +24,7 @@ from onceflow.sinks import SINKS
                    "and dropped_acks faults only with --ingest).")
 @click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'; http: calls to a demo service verify "
-                   "starts); naive, lossy, postgres-naive and http-naive are negative controls: "
+                   "starts); naive, lossy, postgres-naive, http-naive and delta-naive are negative controls: "
                    "verify must fail.")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")

@@ -15,7 +15,7 @@ SQLITE_SINKS = ("sqlite", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
 EFFECT_SINKS = ("http", "http-naive")
-DELTA_SINKS = ("delta",)
+DELTA_SINKS = ("delta", "delta-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS
 EFFECTS_URL_ENV = "ONCEFLOW_EFFECTS_URL"
 """Where ``--sink http`` POSTs effects (``onceflow run --effects-url``)."""
@@ -46,8 +46,9 @@ def make_sink(kind: str, db: Path | None, pg_dsn: str | None, sink_id: str = EXA
         from onceflow.sinks.delta_tables import DeltaTablesSink
 
         if delta is None:
-            raise ConfigError("--sink delta writes Delta tables: pass --delta DIR (their root directory)")
-        return DeltaTablesSink(delta, sink_id=sink_id)
+            raise ConfigError(f"--sink {kind} writes Delta tables: pass --delta DIR (their root directory)")
+        return DeltaTablesSink(delta, sink_id=sink_id,
+                               mode="naive" if kind == "delta-naive" else "exactly_once")
     if kind in EFFECT_SINKS:
         from onceflow.sinks.http_effects import HttpEffectsSink
 

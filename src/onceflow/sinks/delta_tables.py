@@ -67,9 +67,15 @@ class DeltaTablesSink:
     Args:
         root: Directory holding one Delta table per table name.
         sink_id: Marker namespace (the app id is ``onceflow:<sink_id>``).
+        mode: ``exactly_once``; or ``naive``, a negative control for tests: the app
+            transaction is written but never checked (what delta-rs alone does), so a
+            re-run batch is written again.
     """
 
-    def __init__(self, root: str | Path, sink_id: str = "default") -> None:
+    def __init__(self, root: str | Path, sink_id: str = "default", mode: str = "exactly_once") -> None:
+        if mode not in ("exactly_once", "naive"):
+            raise ConfigError(f"Delta sink mode must be exactly_once or naive, got {mode!r}")
+        self.mode = mode
         self.dl = _require()
         if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():
             raise ConfigError(f"sink id {sink_id!r} is invalid: use letters, digits, _ . -")
@@ -117,7 +123,7 @@ class DeltaTablesSink:
                     continue
             table = dl.DeltaTable(path)
             done = table.transaction_version(self.app_id)
-            if done is not None and done >= batch_id:  # 2
+            if done is not None and done >= batch_id and self.mode != "naive":  # 2
                 return False
             have = {f.name for f in table.schema().fields}
             missing = [c for c in rows.column_names if c not in have]
