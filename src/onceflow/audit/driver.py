@@ -209,21 +209,30 @@ def committed_batches(db: Path) -> int:
         return 0
 
 
+def group_pids(group: int) -> list[int]:
+    """Processes of a process group (from ``/proc``), by pid."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == group:
+                    pids.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return sorted(pids)
+
+
 def executor_pids(group: int) -> list[int]:
     """Spark executor JVMs (``CoarseGrainedExecutorBackend``) in a process group."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in group_pids(group):
         try:
-            if os.getpgid(int(entry.name)) != group:
-                continue
-            cmdline = (entry / "cmdline").read_bytes()
-        except (ProcessLookupError, FileNotFoundError, PermissionError):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
         if b"CoarseGrainedExecutorBackend" in cmdline:
-            pids.append(int(entry.name))
-    return sorted(pids)
+            pids.append(pid)
+    return pids
 
 
 def cpu_ticks(pid: int) -> int:

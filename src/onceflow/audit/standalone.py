@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
-from onceflow.audit.driver import cpu_ticks
+from onceflow.audit.driver import cpu_ticks, group_pids
 from onceflow.errors import OnceflowError
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -178,19 +178,6 @@ class StandaloneCluster:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
-
-
-def group_pids(group: int) -> list[int]:
-    """Processes of a process group (from ``/proc``)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getpgid(int(entry.name)) == group:
-                    pids.append(int(entry.name))
-            except (ProcessLookupError, PermissionError):
-                continue
-    return pids
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
