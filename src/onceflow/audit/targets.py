@@ -152,7 +152,8 @@ class SinkTarget:
     def batches(self) -> list[dict[str, Any]]:
         """The sink's batch markers with metrics."""
         if self.kind in DELTA_SINKS:
-            return delta_batches(self.workdir / "delta", SINK_ID)
+            assert self.db is not None
+            return delta_batches(self.db, SINK_ID)
         if self.db is not None:
             return read_batches(self.db, self.marker_id)
         return pg.read_batches(self.dsn, self.marker_id)
@@ -176,7 +177,8 @@ class SinkTarget:
             assert self.db is not None
             return judge_effects(self.workdir / "service.db", self.db, expectation, self.marker_id)
         if self.kind in DELTA_SINKS:
-            return judge_delta(self.workdir / "delta", expectation, SINK_ID)
+            assert self.db is not None
+            return judge_delta(self.db, expectation, SINK_ID)
         if self.db is not None:
             return judge_sqlite(self.db, expectation, self.marker_id)
         verdict = judge_postgres(self.dsn, expectation, self.marker_id, gid_prefix=f"of:{SINK_ID}")
