@@ -22,7 +22,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.delta_tables import DeltaTablesSink
+from onceflow.sinks.delta import DeltaTablesSink
 from onceflow.tables import Table
 
 

@@ -1,6 +1,6 @@
 """Side-effect throughput: the HTTP sink (ledger, keys, retries) vs plain loops of the same calls.
 
-One demo service process (``onceflow.effects.service``, honouring idempotency keys, no injected
+One demo service process (``onceflow.verify.service``, honouring idempotency keys, no injected
 failures) on loopback; each round POSTs the same ``--effects`` rows (fresh keys per variant and
 round) three ways, in alternating order:
 
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.effects.service import ServiceProcess, read_effects
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.http_effects import HttpEffectsSink
+from onceflow.sinks.http.sink import HttpEffectsSink
 from onceflow.tables import Table
+from onceflow.verify.service import ServiceProcess, read_effects
 
 
 def rows(n: int) -> pa.Table:

@@ -23,10 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from onceflow.audit.driver import fast_start_archive
-from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sources.log import EventLog
+from onceflow.verify.driver import fast_start_archive
+from onceflow.verify.generator import GeneratorConfig, generate_segments
 
 PROBE = """
 import json, os, sys, time

@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import Any
 
 import onceflow
-from onceflow.audit.kafka_rig import produce_events
 from onceflow.examples.user_counts import KafkaTopic, start
-from onceflow.generator import GeneratorConfig, generate_table
-from onceflow.sources.kafka_broker import BrokerProcess
 from onceflow.sources.log import EventLog
 from onceflow.spark import session
+from onceflow.verify.broker import BrokerProcess
+from onceflow.verify.generator import GeneratorConfig, generate_table
+from onceflow.verify.kafka_rig import produce_events
 
 
 def plain_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)

@@ -39,9 +39,9 @@ from pyspark.sql import functions as F
 
 import onceflow
 from onceflow.examples.user_counts import events, start, window_deltas
-from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.sources.log import EventLog
 from onceflow.spark import session
+from onceflow.verify.generator import GeneratorConfig, generate_segments
 
 
 def make_log(directory: Path, events: int, segment_size: int) -> int:

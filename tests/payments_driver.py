@@ -12,26 +12,30 @@ import sys
 from pathlib import Path
 
 from onceflow.examples import payments
-from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.spark import session
 
 if __name__ == "__main__":
     source, db, ck, mode, backend = sys.argv[1:6]
     spark = session(app_name="payments-test", conf={"spark.sql.session.timeZone": "UTC"})
     if backend == "postgres":
-        from onceflow.sinks.postgres_tables import PostgresTablesSink
+        from onceflow.sinks.postgres.sink import PostgresTablesSink
+        from onceflow.verify.sinks import NaivePostgresSink
 
-        sink: object = PostgresTablesSink(None, mode=mode)  # type: ignore[arg-type]
+        sink: object = (NaivePostgresSink if mode == "naive" else PostgresTablesSink)(None)
     elif backend.startswith("postgres-"):  # executor side: staged or 2pc
         import onceflow
 
         sink = onceflow.postgres(None, protocol=backend.removeprefix("postgres-"))
     elif backend == "delta":
-        from onceflow.sinks.delta_tables import DeltaTablesSink
+        from onceflow.sinks.delta import DeltaTablesSink
 
         sink = DeltaTablesSink(Path(db))  # DB is the root directory of the Delta tables
     else:
-        sink = SQLiteTablesSink(Path(db), mode=mode)  # type: ignore[arg-type]
+        from onceflow.verify.sinks import LossySQLiteSink, NaiveSQLiteSink
+
+        cls = {"naive": NaiveSQLiteSink, "lossy": LossySQLiteSink}.get(mode, SQLiteTablesSink)
+        sink = cls(Path(db))
     payments.start(spark, source, db, ck, once="--once" in sys.argv, max_files_per_trigger=2,
                    sink=sink).awaitTermination()
     print("drained", flush=True)

@@ -34,15 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from onceflow.errors import OnceflowError
-
-
-class CheckpointReadError(OnceflowError, RuntimeError):
-    """A checkpoint file onceflow needs is missing or unreadable."""
-
-
-class UncountableInputError(CheckpointReadError):
-    """A batch's input files cannot be counted: not Parquet, or without the event-time column."""
+from onceflow.errors import CheckpointReadError, UncountableInputError
 
 
 def _read_log_file(path: Path) -> list[dict[str, object]]:

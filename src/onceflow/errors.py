@@ -108,6 +108,26 @@ class SourceReadError(OnceflowError, RuntimeError):
     """A source could not read a range it planned (broker unreachable, fatal client error)."""
 
 
+class PostgresError(OnceflowError, RuntimeError):
+    """PostgreSQL refused or failed an operation (message without secrets)."""
+
+
+class CheckpointReadError(OnceflowError, RuntimeError):
+    """A checkpoint file onceflow needs is missing or unreadable."""
+
+
+class UncountableInputError(CheckpointReadError):
+    """A batch's input files cannot be counted: not Parquet, or without the event-time column."""
+
+
+class AmbiguousCommitError(OnceflowError, RuntimeError):
+    """Raised by the ``ambiguous_commit`` fault after a successful commit (the caller sees a failure)."""
+
+
+class SenderRefusedError(OnceflowError, PermissionError):
+    """The ingest receiver refused this sender (401/403); its events stay in the outbox."""
+
+
 def refuse_unknown(given: set[str], known: set[str], where: str) -> None:
     """Refuse option names ``where`` does not know, naming the nearest valid one.
 

@@ -17,7 +17,7 @@ import sys
 from enum import Enum
 from typing import Any
 
-from onceflow.errors import CrashPointError
+from onceflow.errors import AmbiguousCommitError, CrashPointError
 
 CRASH_ENV = "ONCEFLOW_CRASH_AT"
 DRIVER_PID_ENV = "ONCEFLOW_DRIVER_PID"
@@ -59,10 +59,6 @@ class CrashPoint(str, Enum):
     """Receiver: ids and the pending segment committed to the catalog; not yet published."""
     INGEST_AFTER_PUBLISH = "ingest_after_publish"
     """Receiver: the segment is in the log; the senders have no ack yet."""
-
-
-class AmbiguousCommitError(RuntimeError):
-    """Raised by the ``ambiguous_commit`` fault after a successful commit."""
 
 
 def register_companion(pid: int) -> None:

@@ -25,24 +25,16 @@ Options reach the driver JVM through ``ONCEFLOW_DRIVER_JAVA_OPTIONS``, which
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 from pathlib import Path
+
+from onceflow.java import cache_dir, find_java
 
 JAVA_OPTIONS_ENV = "ONCEFLOW_DRIVER_JAVA_OPTIONS"
 """Extra JVM options for the driver (appended to ``spark.driver.extraJavaOptions``)."""
 
 QUICK_JIT = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 """Start-up-friendly JIT and GC (see the module docstring for the trade-off)."""
-
-
-def cache_dir() -> Path:
-    """Where archives are kept: ``$ONCEFLOW_CACHE_DIR``, else ``$XDG_CACHE_HOME/onceflow``."""
-    explicit = os.environ.get("ONCEFLOW_CACHE_DIR")
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "onceflow"
 
 
 def archive_path(java: str | None = None) -> Path:
@@ -55,8 +47,6 @@ def archive_path(java: str | None = None) -> Path:
         A path in :func:`cache_dir` (it may not exist yet).
     """
     import pyspark
-
-    from onceflow.spark import find_java
 
     exe = Path(java or find_java()).resolve()
     jars = Path(pyspark.__file__).parent / "jars"

@@ -14,10 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.audit.verdict import read_counts, read_pg_counts
-from onceflow.sinks import make_sink, marker_id, pg
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite import read_batches
+from onceflow.sinks.postgres import sql as pg
+from onceflow.sinks.sqlite.db import read_batches
+from onceflow.verify.sinks import SinkOptions, make_sink, marker_id
+from onceflow.verify.verdict import read_counts, read_pg_counts
 from tests.helpers import commit_deltas
 
 KINDS = ["sqlite", "postgres", "postgres-staged", "postgres-2pc"]
@@ -83,8 +84,8 @@ class Backend:
         return self.kind in ("postgres-staged", "postgres-2pc")
 
     def make(self, sink_id: str = "user_counts") -> Example51Sink:
-        db = Path(self.location) if self.sqlite else None
-        return Example51Sink(make_sink(self.kind, db, None if self.sqlite else self.location, sink_id))
+        where = SinkOptions(db=Path(self.location)) if self.sqlite else SinkOptions(pg_dsn=self.location)
+        return Example51Sink(make_sink(self.kind, where, sink_id))
 
     def counts(self) -> tuple[dict[tuple[str, int], int], dict[int, int]]:
         if self.sqlite:

@@ -14,6 +14,7 @@ import pytest
 from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigError
 from onceflow.sinks.base import BatchStats
 from onceflow.tables import Table
+from onceflow.verify.sinks import NaiveDeltaSink, NaivePostgresSink, NaiveSQLiteSink
 
 STATS = BatchStats(10, 1, 0)
 SPECS = {"revenue": Table(key=["account", "window_start"], add=["amount"]), "payments": Table(),
@@ -22,9 +23,9 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 
 class Backend:
-    def __init__(self, name: str, make: Callable[..., Any], query: Callable[[str], list[tuple[Any, ...]]],
-                 ddl: Callable[[str], None]) -> None:
-        self.name, self.make, self.query, self.ddl = name, make, query, ddl
+    def __init__(self, name: str, make: Callable[..., Any], naive: Callable[[], Any],
+                 query: Callable[[str], list[tuple[Any, ...]]], ddl: Callable[[str], None]) -> None:
+        self.name, self.make, self.naive, self.query, self.ddl = name, make, naive, query, ddl
 
     def rows(self, table: str, columns: str) -> list[tuple[Any, ...]]:
         """The table's rows (the given columns), sorted."""
@@ -38,7 +39,7 @@ class Backend:
 @pytest.fixture(params=["sqlite", "postgres", "delta"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "sqlite":
-        from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+        from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 
         db = tmp_path / "app.db"
 
@@ -50,11 +51,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
             with sqlite3.connect(db) as c:
                 c.execute(sql)
 
-        return Backend("sqlite", lambda **kw: SQLiteTablesSink(db, **kw), q, ddl)
+        return Backend("sqlite", lambda **kw: SQLiteTablesSink(db, **kw), lambda: NaiveSQLiteSink(db), q, ddl)
     if request.param == "delta":
         from deltalake import DeltaTable
 
-        from onceflow.sinks.delta_tables import DeltaTablesSink
+        from onceflow.sinks.delta import DeltaTablesSink
 
         def dq(sql: str) -> list[tuple[Any, ...]]:  # "SELECT a, b FROM t" only
             cols, table = sql.removeprefix("SELECT ").split(" FROM ")
@@ -64,10 +65,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
             t = DeltaTable(str(path)).to_pyarrow_table()
             return list(zip(*(t.column(c.strip()).to_pylist() for c in cols.split(",")), strict=True))
 
-        return Backend("delta", lambda **kw: DeltaTablesSink(tmp_path / "delta", **kw), dq, lambda sql: None)
+        return Backend("delta", lambda **kw: DeltaTablesSink(tmp_path / "delta", **kw),
+                       lambda: NaiveDeltaSink(tmp_path / "delta"), dq, lambda sql: None)
     import psycopg
 
-    from onceflow.sinks.postgres_tables import PostgresTablesSink
+    from onceflow.sinks.postgres.sink import PostgresTablesSink
 
     dsn = request.getfixturevalue("pg_dsn")
 
@@ -79,7 +81,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         with psycopg.connect(dsn, autocommit=True) as c:
             c.execute(sql)
 
-    return Backend("postgres", lambda **kw: PostgresTablesSink(dsn, **kw), pq_, pddl)
+    return Backend("postgres", lambda **kw: PostgresTablesSink(dsn, **kw), lambda: NaivePostgresSink(dsn),
+                   pq_, pddl)
 
 
 def batch(rows: list[tuple[Any, int, Any]]) -> dict[str, pa.Table]:
@@ -145,8 +148,7 @@ def test_a_table_that_does_not_fit_is_refused(backend: Backend) -> None:
 
 
 def test_the_naive_control_writes_a_replay_twice(backend: Backend) -> None:
-    backend.needs_sql()  # the Delta sink has no naive mode: its marker is Delta's own app transaction
-    sink = backend.make(mode="naive")
+    sink = backend.naive()
     one = {"payments": batch([("a", 0, 1.0)])["payments"]}
     for _ in range(2):
         sink.commit_tables(0, one, {"payments": Table()}, STATS, 1)

@@ -15,8 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow.examples import charges
-from onceflow.sinks.http_effects import HttpEffectsSink
+from onceflow.sinks.http.sink import HttpEffectsSink
 from onceflow.spark import session
+from onceflow.verify.sinks import NaiveHttpSink
 
 
 def _value(argv: list[str], flag: str) -> str | None:
@@ -34,8 +35,8 @@ def main(argv: list[str]) -> None:
         return pa.concat_tables([pq.read_table(f) for f in files]) if files else schema.empty_table()
 
     spark = session(app_name="charges-test", conf={"spark.sql.session.timeZone": "UTC"})
-    sink = HttpEffectsSink(url, ledger, sink_id="charges", timeout_s=3.0,
-                           mode="naive" if "--naive" in argv else "exactly_once")
+    cls = NaiveHttpSink if "--naive" in argv else HttpEffectsSink
+    sink = cls(url, ledger, sink_id="charges", timeout_s=3.0)
     query = charges.start(spark, log, sink, ck, price_url=_value(argv, "--price-url"),
                           stable="--no-stable" not in argv, max_files_per_trigger=1, once="--once" in argv,
                           extra=extra)

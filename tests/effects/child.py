@@ -13,8 +13,9 @@ import sys
 import pyarrow as pa
 
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.http_effects import HttpEffectsSink
+from onceflow.sinks.http.sink import HttpEffectsSink
 from onceflow.tables import Table
+from onceflow.verify.sinks import NaiveHttpSink
 
 SPECS = {"charges": Table(key=["account", "hour"])}
 STATS = BatchStats(10, 0, 0)
@@ -30,8 +31,8 @@ def charges(batch: int, version: int = 0, n: int = 20) -> dict[str, pa.Table]:
 
 def main(argv: list[str]) -> None:
     url, ledger, batch, version = argv[0], argv[1], int(argv[2]), int(argv[3])
-    sink = HttpEffectsSink(url, ledger, idempotent="--ignore-keys" not in argv, timeout_s=2.0,
-                           mode="naive" if "--naive" in argv else "exactly_once")
+    cls = NaiveHttpSink if "--naive" in argv else HttpEffectsSink
+    sink = cls(url, ledger, idempotent="--ignore-keys" not in argv, timeout_s=2.0)
     sink.bind("q1")
     done = sink.commit_tables(batch, charges(batch, version), SPECS, STATS, 20)
     print("committed" if done else "replayed", flush=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.effects.service import ServiceProcess, read_effects
 from onceflow.errors import EffectsFailedError, UnstableOutputError
 from onceflow.faults import CRASH_ENV
-from onceflow.sinks.http_effects import HttpEffectsSink, effects_of
+from onceflow.sinks.http.sink import HttpEffectsSink, effects_of
+from onceflow.verify.service import ServiceProcess, read_effects
 from tests.effects.child import SPECS, STATS, charges
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from onceflow.audit.driver import ProcessGroup, wait_until
 from onceflow.examples import payments
+from onceflow.verify.driver import ProcessGroup, wait_until
 from tests.payments_oracle import actual, expected
 
 pytestmark = pytest.mark.faults
@@ -34,7 +34,7 @@ def _markers(db: Path, dsn: str | None = None) -> list[int]:
     sql = ("SELECT batch_id FROM onceflow_batches WHERE sink_id IN ('default', 'default.revenue') "
            "ORDER BY batch_id")
     if db.name == "delta":  # the Delta sink's root
-        from onceflow.sinks.delta_tables import DeltaTablesSink
+        from onceflow.sinks.delta import DeltaTablesSink
 
         return [int(m["batch_id"]) for m in DeltaTablesSink(db).batches()]
     if dsn is not None:

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.audit.driver import Driver, committed_batches, wait_until
-from onceflow.audit.recompute import diff_counts
-from onceflow.audit.verdict import read_counts
-from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks.sqlite import read_batches
+from onceflow.sinks.sqlite.db import read_batches
 from onceflow.sources.log import EventLog
+from onceflow.verify.driver import Driver, committed_batches, wait_until
+from onceflow.verify.generator import GeneratorConfig, generate_segments
+from onceflow.verify.recompute import diff_counts
+from onceflow.verify.verdict import read_counts
 from tests.helpers import distinct_counts, held_batches
 
 pytestmark = pytest.mark.faults
@@ -86,7 +86,7 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     assert diff.exact, f"seed={seed} {diff}"
     assert glob == exp_glob
     assert sum(glob.values()) == 80_000
-    batches = read_batches(db)
+    batches = read_batches(db, "user_counts")
     assert [b["batch_id"] for b in batches] == list(range(len(batches)))  # no gap, no repeat
     assert sum(b["input_rows"] for b in batches) == 88_000
     assert sum(b["late_dropped"] for b in batches) == 0

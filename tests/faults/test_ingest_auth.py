@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from onceflow.errors import SenderRefusedError
 from onceflow.ingest.auth import client_tls
-from onceflow.ingest.sender import Sender, SenderRefusedError
+from onceflow.ingest.sender import Sender
 from tests.receiver_proc import Proc, Receiver, body, event, free_port, health, log_ids, write_tokens
 
 pytestmark = pytest.mark.faults

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.audit.ingest_rig import check_log
 from onceflow.ingest.sender import generated_id, id_key
+from onceflow.verify.ingest_rig import check_log
 from tests.receiver_proc import Proc, Receiver, body, event, write_tokens
 
 pytestmark = pytest.mark.faults

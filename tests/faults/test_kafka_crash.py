@@ -19,13 +19,13 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
-from onceflow.audit.driver import ProcessGroup, committed_batches, wait_until
-from onceflow.audit.kafka_rig import batch_reader, produce_events, topic_records
-from onceflow.audit.oracle import expect
-from onceflow.audit.verdict import judge_sqlite
-from onceflow.generator import GeneratorConfig, generate_table
-from onceflow.sinks.sqlite import read_batches
-from onceflow.sources.kafka_broker import BrokerProcess
+from onceflow.sinks.sqlite.db import read_batches
+from onceflow.verify.broker import BrokerProcess
+from onceflow.verify.driver import ProcessGroup, committed_batches, wait_until
+from onceflow.verify.generator import GeneratorConfig, generate_table
+from onceflow.verify.kafka_rig import batch_reader, produce_events, topic_records
+from onceflow.verify.oracle import expect
+from onceflow.verify.verdict import judge_sqlite
 
 pytestmark = pytest.mark.faults
 

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from onceflow.faults import CRASH_ENV
-from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks import pg
+from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_segments
 from tests.helpers import billing_expectation
 from tests.integration.test_billing import read_billing
 

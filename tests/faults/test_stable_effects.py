@@ -22,11 +22,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow import checkpoint as ckpt
-from onceflow.effects.service import ServiceProcess, read_effects
 from onceflow.faults import CRASH_ENV
-from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks.ledger import Ledger
+from onceflow.sinks.http.ledger import Ledger
 from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_segments
+from onceflow.verify.service import ServiceProcess, read_effects
 from tests.helpers import billing_expectation
 
 pytestmark = pytest.mark.faults

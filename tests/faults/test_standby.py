@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.audit.driver import Driver, Standby, wait_until
-from onceflow.audit.recompute import diff_counts
-from onceflow.audit.verdict import read_counts
-from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, archive_path, use_options
 from onceflow.sources.log import EventLog
+from onceflow.verify.driver import Driver, Standby, wait_until
+from onceflow.verify.generator import GeneratorConfig, generate_segments
+from onceflow.verify.recompute import diff_counts
+from onceflow.verify.verdict import read_counts
 from tests.helpers import distinct_counts
 
 pytestmark = pytest.mark.faults
@@ -86,7 +86,7 @@ def test_a_standby_exits_when_its_starter_dies(tmp_path: Path) -> None:
     starter = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from onceflow.audit.driver import Driver\n"
+        "from onceflow.verify.driver import Driver\n"
         "d = Driver(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]),"
         " once=True, standby=Path(sys.argv[5]))\n"
         "print(d.proc.pid, flush=True)\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.audit.resume import kill_stale
+from onceflow.verify.resume import kill_stale
 
 pytestmark = pytest.mark.faults
 
@@ -170,8 +170,8 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
     crash_inside_sink_txn dies between the two tables' commits."""
     from deltalake import DeltaTable, write_deltalake
 
-    from onceflow.audit.oracle import expect
-    from onceflow.audit.verdict import judge_delta
+    from onceflow.verify.oracle import expect
+    from onceflow.verify.verdict import judge_delta
 
     faults = "crash_inside_sink_txn,crash_after_sink_commit,ambiguous_commit,kill_random,late_events"
     rc, out, rep = _verify(tmp_path, "--rounds", "4", "--seed", "3", "--events-per-round", "3000",

@@ -8,9 +8,10 @@ from typing import Any
 import psycopg
 
 from onceflow.cli.run import PipelineConfig, Totals, run_pipeline
-from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks import make_sink, pg
+from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_segments
+from onceflow.verify.sinks import SinkOptions, make_sink
 from tests.helpers import billing_expectation
 
 
@@ -29,7 +30,7 @@ def read_billing(dsn: str) -> tuple[dict[tuple[str, int], tuple[int, int]], dict
 
 def run(spark: Any, cfg: PipelineConfig, dsn: str, kind: str = "postgres-staged") -> Totals:
     """The billing example (``onceflow.examples.billing``) as ``onceflow run --pipeline billing`` runs it."""
-    sink = make_sink(kind, None, dsn, sink_id="billing")
+    sink = make_sink(kind, SinkOptions(pg_dsn=dsn), sink_id="billing")
     try:
         return run_pipeline(spark, cfg, sink, once=True, pipeline="billing")
     finally:
@@ -70,7 +71,7 @@ def test_billing_into_sqlite_is_exact_too(spark: Any, tmp_path: Path) -> None:
                                                  late=0.05, seed=12, segment_size=250)):
         EventLog(tmp_path / "log").append(seg)
     pcfg = PipelineConfig(log_dir=tmp_path / "log", checkpoint=tmp_path / "ck", max_files_per_trigger=2)
-    sink = make_sink("sqlite", tmp_path / "billing.db", None, sink_id="billing")
+    sink = make_sink("sqlite", SinkOptions(db=tmp_path / "billing.db"), sink_id="billing")
     try:
         run_pipeline(spark, pcfg, sink, once=True, pipeline="billing")
     finally:

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from onceflow.audit.driver import fast_start_archive
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, QUICK_JIT, dump_options, publish, use_options
+from onceflow.verify.driver import fast_start_archive
 
 _PROBE = """
 import sys

@@ -11,13 +11,14 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-from onceflow.errors import ConfigError
-from onceflow.generator import GeneratorConfig, generate_segments
+from onceflow.errors import ConfigError, PostgresError
 from onceflow.records import EVENT_DDL
-from onceflow.sinks import pg, pg_writer
-from onceflow.sinks.pg_datasource import NAME, register
-from onceflow.sinks.pg_writer import TargetSpec
+from onceflow.sinks.postgres import sql as pg
+from onceflow.sinks.postgres import writer as pg_writer
+from onceflow.sinks.postgres.datasource import NAME, register
+from onceflow.sinks.postgres.writer import TargetSpec
 from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_segments
 from tests.pg_server import TempPostgres
 
 SCHEMA = StructType([StructField("id", LongType()), StructField("name", StringType())])
@@ -91,7 +92,7 @@ def test_staged_rows_lost_before_the_commit_fail_the_batch(pg_dsn: str) -> None:
     msg = pg_writer.write_task(spec, _rows(10))
     with pg.session(pg_dsn) as conn:  # what a server crash does to an unlogged table
         conn.execute("TRUNCATE t_onceflow_stage")
-    with pytest.raises(pg.PostgresError, match="0 staged rows found, tasks wrote 10"):
+    with pytest.raises(PostgresError, match="0 staged rows found, tasks wrote 10"):
         pg_writer.commit(spec, 4, [msg.to_json()])
     assert pg.read_batches(pg_dsn, "t") == []
 
@@ -150,7 +151,7 @@ def test_batch_write_without_batch_id_is_refused_through_spark(spark: Any, pg_ds
 
 def test_password_never_appears_in_errors(pg_server: TempPostgres) -> None:
     dsn = f"host=127.0.0.1 port={pg_server.port} user=nobody password=s3cr3t-pw dbname=postgres"
-    with pytest.raises(pg.PostgresError) as info:
+    with pytest.raises(PostgresError) as info:
         pg.connect(dsn)
     assert "s3cr3t-pw" not in str(info.value)
     assert "nobody" in str(info.value)
@@ -161,7 +162,7 @@ def test_two_phase_commit_disabled_on_the_server_is_explained() -> None:
     server = TempPostgres(max_prepared_transactions=0)
     try:
         dsn = server.start()
-        with pytest.raises(pg.PostgresError, match="max_prepared_transactions = 0"):
+        with pytest.raises(PostgresError, match="max_prepared_transactions = 0"):
             pg_writer.ensure_tables(_spec(dsn, "2pc"))
         pg_writer.ensure_tables(_spec(dsn, "staged"))  # the staged protocol needs nothing
     finally:

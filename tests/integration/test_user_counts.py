@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from onceflow.audit.recompute import diff_counts, expected_counts
-from onceflow.audit.verdict import read_counts
 from onceflow.cli.run import PipelineConfig, Totals, run_pipeline
 from onceflow.errors import BadSegmentError, CheckpointMismatchError
-from onceflow.generator import GeneratorConfig, generate_segments
-from onceflow.sinks import make_sink
-from onceflow.sinks.sqlite import read_batches
+from onceflow.sinks.sqlite.db import read_batches
 from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_segments
+from onceflow.verify.recompute import diff_counts, expected_counts
+from onceflow.verify.sinks import SinkOptions, make_sink
+from onceflow.verify.verdict import read_counts
 from tests.helpers import distinct_counts
 
 pytestmark = pytest.mark.spark
@@ -37,7 +37,7 @@ def _fill(log_dir: Path, **kw: Any) -> int:
 
 def run(spark: Any, cfg: PipelineConfig, db: Path) -> Totals:
     """Example 5-1 (``onceflow.examples.user_counts``) into SQLite, as ``onceflow run --once`` runs it."""
-    sink = make_sink("sqlite", db, None)
+    sink = make_sink("sqlite", SinkOptions(db=db))
     try:
         return run_pipeline(spark, cfg, sink, once=True)
     finally:

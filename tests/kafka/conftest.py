@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from onceflow.sources.kafka_broker import BrokerProcess
+from onceflow.verify.broker import BrokerProcess
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rbloom import Bloom
 
-from onceflow.dedup import CatalogConfig, DedupCatalog, Status
-from onceflow.dedup.bloom import BucketBlooms, bloom_bits
-from onceflow.dedup.pgstore import PostgresStore
-from onceflow.dedup.store import CatalogStore
 from onceflow.errors import ConfigError
+from onceflow.ingest.catalog import CatalogConfig, DedupCatalog, Status
+from onceflow.ingest.catalog.bloom import BucketBlooms, bloom_bits
+from onceflow.ingest.catalog.pgstore import PostgresStore
+from onceflow.ingest.catalog.store import CatalogStore
 
 MIN = 60_000_000  # one minute in microseconds
 

@@ -11,7 +11,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from onceflow.errors import CheckpointMismatchError
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.delta_tables import DeltaTablesSink
+from onceflow.sinks.delta import DeltaTablesSink
 from onceflow.tables import Table
 
 STATS = BatchStats(3, 0, 0)

@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from onceflow.errors import ConfigError
-from onceflow.generator import GeneratorConfig, generate_segments, generate_table
+from onceflow.verify.generator import GeneratorConfig, generate_segments, generate_table
 
 
 def test_same_seed_same_rows_other_seed_other_rows() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.audit.ingest_rig import check_log
 from onceflow.records import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
+from onceflow.verify.ingest_rig import check_log
 
 
 def _events(ids: list[str]) -> pa.Table:

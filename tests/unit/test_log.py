@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.errors import BadSegmentError
-from onceflow.generator import GeneratorConfig, generate_table
 from onceflow.records import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_table
 
 
 def _events(n: int, seed: int = 0) -> pa.Table:

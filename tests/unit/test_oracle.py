@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.audit.oracle import expect
-from onceflow.audit.verdict import judge_sqlite
 from onceflow.records import EVENT_SCHEMA
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.sources.log import EventLog
+from onceflow.verify.oracle import expect
+from onceflow.verify.verdict import judge_sqlite
 from tests.helpers import commit_deltas
 
 MIN = 60_000_000  # one minute in microseconds
@@ -127,7 +127,7 @@ def test_verdict_catches_duplication_loss_and_wrong_late_count(tmp_path: Path) -
 def test_purged_checkpoint_is_refused_with_the_reason(tmp_path: Path) -> None:
     import pytest
 
-    from onceflow.checkpoint import CheckpointReadError
+    from onceflow.errors import CheckpointReadError
 
     ck = _scenario(tmp_path)
     (ck / "offsets" / "0").unlink()  # what Spark's minBatchesToRetain purge does

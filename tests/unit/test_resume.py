@@ -1,4 +1,4 @@
-"""The resume contract's bookkeeping (``onceflow.audit.resume``), on real processes."""
+"""The resume contract's bookkeeping (``onceflow.verify.resume``), on real processes."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.audit.resume import PIDS, REGISTRY_ENV, kill_stale, load_state, save_state
 from onceflow.errors import ConfigError
+from onceflow.verify.resume import PIDS, REGISTRY_ENV, kill_stale, load_state, save_state
 
 
 def test_a_started_process_lists_itself(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from onceflow.cli.main import cli
 from onceflow.errors import OnceflowError
-from onceflow.pgconn import connect, redact, scrub
+from onceflow.sinks.postgres.conn import connect, redact, scrub
 
 
 @pytest.mark.parametrize("dsn", [

@@ -11,8 +11,9 @@ import pytest
 
 from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigError
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite_tables import SQLiteTablesSink
+from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
+from onceflow.verify.sinks import NaiveSQLiteSink
 
 STATS = BatchStats(10, 1, 0)
 SPECS = {"revenue": Table(key=["account", "window_start"], add=["amount"]),
@@ -110,15 +111,13 @@ def test_a_constraint_of_the_users_table_rolls_back_every_table(tmp_path: Path) 
 
 
 def test_negative_controls_write_twice_or_lose(tmp_path: Path) -> None:
-    naive = SQLiteTablesSink(tmp_path / "n.db", mode="naive")
+    naive = NaiveSQLiteSink(tmp_path / "n.db")
     for _ in range(2):
         one = {"payments": batch([("a", 0, 1.0)])["payments"]}
         naive.commit_tables(0, one, {"payments": Table()}, STATS, 1)
     with pytest.raises(ConfigError, match="which tables= does not name"):
         naive.commit_tables(1, batch([("a", 0, 1.0)]), {"payments": Table()}, STATS, 1)
     assert q(tmp_path / "n.db", "SELECT count(*) FROM payments") == [(2,)]
-    with pytest.raises(ConfigError, match="mode must be"):
-        SQLiteTablesSink(tmp_path / "x.db", mode="sometimes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("kw", "message"), [

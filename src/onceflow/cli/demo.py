@@ -25,13 +25,13 @@ from rich.table import Table
 def demo(workdir: Path, events: int, users: int, minutes: float, duplicates: float, late: float,
          seed: int) -> None:
     """Generate a stream with retries and late data, count it exactly once, and check it."""
-    from onceflow.audit.recompute import diff_counts, expected_counts
-    from onceflow.audit.verdict import read_counts
     from onceflow.cli.run import PipelineConfig, run_pipeline
-    from onceflow.generator import GeneratorConfig, generate_segments
-    from onceflow.sinks import make_sink
     from onceflow.sources.log import EventLog
     from onceflow.spark import session
+    from onceflow.verify.generator import GeneratorConfig, generate_segments
+    from onceflow.verify.recompute import diff_counts, expected_counts
+    from onceflow.verify.sinks import SinkOptions, make_sink
+    from onceflow.verify.verdict import read_counts
 
     console = Console()
     workdir = workdir.absolute()
@@ -50,7 +50,7 @@ def demo(workdir: Path, events: int, users: int, minutes: float, duplicates: flo
     console.print("[bold]2. starting Spark[/bold] (a few seconds) ...")
     spark = session()
     pcfg = PipelineConfig(log_dir=log_dir, checkpoint=ck, max_files_per_trigger=2)
-    sink = make_sink("sqlite", db, None)
+    sink = make_sink("sqlite", SinkOptions(db=db))
     try:
         result = run_pipeline(spark, pcfg, sink, once=True)
     finally:

@@ -27,7 +27,7 @@ def effects(ledger: Path, sink_id: str, unconfirmed: bool) -> None:
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    from onceflow.sinks.ledger import METRICS, Ledger
+    from onceflow.sinks.http.ledger import METRICS, Ledger
 
     if not ledger.exists():
         raise ConfigError(f"no ledger at {ledger}: pass the ledger= path of the onceflow.http sink")

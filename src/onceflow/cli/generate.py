@@ -9,8 +9,8 @@ import click
 from rich.progress import Progress
 
 from onceflow.cli.options import Duration, fraction
-from onceflow.generator import GeneratorConfig, generate_segments
 from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_segments
 
 
 @click.command()

@@ -73,10 +73,10 @@ def serve(log_dir: Path, catalog: Path | None, catalog_dsn: str | None, catalog_
           gc_delay: float, bucket: float, max_clock_skew: float, expected_rate: float, fpr: float,
           max_events: int, max_requests: int, max_inflight_mb: int, body_timeout: float) -> None:
     """Receive events over HTTP (POST /v1/events), deduplicate, append to the log exactly once."""
-    from onceflow.dedup import CatalogConfig
-    from onceflow.dedup.store import CatalogStore
     from onceflow.errors import OnceflowError
     from onceflow.ingest.auth import TokenFile, is_loopback, server_tls
+    from onceflow.ingest.catalog import CatalogConfig
+    from onceflow.ingest.catalog.store import CatalogStore
     from onceflow.ingest.events import Limits
     from onceflow.ingest.receiver import Receiver
     from onceflow.ingest.server import IngestServer, ServerConfig
@@ -111,7 +111,7 @@ def serve(log_dir: Path, catalog: Path | None, catalog_dsn: str | None, catalog_
         tls = server_tls(tls_cert, tls_key, tls_client_ca) if tls_cert and tls_key else None
         store: Path | CatalogStore
         if catalog_dsn is not None:
-            from onceflow.dedup.pgstore import PostgresStore
+            from onceflow.ingest.catalog.pgstore import PostgresStore
 
             store = PostgresStore(catalog_dsn, catalog_name)
         else:

@@ -7,7 +7,6 @@ import sys
 import click
 
 from onceflow import __version__
-from onceflow.audit.resume import register_self
 from onceflow.cli.demo import demo
 from onceflow.cli.effects import effects
 from onceflow.cli.generate import generate
@@ -15,6 +14,7 @@ from onceflow.cli.ingest import ingest, send
 from onceflow.cli.run import run
 from onceflow.cli.verify import verify
 from onceflow.errors import OnceflowError
+from onceflow.verify.resume import register_self
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

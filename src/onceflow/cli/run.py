@@ -15,8 +15,8 @@ import click
 from onceflow.cli.options import Duration, secret_dsn
 from onceflow.errors import BadSegmentError, ConfigError, OnceflowError, from_spark
 from onceflow.examples.user_counts import KafkaTopic
-from onceflow.sinks import SINKS, make_sink
 from onceflow.sources.log import EventLog
+from onceflow.verify.sinks import SINKS, SinkOptions, make_sink
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "variable, which keeps a password out of the process list.")
 @click.option("--effects-url", envvar="ONCEFLOW_EFFECTS_URL", default=None, show_envvar=True,
               help="Where --sink http POSTs each output row (one effect per row; --db is its ledger).")
+@click.option("--effects-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="Seconds one call of --sink http may take.")
 @click.option("--once", is_flag=True, help="Process everything available now, then exit 0.")
 @click.option("--allowed-lateness", default="1m", show_default=True, type=Duration(),
               help="Watermark delay; later events are dropped and counted.")
@@ -185,7 +187,7 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "records kept in late_events (onceflow/examples/billing.py).")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
         checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
-        effects_url: str | None,
+        effects_url: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
         standby: Path | None, pipeline: str) -> None:
@@ -210,9 +212,9 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
                          trigger_interval=trigger_interval)
     if isinstance(source, Path):
         EventLog(source).validate()  # fail fast, before Spark starts
-    if effects_url:
-        os.environ["ONCEFLOW_EFFECTS_URL"] = effects_url
-    sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], db, pg_dsn, sink_id=pipeline, delta=delta_root)
+    where = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, effects_url=effects_url,
+                        effects_timeout_s=effects_timeout)
+    sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], where, sink_id=pipeline)
     spark = spark or session(master=master, conf=conf)
     try:
         result = run_pipeline(spark, cfg, sink, once, pipeline)
@@ -241,7 +243,7 @@ def wait_for_release(go: Path, poll_s: float = 0.02) -> None:
     """A hot standby's wait: block until ``go`` exists; exit 3 if its starter went away.
 
     The standby has its JVM up and its SparkSession built, and has touched nothing else
-    (see :class:`onceflow.audit.driver.Standby`); once released it runs as a fresh
+    (see :class:`onceflow.verify.driver.Standby`); once released it runs as a fresh
     ``onceflow run`` would.
     """
     parent = os.getppid()

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from onceflow.cli.options import secret_dsn
-from onceflow.sinks import SINKS
+from onceflow.verify.sinks import SINKS
 
 
 @click.command()
@@ -60,9 +60,9 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
 
     Exit 0 when nothing was lost or duplicated, 1 on any violation, 2 for bad usage.
     """
-    from onceflow.audit.chaos import VerifyConfig, default_faults, run_verify
-    from onceflow.audit.report import print_summary, write_reports
     from onceflow.errors import ConfigError
+    from onceflow.verify.chaos import VerifyConfig, default_faults, run_verify
+    from onceflow.verify.report import print_summary, write_reports
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if names == ["all"]:

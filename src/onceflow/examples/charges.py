@@ -16,7 +16,7 @@ sending a second version of a charge.
 
 ``python -m onceflow.examples.charges --log LOG --checkpoint CK --ledger LEDGER.db --charge-url
 URL [--price-url URL] [--once]`` runs it (the demo service, ``python -m
-onceflow.effects.service``, serves both ``/effects`` and ``/price``).
+onceflow.verify.service``, serves both ``/effects`` and ``/price``).
 """
 
 from __future__ import annotations

@@ -60,11 +60,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from onceflow.dedup import CatalogConfig, DedupCatalog
-from onceflow.dedup.catalog import DUPLICATE, NEW, TOO_OLD
-from onceflow.dedup.store import CatalogStore
 from onceflow.errors import ConfigError, OnceflowError, StorageError
 from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.ingest.catalog import CatalogConfig, DedupCatalog
+from onceflow.ingest.catalog.catalog import DUPLICATE, NEW, TOO_OLD
+from onceflow.ingest.catalog.store import CatalogStore
 from onceflow.records import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
 

@@ -42,16 +42,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onceflow.errors import ConfigError, OnceflowError
+from onceflow.errors import ConfigError, SenderRefusedError
 from onceflow.ingest.events import SENDER_RE
 from onceflow.records import SenderClock
 
 RETRY_STATUSES = {0, 408, 429, 500, 502, 503, 504, 507}
 """Answers after which a batch is retried as it is (0: no answer at all)."""
-
-
-class SenderRefusedError(OnceflowError, PermissionError):
-    """The receiver refused this sender (401/403); its events stay in the outbox."""
 
 
 def id_key(outbox: str | Path) -> bytes:

@@ -41,10 +41,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from aiohttp import web
 
-from onceflow.dedup import Status
-from onceflow.dedup.catalog import DUPLICATE, NEW, TOO_OLD
 from onceflow.errors import ConfigError, StorageError
 from onceflow.ingest.auth import TokenFile, peer_common_name
+from onceflow.ingest.catalog import Status
+from onceflow.ingest.catalog.catalog import DUPLICATE, NEW, TOO_OLD
 from onceflow.ingest.events import MAX_LISTED, EventBatchError, Limits, echo, parse_batch, scoped_ids
 from onceflow.ingest.receiver import Receiver
 

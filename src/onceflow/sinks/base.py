@@ -1,92 +1,139 @@
-"""The sink contract: every micro-batch reaches the sink's tables exactly once.
+"""The sink contracts: every micro-batch reaches the sink's tables exactly once.
 
 A sink receives, for each micro-batch, the rows of each of its tables (see
 :class:`onceflow.tables.Table` for the write modes). ``append`` and ``add`` are not
 idempotent — a batch written twice duplicates rows or double-counts — so the sink keeps a
-marker per ``(sink_id, batch_id)`` and writes it in the transaction that writes the rows.
+marker per ``(sink_id, batch_id)`` (:mod:`onceflow.sinks.marker`) and writes it in the
+transaction that writes the rows.
 
-Commit protocol, run by :meth:`TablesSink.commit_tables` for batch N (each backend's module
-numbers its own version of it, with its crash points):
+**The commit steps**, numbered the same in every sink's docstring (a backend may split a step
+into parts, e.g. the SQLite sink's staged path S1-S6, or add its own crash points):
 
-1. Spark computed batch N; its output is deterministic: after a crash Spark re-runs N with
-   the same input and state and hands over the same rows. Steps 1-3 may run any number of
-   times.
-2. Crash point ``before_sink_write``. The rows are checked against the tables' specs (null
-   keys or ``add`` values, a key twice): a batch that cannot be written is refused here,
-   before anything is written and before Spark's commit log.
-3. Open a write transaction (exclusive against other writers of the marker).
-4. If the marker ``(sink_id, N)`` exists, an earlier attempt committed N: roll back and
+1. **Check.** Crash point ``before_sink_write``. The rows are checked against the tables'
+   specs (null keys or ``add`` values, a key twice, a value the backend cannot hold): a batch
+   that cannot be written is refused here with :class:`onceflow.errors.BatchRejectedError`,
+   before anything is written and before Spark's commit log. Spark computed batch N from a
+   replayable input, so after a crash it re-runs N with the same input and hands over the
+   same rows: this step may run any number of times.
+2. **Decide.** Open a write transaction (exclusive against other writers of the marker). If
+   the marker ``(sink_id, N)`` exists, an earlier attempt committed N: end the transaction and
    return False. Nothing changes — a replay is a no-op.
-5. Write every table, insert the marker with the batch's metrics. Crash point
-   ``inside_sink_txn``: a crash here leaves nothing visible.
-6. Commit durably. Crash point ``after_sink_commit``: Spark has not written its commit log,
-   so it re-runs N after a restart and step 4 skips it. Fault ``ambiguous_commit``: the
+3. **Write.** Write every table by its mode (creating a missing table from the batch's schema).
+4. **Mark.** Insert the marker with the batch's metrics. Crash point ``inside_sink_txn``:
+   a crash here leaves nothing visible.
+5. **Commit** durably. Crash point ``after_sink_commit``: Spark has not written its commit
+   log, so it re-runs N after a restart and step 2 skips it. Fault ``ambiguous_commit``: the
    commit succeeded but the caller sees an error — the same: N fails, is re-run, is skipped.
-7. Return True; Spark then writes ``commits/N``.
+6. **Return** True; Spark then writes ``commits/N``.
 
-A sink may also make N durable in step 5 in a form that it applies to the tables later
-(the SQLite sink's staged path): then its recovery (in ``bind``) must apply whatever is
-durable and not applied, in batch order, and :meth:`TablesSink.flush` waits for the apply.
+A sink may also make N durable in step 5 in a form it applies to the tables later (the SQLite
+sink's staged path): its recovery (in ``bind``) must then apply whatever is durable and not
+applied, in batch order, and ``flush`` waits for the apply.
 
-:meth:`TablesSink.bind` runs before the first batch of a process: it ties the sink to the
-Spark checkpoint's query id, because a new checkpoint restarts batch ids at 0 and step 4
-would then wrongly skip new data. It may be called any number of times with the same id.
+Two kinds of sink, as types:
 
-Executor-side sinks (``executor_side = True``: the PostgreSQL ``staged`` and ``2pc``
-protocols of :mod:`onceflow.sinks.pg_writer`) take each table as a Spark DataFrame instead,
-so the rows go from the executors straight to the database; each table then has its own
-marker, written in the transaction that makes its rows visible (or records the decision to).
+* :class:`DriverSink` takes each table's rows as a ``pyarrow.Table`` collected to the driver
+  (SQLite, PostgreSQL ``driver``, Delta, HTTP): small and medium outputs.
+* :class:`ExecutorSink` takes each table as a Spark DataFrame, and Spark's executors write the
+  rows straight to the database (PostgreSQL ``staged`` and ``2pc``,
+  :mod:`onceflow.sinks.postgres.writer`); each table then has its own marker, written in the
+  transaction that makes its rows visible (or records the decision to).
+
+Every method runs on the driver, in the process that started the query; only the row writes
+of an :class:`ExecutorSink` run on executors (inside the DataSource it starts).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from onceflow.sinks.marker import BatchStats
+
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from onceflow.tables import Table
 
-
-@dataclass(frozen=True)
-class BatchStats:
-    """What one micro-batch read and dropped (computed from the checkpoint).
-
-    Attributes:
-        input_rows: Rows in the batch's input files.
-        late_dropped: Rows Spark's late rule dropped.
-        late_watermark_ms: The watermark those rows were behind.
-    """
-
-    input_rows: int
-    late_dropped: int
-    late_watermark_ms: int
+__all__ = ["BatchStats", "DriverSink", "ExecutorSink", "Sink", "TablesSink"]
 
 
-class TablesSink(Protocol):
-    """What :func:`onceflow.write_stream` needs of a sink: tables of any schema, per batch.
-
-    Implemented by :class:`onceflow.sinks.sqlite_tables.SQLiteTablesSink`,
-    :class:`onceflow.sinks.postgres_tables.PostgresTablesSink` (and, executor-side,
-    ``PostgresFramesSink``) and :class:`onceflow.sinks.delta_tables.DeltaTablesSink`.
-    """
+class Sink(Protocol):
+    """What every sink has, whatever side writes its rows."""
 
     sink_id: str
+    """The marker namespace: two queries writing to one database need different ids."""
 
     def bind(self, query_id: str) -> None:
-        """Tie the sink to the checkpoint with ``query_id`` (idempotent)."""
+        """Tie the sink to the checkpoint with ``query_id``; recover what an earlier process left.
+
+        Runs on the driver, before the first batch of every process (and may run again with
+        the same id: idempotent). A new checkpoint restarts batch ids at 0 and step 2 would then
+        wrongly skip new data, so a sink bound to another query id raises
+        :class:`onceflow.errors.CheckpointMismatchError`.
+        """
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The sink's marker rows (:mod:`onceflow.sinks.marker`), by batch id.
+
+        Runs on the driver, any number of times; reads only.
+        """
+
+    def flush(self) -> None:
+        """Wait until every batch the sink accepted is in its tables.
+
+        Runs on the driver, any number of times (after every batch it may, when the query ends
+        it does); a no-op for a sink whose ``commit`` returns with the rows in place.
+        """
+
+    def close(self) -> None:
+        """Release connections. Runs on the driver; idempotent."""
+
+
+@runtime_checkable
+class DriverSink(Sink, Protocol):
+    """A sink whose rows are collected to the driver as Arrow tables."""
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
-        """Write the batch to every table unless its marker exists; True if this call committed it."""
+        """Steps 1-6 for batch ``batch_id``: write every table and the marker, unless the marker exists.
 
-    def batches(self) -> list[dict[str, Any]]:
-        """The sink's marker rows, by batch id."""
+        Runs on the driver, inside Spark's ``foreachBatch``; once per attempt of the batch, so
+        any number of times with the same arguments (after a crash, a task failure, an
+        ambiguous commit). Idempotent per ``batch_id``: only the first call that commits has an
+        effect.
 
-    def flush(self) -> None:
-        """Wait until every batch the sink accepted is in its tables (a sink may apply later)."""
+        Args:
+            batch_id: Spark's micro-batch id.
+            outputs: Table name -> the batch's rows for it.
+            specs: Table name -> its spec (every output needs one).
+            stats: The batch's input rows and late drops (for the marker).
+            rows_out: Rows of the batch's DataFrame (after deduplication and late drops).
 
-    def close(self) -> None:
-        """Release connections (idempotent)."""
+        Returns:
+            True if this call committed (or durably staged) the batch, False for a replay.
+        """
+
+
+@runtime_checkable
+class ExecutorSink(Sink, Protocol):
+    """A sink whose rows go from Spark's executors straight to the database."""
+
+    def commit_frames(self, batch_id: int, frames: Mapping[str, DataFrame], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Steps 1-6 for batch ``batch_id``, each table by its own marker ``<sink_id>.<table>``.
+
+        Runs on the driver, inside Spark's ``foreachBatch``; the row writes of step 3 run on the
+        executors, one task per partition, each task any number of times (Spark retries tasks).
+        Called once per attempt of the batch and idempotent per ``batch_id`` and table.
+        ``frames`` are cached by the caller: the checks of step 1 and the write read them once.
+
+        Returns:
+            True if the batch's first table was committed by this call (False: a replay).
+        """
+
+
+TablesSink = DriverSink | ExecutorSink
+"""Any sink :func:`onceflow.write_stream` takes."""

@@ -1,1 +1,0 @@
-"""Checking results against the source: recomputation and comparison."""

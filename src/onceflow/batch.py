@@ -1,0 +1,316 @@
+"""What :func:`onceflow.write_stream` does per micro-batch: one method per step.
+
+:class:`BatchWriter` is the ``foreachBatch`` function. For micro-batch N (the sink's own
+commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sink):
+
+1. **Bind** (:meth:`BatchWriter._bind`), before the first batch of a process: tie the sink to the
+   checkpoint's query id (a database written by another checkpoint is refused: batch ids restart
+   at 0 there); delete the stable copies of batches Spark's commit log has.
+2. **Count** (:meth:`BatchWriter._count`, in a thread beside Spark's own work): N's input files and
+   late watermark from Spark's checkpoint, its input rows and late drops (Parquet file sources).
+   Other sources (Kafka, ...): Spark's metrics of N's plan once step 4 ran it
+   (:func:`onceflow.checkpoint.plan_counts`).
+3. **Prepare** (:meth:`BatchWriter._prepare`): run ``per_batch`` on N's DataFrame (lazily: no job
+   yet). ``per_batch`` may run more than once for N (after a crash): it must be deterministic given
+   N's rows, which Spark guarantees for the rows themselves. With ``stable=``, a copy of N's output
+   persisted by an earlier attempt replaces the fresh one before anything is materialized
+   (protocol: :mod:`onceflow.stable`). The batch's row count is observed by the first job that
+   reads the batch (``DataFrame.observe``: no job of its own; a ``per_batch`` that first runs a
+   partial action on the batch — ``limit``, ``isEmpty`` — makes that count partial), unless
+   ``count_rows=`` computes it from the outputs.
+4. **Materialize** (:meth:`BatchWriter._materialize`): for a driver-side sink, collect each
+   DataFrame output as Arrow (one Spark job each; a ``pyarrow.Table`` output is taken as it is);
+   for an executor-side sink, cache and count each output so the sink's checks and its write read
+   it once. With several DataFrame outputs the batch is cached (read once). With ``stable=``, the
+   first computation is persisted now, before any sink sees it. With ``late=``, the rows of N's
+   input files that the watermark dropped (event time ``<=`` the late watermark, the rule
+   :mod:`onceflow.checkpoint` counts by), read back by Spark only when N dropped any, go to the
+   ``late`` table with the watermark they missed.
+5. **Commit** (:meth:`BatchWriter._commit`): the sink's commit: checked, then written with the
+   marker in one transaction, or skipped when N's marker is there. Any error here fails the query
+   before Spark writes ``commits/N``; :meth:`onceflow.OnceQuery.awaitTermination` raises it as the
+   onceflow error it is. With ``stable=``, N's persisted copy is deleted once the sink committed N.
+6. **Report**: ``on_batch`` gets N's numbers. When the query ends, :meth:`BatchWriter.close` waits
+   until the sink applied every batch it accepted.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from onceflow import checkpoint as ckpt
+from onceflow.errors import ConfigError, OnceflowError, UncountableInputError
+from onceflow.sinks.base import BatchStats, ExecutorSink, TablesSink
+from onceflow.stable import Persisted, StableOutputs
+from onceflow.tables import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+PerBatch = Callable[..., "Mapping[str, DataFrame | pa.Table] | DataFrame | pa.Table"]
+"""``per_batch(df)`` or ``per_batch(df, batch_id)`` (as ``foreachBatch`` functions take them)."""
+
+
+def takes_batch_id(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` takes a second positional argument (the batch id)."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # a builtin or a C callable: call it with the DataFrame only
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+@dataclass
+class _Attempt:
+    """One attempt of batch N as it moves through the steps."""
+
+    batch_id: int
+    df: DataFrame
+    counted: Future[tuple[BatchStats | None, ckpt.BatchInput | None]]
+    observation: Any
+    observed: DataFrame
+    frames: dict[str, Any]
+    """Table -> DataFrame or Arrow table (step 3); cached DataFrames for an executor-side sink (4)."""
+    kept: Persisted | None
+    cached: list[Any] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    """Table -> Arrow table (driver-side sink), or None (executor-side: the frames are written)."""
+    rows_out: int = 0
+    stats: BatchStats = BatchStats(0, 0, 0)
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """How :func:`onceflow.write_stream` configured its batches (validated there)."""
+
+    specs: dict[str, Table]
+    per_batch: PerBatch | None
+    event_time: str | None
+    on_batch: Callable[[dict[str, Any]], None] | None = None
+    check_files: Callable[[list[Path]], object] | None = None
+    late: str | None = None
+    ids: list[str] | None = None
+    stable: StableOutputs | None = None
+    count_rows: Callable[[dict[str, Any]], int] | None = None
+
+
+class BatchWriter:
+    """The ``foreachBatch`` function of :func:`onceflow.write_stream` (steps 1-6 of the module).
+
+    Spark wraps an exception raised inside ``foreachBatch`` into its own; the query's caller
+    re-raises :attr:`error` (what the last batch raised) instead, so the user sees onceflow's
+    error and its message.
+    """
+
+    error: BaseException | None = None
+
+    def __init__(self, sink: TablesSink, checkpoint: Path, options: WriterOptions, spark: Any) -> None:
+        self.sink, self.checkpoint, self.o = sink, checkpoint, options
+        self.spark = spark  # the query's own session (foreachBatch gets a clone without it)
+        self.out_specs = {n: t for n, t in options.specs.items() if n != options.late}
+        self._with_id = options.per_batch is not None and takes_batch_id(options.per_batch)
+        self._executor_side = isinstance(sink, ExecutorSink)
+        self._qid = ""
+        self._warned = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """Write batch ``batch_id``; remember what it raised, then raise it."""
+        try:
+            self._write(df, batch_id)
+        except BaseException as exc:
+            self.error = exc
+            raise
+
+    def _write(self, df: DataFrame, batch_id: int) -> None:
+        started = time.perf_counter()
+        self._bind()  # 1
+        attempt = self._prepare(df, batch_id)  # 2, 3
+        try:
+            self._materialize(attempt)  # 4
+            committed = self._commit(attempt)  # 5
+        finally:
+            for f in attempt.cached:
+                f.unpersist()
+        if self.o.on_batch is not None:  # 6
+            stats, rows_out = attempt.stats, attempt.rows_out
+            self.o.on_batch({"batch_id": batch_id, "committed": committed, "input_rows": stats.input_rows,
+                             "late_dropped": stats.late_dropped, "rows_out": rows_out,
+                             "duplicates_dropped": stats.duplicates_dropped(rows_out),
+                             "rows_written": {n: t.num_rows if t is not None else None
+                                              for n, t in attempt.outputs.items()},
+                             "seconds": time.perf_counter() - started})
+
+    def _bind(self) -> None:
+        """Step 1, once per process."""
+        if self._qid:
+            return
+        qid = ckpt.query_id(self.checkpoint)
+        if qid is None:
+            raise OnceflowError(f"checkpoint {self.checkpoint} has no metadata file")
+        self.sink.bind(qid)
+        if self.o.stable is not None:
+            self.o.stable.cleanup(ckpt.committed_batches(self.checkpoint))
+        self._qid = qid
+
+    def _count(self, batch_id: int) -> tuple[BatchStats | None, ckpt.BatchInput | None]:
+        """Step 2: N's input files, rows and late drops; None when they cannot be counted."""
+        if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count
+            return None, None
+        batch = ckpt.batch_input(self.checkpoint, batch_id)
+        if self.o.check_files is not None:
+            self.o.check_files(batch.files)
+        try:
+            rows, late = ckpt.count_input(batch, self.o.event_time)
+        except UncountableInputError as exc:  # the batch is fine; only its counts are unknown
+            if not self._warned:
+                print(f"onceflow: warning: input rows and late drops are not counted for this query "
+                      f"({exc}); the markers record the batch's own rows and 0 late", file=sys.stderr)
+                self._warned = True
+            return None, batch
+        return BatchStats(rows, late, batch.late_watermark_ms), batch
+
+    def _prepare(self, df: DataFrame, batch_id: int) -> _Attempt:
+        """Steps 2 and 3: the count started beside, ``per_batch``'s outputs, a stable copy over them."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
+        counted = self._pool.submit(self._count, batch_id)  # 2
+        observation, observed = None, df
+        if self.o.count_rows is None:  # the first job that reads the batch counts it
+            observation = Observation(f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
+            observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+        frames = self._outputs(observed, batch_id)  # 3
+        kept = None
+        if self.o.stable is not None:  # a persisted first computation replaces this one
+            kept = self.o.stable.load(batch_id, self._qid, df.sparkSession)
+            if kept is not None:
+                frames.update(kept.tables)
+        attempt = _Attempt(batch_id, df, counted, observation, observed, frames, kept)
+        if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
+            attempt.cached.append(observed.persist())
+        return attempt
+
+    def _outputs(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
+        """Step 3: what ``per_batch`` returned, as ``{table: DataFrame or Arrow table}``."""
+        specs, per_batch, late = self.out_specs, self.o.per_batch, self.o.late
+        if per_batch is None:
+            if len(specs) != 1:
+                raise ConfigError(f"with several tables ({sorted(specs)}) per_batch= must say which "
+                                  "rows go where: return {table_name: DataFrame}")
+            return {next(iter(specs)): df}
+        out = per_batch(df, batch_id) if self._with_id else per_batch(df)
+        if not isinstance(out, Mapping):
+            if len(specs) != 1:
+                raise ConfigError("per_batch returned one DataFrame, but tables= names several tables: "
+                                  "return {table_name: DataFrame}")
+            return {next(iter(specs)): out}
+        if late is not None and late in out:
+            raise ConfigError(f"per_batch returned rows for {late!r}, the table of late rows (late=): "
+                              "onceflow fills it; write to another table")
+        return dict(out)
+
+    def _materialize(self, a: _Attempt) -> None:
+        """Step 4: the outputs computed (and persisted once, with ``stable=``), counted, late rows added."""
+        produced = dict(a.frames)  # what per_batch returned (count_rows reads these)
+        if self._executor_side:  # the executors write the rows: each frame is computed once
+            a.frames = {n: self._frame(a.df, f).persist() for n, f in a.frames.items()}
+            a.cached.extend(a.frames.values())
+            for f in a.frames.values():
+                f.count()
+            a.rows_out = a.kept.rows_out if a.kept is not None else self._rows_out(a, produced)
+            if self.o.stable is not None and a.kept is None:
+                a.frames.update(self.o.stable.save(a.batch_id, self._qid, a.frames, a.rows_out).tables)
+            a.outputs = {n: None for n in a.frames}
+        else:
+            try:
+                a.outputs = {n: f if isinstance(f, pa.Table) else f.toArrow() for n, f in a.frames.items()}
+            except BaseException:
+                a.counted.result()  # a bad input file is the clearer error: it names the file
+                raise
+            a.rows_out = a.kept.rows_out if a.kept is not None else self._rows_out(a, a.outputs)
+            if self.o.stable is not None and a.kept is None:
+                a.outputs.update(self.o.stable.save(a.batch_id, self._qid, a.outputs, a.rows_out).tables)
+        counted, batch = a.counted.result()
+        a.stats = counted or self._plan_stats(a.batch_id, a.kept is None, a.rows_out)
+        late = self.o.late
+        if late is not None and counted is not None and batch is not None and counted.late_dropped:
+            rows = self._late_rows(a.df, counted, batch)
+            if self._executor_side:
+                a.frames[late] = rows.persist()
+                a.cached.append(a.frames[late])
+                a.outputs[late] = None
+            else:
+                a.outputs[late] = rows.toArrow()
+
+    def _commit(self, a: _Attempt) -> bool:
+        """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""
+        if isinstance(self.sink, ExecutorSink):
+            committed = self.sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out)
+        else:
+            committed = self.sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
+        if self.o.stable is not None:
+            self.o.stable.drop(a.batch_id)
+        return committed
+
+    def _late_rows(self, df: DataFrame, stats: BatchStats, batch: ckpt.BatchInput) -> DataFrame:
+        """The input rows of N that the watermark dropped, as they are in N's files (step 4).
+
+        Plus ``missed_watermark`` (the watermark they were behind); one row per id when the
+        ids are known (a late record sent twice is one late record).
+        """
+        from pyspark.sql import functions as F
+
+        wm = stats.late_watermark_ms
+        rows = (df.sparkSession.read.parquet(*[str(f) for f in batch.files])
+                .where(F.unix_micros(F.col(str(self.o.event_time))) <= F.lit(wm * 1000))
+                .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
+        return rows.dropDuplicates(self.o.ids) if self.o.ids else rows
+
+    def _plan_stats(self, batch_id: int, computed: bool, rows_out: int) -> BatchStats:
+        """Step 2 for a source without countable files: Spark's metrics of the batch's plan.
+
+        Only when this batch's outputs were computed here (not loaded from a stable copy);
+        otherwise, or when the plan read fewer rows than the batch produced (it did not run
+        all of it), the batch's own rows and 0 late (:func:`onceflow.checkpoint.plan_counts`).
+        """
+        watermark = ckpt.late_watermark_ms(self.checkpoint, batch_id)
+        found = ckpt.plan_counts(self.spark, self._qid) if computed and self._qid and self.spark else None
+        if found is None or found[0] < rows_out:
+            return BatchStats(rows_out, 0, watermark)
+        return BatchStats(found[0], found[1], watermark)
+
+    @staticmethod
+    def _frame(df: DataFrame, value: Any) -> DataFrame:
+        """An output as a DataFrame (an Arrow table from ``per_batch`` becomes one)."""
+        if isinstance(value, pa.Table):
+            return df.sparkSession.createDataFrame(value)
+        return value  # type: ignore[no-any-return]
+
+    def _rows_out(self, a: _Attempt, outputs: dict[str, Any]) -> int:
+        """Rows of the batch's DataFrame: ``count_rows(outputs)``, or observed by its first job.
+
+        Observed: by the first Spark job that read the batch. If ``per_batch`` never read the
+        batch (its outputs do not depend on it), the batch is counted by a job of its own.
+        """
+        if self.o.count_rows is not None:
+            return int(self.o.count_rows(outputs))
+        jo = a.observation._jo
+        if jo is not None and jo.future().isCompleted():
+            return int(a.observation.get["rows"])
+        return int(a.df.count())
+
+    def close(self) -> None:
+        """Stop the stats thread; wait until the sink applied every batch it accepted."""
+        self._pool.shutdown(wait=True)
+        self.sink.flush()

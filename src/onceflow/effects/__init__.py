@@ -1,1 +1,0 @@
-"""Side effects on external services: the demo service, the ledger and the HTTP sink."""

@@ -1,0 +1,193 @@
+"""The generic Delta Lake sink (``deltalake``): each micro-batch exactly once per table.
+
+Each table is a Delta table ``<root>/<name>``; the marker of batch N is the Delta *app
+transaction* ``(app_id, N)`` with ``app_id = "onceflow:<sink_id>"``, committed in the same
+Delta commit as the batch's rows (the idiom of Delta's idempotent ``foreachBatch`` writes,
+``txnAppId``/``txnVersion``). delta-rs writes a repeated version twice and accepts a version
+going backwards (measured), so onceflow checks it, on the snapshot the commit is based on.
+Commit protocol of :meth:`DeltaTablesSink.commit_tables` for batch N:
+
+1. Crash point ``before_sink_write``. Every table's rows are checked against its spec
+   (:class:`onceflow.errors.BatchRejectedError`: nothing written). May run any number of times.
+2. Per table, in the order of ``tables=``: load the table's snapshot. If its
+   ``transaction_version(app_id) >= N``, this table already has batch N: skip it (a replay).
+3. Else commit the rows with ``Transaction(app_id, N)`` and the batch's metrics (commit
+   metadata ``onceflow``) on that snapshot: ``append`` writes them, ``upsert`` and ``add``
+   MERGE on the key (``add`` adds the ``add`` columns). A table's part with no rows is an
+   empty append: a MERGE of nothing commits nothing (measured), which would lose the batch's
+   marker and metrics (e.g. a batch whose every row was late). A concurrent commit carrying the same
+   app id makes delta-rs refuse this one (measured: "Concurrent transaction failed"): the
+   snapshot is reloaded and step 2 decides again — two writers never both commit N.
+   Crash point ``inside_sink_txn`` between two tables' commits (after the first table's).
+4. Crash point ``after_sink_commit`` (and the ``ambiguous_commit`` fault) after the last
+   table: Spark re-runs N, step 2 skips every table.
+5. Return True if any table was written.
+
+Delta has no transaction across tables: a crash between two tables' commits leaves the first
+with N and the second without; the re-run of N writes only the second (step 2), so every
+table gets N exactly once — readers may briefly see one table a batch ahead of another.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
+from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.sinks.marker import BatchStats
+from onceflow.tables import Table, check_outputs
+
+RETRIES = 5
+"""Commits tried per table when a concurrent writer wins (step 3)."""
+
+
+def _require() -> Any:
+    try:
+        import deltalake
+    except ImportError:
+        raise ConfigError("the Delta Lake sink needs deltalake, which is not installed: "
+                          "pip install 'onceflow[delta]'") from None
+    return deltalake
+
+
+def _q(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class DeltaTablesSink:
+    """Delta tables under one root directory (see the module protocol).
+
+    Args:
+        root: Directory holding one Delta table per table name.
+        sink_id: Marker namespace (the app id is ``onceflow:<sink_id>``).
+    """
+
+    def __init__(self, root: str | Path, sink_id: str = "default") -> None:
+        self.dl = _require()
+        if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():
+            raise ConfigError(f"sink id {sink_id!r} is invalid: use letters, digits, _ . -")
+        self.root = Path(root)
+        self.sink_id = sink_id
+        self.app_id = f"onceflow:{sink_id}"
+
+    def __repr__(self) -> str:
+        return f"onceflow.delta({str(self.root)!r}, sink_id={self.sink_id!r})"
+
+    def bind(self, query_id: str) -> None:
+        """Tie the sink to the checkpoint with ``query_id`` (a file ``_onceflow/<sink_id>.json``).
+
+        Raises:
+            CheckpointMismatchError: The tables hold this sink id for another checkpoint.
+        """
+        meta = self.root / "_onceflow" / f"{self.sink_id}.json"
+        if meta.exists():
+            found = json.loads(meta.read_text())["query_id"]
+            if found != query_id:
+                raise CheckpointMismatchError(
+                    f"the Delta tables under {self.root} hold sink {self.sink_id!r} of the checkpoint with "
+                    f"query id {found}, but this run's checkpoint has query id {query_id}; a new checkpoint "
+                    "restarts batch ids at 0. Run with the original checkpoint, or use another sink id.")
+            return
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        tmp = meta.with_name(f".{meta.name}.tmp")
+        tmp.write_text(json.dumps({"query_id": query_id, "bound_ms": int(time.time() * 1000)}))
+        os.replace(tmp, meta)
+
+    def _commit_one(self, name: str, spec: Table, rows: pa.Table, batch_id: int, metadata: str) -> bool:
+        """Steps 2-3 for one table; False if it already had the batch."""
+        dl = self.dl
+        path = str(self.root / name)
+        props = dl.CommitProperties(app_transactions=[dl.Transaction(self.app_id, batch_id)],
+                                    custom_metadata={"onceflow": metadata})
+        for _ in range(RETRIES):
+            if not dl.DeltaTable.is_deltatable(path):
+                try:
+                    dl.write_deltalake(path, rows, mode="append", commit_properties=props)
+                    return True
+                except Exception as exc:  # another writer created it first: decide again
+                    if not dl.DeltaTable.is_deltatable(path):
+                        raise OnceflowError(f"creating Delta table {path} failed: {exc}") from None
+                    continue
+            table = dl.DeltaTable(path)
+            if self._committed(table, batch_id):  # 2
+                return False
+            have = {f.name for f in table.schema().fields}
+            missing = [c for c in rows.column_names if c not in have]
+            if missing:
+                raise ConfigError(f"Delta table {path} has no column(s) {missing} that the batch has (it "
+                                  f"has {sorted(have)}); add them or write to another table")
+            try:
+                if not rows.num_rows:  # 3: no rows, but the batch's marker and metrics all the same
+                    dl.write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
+                                       mode="append", commit_properties=props)
+                elif spec.mode == "append":
+                    dl.write_deltalake(table, rows, mode="append", commit_properties=props)
+                else:
+                    on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in spec.key)
+                    updates = {_q(c): (f"t.{_q(c)} + s.{_q(c)}" if c in spec.add else f"s.{_q(c)}")
+                               for c in rows.column_names if c not in spec.key}
+                    merger = table.merge(rows, predicate=on, source_alias="s", target_alias="t",
+                                         commit_properties=props)
+                    if updates:
+                        merger = merger.when_matched_update(updates=updates)
+                    merger.when_not_matched_insert_all().execute()
+                return True
+            except dl.exceptions.CommitFailedError:
+                continue  # a concurrent commit won: reload, decide again
+        raise OnceflowError(f"batch {batch_id} could not be committed to {path}: {RETRIES} concurrent "
+                            "commits won")
+
+    def _committed(self, table: Any, batch_id: int) -> bool:
+        """Step 2's check: whether ``table``'s app transaction of this sink reached ``batch_id``."""
+        done = table.transaction_version(self.app_id)
+        return done is not None and done >= batch_id
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Write batch ``batch_id`` to every table that does not have it yet (see the module).
+
+        Raises:
+            BatchRejectedError: The rows do not fit the specs (nothing written).
+            ConfigError: A table lacks a column of the batch.
+        """
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        check_outputs(outputs, specs)
+        metadata = json.dumps({
+            "sink_id": self.sink_id, "batch_id": batch_id, **stats.metrics(rows_out),
+            "tables": {n: t.num_rows for n, t in outputs.items()}})
+        wrote = False
+        for i, (name, rows) in enumerate(outputs.items()):
+            wrote |= self._commit_one(name, specs[name], rows, batch_id, metadata)
+            if i == 0:
+                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 4
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return wrote  # 5
+
+    def batches(self) -> list[dict[str, Any]]:
+        """One dict per batch id found in the tables' commit metadata (by batch id)."""
+        found: dict[int, dict[str, Any]] = {}
+        tables = sorted(p for p in self.root.iterdir() if (p / "_delta_log").is_dir()) \
+            if self.root.exists() else []
+        for path in tables:
+            for entry in self.dl.DeltaTable(str(path)).history():
+                raw = entry.get("onceflow")
+                if raw:
+                    meta = json.loads(raw)
+                    if meta.get("sink_id") == self.sink_id:  # + the commit's time, as other sinks' markers
+                        found.setdefault(int(meta["batch_id"]),
+                                         {**meta, "committed_ms": entry.get("timestamp")})
+        return [found[b] for b in sorted(found)]
+
+    def flush(self) -> None:
+        """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""
+
+    def close(self) -> None:
+        """Nothing to release."""

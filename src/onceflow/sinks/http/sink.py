@@ -1,0 +1,394 @@
+"""The side-effect sink: one HTTP call per output row, to a service that is not a database.
+
+Each row of each table becomes one ``POST`` of the row as JSON, with an ``Idempotency-Key``
+derived from the row's key columns (never random: the same logical effect always has the same
+key — ``<sink_id>/<table>/<key values, URL-quoted>``, see :func:`effect_key`). The rows of an
+``add`` table are per-batch deltas (e.g. Example 5-1's counts): their key ends with the batch
+id, ``.../<key values>/<batch_id>`` — one effect per key and batch, summed by the service. A durable ledger
+(:mod:`onceflow.sinks.http.ledger`) records each key as ``started`` before its call and
+``confirmed`` after the service's 2xx answer; calls run concurrently (bounded) with retries and
+exponential backoff (tenacity).
+
+Commit protocol of :meth:`HttpEffectsSink.commit_tables` for batch N:
+
+1. Crash point ``before_sink_write``. Every table needs a key; keys must be non-null and unique
+   within the batch (:func:`onceflow.tables.check_batch`). Nothing is sent.
+2. Ledger transaction: if N's marker exists, return False (a replay: every effect of N was
+   dealt with). Else record every key the ledger does not know as ``started`` with its
+   payload's hash. Keys the ledger knows: ``confirmed`` ones are not sent again; ``started``
+   ones (left by an attempt that crashed after its calls may have reached the service) are
+   sent again if the service honours idempotency keys (``idempotent=True``), else *held*:
+   never sent twice. A key started by an earlier attempt of N with another payload means the
+   batch's output is not deterministic: :class:`UnstableOutputError`, nothing sent (use
+   ``write_stream(stable=True)``). Commit. Crash point ``effects_started``.
+3. Send (at most ``concurrency`` calls at once). A 2xx answer confirms the key; confirmations
+   are written to the ledger every ``confirm_every_s`` (and at the end). Retried with backoff, up
+   to ``retries`` calls per key: a connection that never reached the service, ``429`` and
+   ``503`` (not applied) always; a timeout or another ``5xx`` (the service may have applied
+   it) only when ``idempotent``. Another ``4xx`` is a refusal: not retried.
+4. Crash point ``effects_sent``: every call answered; the confirmations of the last
+   ``confirm_every_s`` are not in the ledger yet. This is the window of a service without
+   idempotency: a key called and applied but not confirmed stays ``started`` and is held by
+   the retry of N (step 2).
+5. Record the remaining confirmations. Refused keys and keys that provably never reached the
+   service are forgotten (a restart sends them as new). If any key was refused, or could not
+   be delivered (idempotent service: retries exhausted), raise :class:`EffectsFailedError`:
+   N is not committed, Spark does not write ``commits/N``; the restart re-runs N — confirmed
+   keys are not sent again, the others are.
+6. Ledger transaction: the batch's metrics (:mod:`onceflow.sinks.http.ledger`), the calls of keys
+   left ``started`` (a service without idempotency answered ambiguously: applied or not), and
+   the marker. Crash point ``after_sink_commit`` (and ``ambiguous_commit``): Spark re-runs N,
+   step 2 finds the marker.
+7. Return True; Spark writes ``commits/N``.
+
+Guarantees, by the kind of service:
+
+* **It honours ``Idempotency-Key``** (applies a key at most once, and answers a repeat with the
+  first answer): every effect is applied **exactly once** — a key is called until a 2xx answer
+  is in the ledger, and every call of a key carries the same key.
+* **It does not**: **at most one completed call per key** — a key is called again only after
+  an answer that proves the call was not applied (no connection, ``429``, ``503``, another
+  ``4xx``). A crash inside the window of step 4, or an ambiguous answer (timeout, ``500``,
+  ``502``, ``504``), leaves the key ``started``: it may or may not have been applied, and it is
+  never called again. :meth:`HttpEffectsSink.unconfirmed` (SQL: ``SELECT * FROM
+  onceflow_effects WHERE state = 'started'``) lists those keys: reconcile them with the
+  service's own records (the payload hash is in the ledger), and apply the missing ones by hand.
+
+The payload of a key is the one computed by the attempt that recorded it; with a
+non-deterministic ``per_batch``, turn on stable input (``write_stream(stable=True)``) so that
+every attempt of a batch computes — reads back — the same rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pyarrow as pa
+
+from onceflow.errors import ConfigError, EffectsFailedError, UnstableOutputError
+from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.sinks.base import BatchStats
+from onceflow.sinks.http.ledger import Effect, Ledger
+from onceflow.sinks.sqlite.db import read_batches
+from onceflow.tables import Table, check_outputs
+
+_log = logging.getLogger(__name__)
+
+
+def effect_key(sink_id: str, table: str, values: list[Any]) -> str:
+    """The idempotency key of the effect of a row: ``<sink_id>/<table>/<key values>``.
+
+    Args:
+        sink_id: The sink's id.
+        table: The table (as named in ``tables=``).
+        values: The row's key column values, in the spec's key order.
+    """
+    return "/".join([quote(sink_id, safe=""), quote(table, safe=""),
+                     *(quote(str(v), safe="") for v in values)])
+
+
+def _json(value: Any) -> str:
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat())
+    return str(value)
+
+
+def effects_of(sink_id: str, table: str, spec: Table, rows: pa.Table, batch_id: int) -> list[Effect]:
+    """One table's effects: key from the key columns (and batch, for ``add``); payload = the row."""
+    out = []
+    tail = [batch_id] if spec.mode == "add" else []
+    for row in rows.to_pylist():
+        key = effect_key(sink_id, table, [*(row[k] for k in spec.key), *tail])
+        out.append(Effect(key, json.dumps(row, sort_keys=True, separators=(",", ":"), default=_json)))
+    return out
+
+
+@dataclass
+class _Answer:
+    key: str
+    outcome: str  # ok | refused | undelivered | ambiguous
+    status: int
+    calls: int
+    replayed: bool = False
+    detail: str = ""
+    maybe_applied: bool = False  # a call of the key may have reached the service and been applied
+
+
+class _Retry(Exception):
+    """A call to try again (tenacity's retry predicate)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class HttpEffectsSink:
+    """Effects on an HTTP service, each exactly once (or at most once), by idempotency key and ledger.
+
+    Args:
+        url: Where each effect is POSTed.
+        ledger: SQLite file of the ledger (see :mod:`onceflow.sinks.http.ledger`).
+        sink_id: Namespace of keys and markers.
+        idempotent: The service honours ``Idempotency-Key`` (see the module's guarantees).
+        concurrency: Calls in flight at once.
+        retries: Calls per key at most (the first included).
+        timeout_s: Seconds a call may take.
+        backoff_s: First retry delay (doubles, capped at 2 s).
+        confirm_every_s: How often confirmations are written to the ledger while calls run.
+        headers: Extra headers of every call (e.g. ``Authorization``).
+
+    Raises:
+        ConfigError: A bad option.
+    """
+
+    def __init__(self, url: str, ledger: str | Path, sink_id: str = "default", idempotent: bool = True,
+                 concurrency: int = 16, retries: int = 5, timeout_s: float = 10.0, backoff_s: float = 0.05,
+                 confirm_every_s: float = 0.2, headers: Mapping[str, str] | None = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"url must start with http:// or https://, got {url!r}")
+        if concurrency < 1 or retries < 1 or timeout_s <= 0:
+            raise ConfigError("concurrency and retries must be >= 1 and timeout_s > 0")
+        self.url, self.sink_id, self.idempotent = url, sink_id, idempotent
+        self.concurrency, self.retries, self.timeout_s = concurrency, retries, timeout_s
+        self.backoff_s, self.confirm_every_s = backoff_s, confirm_every_s
+        self.headers = dict(headers or {})
+        self.ledger_path = Path(ledger)
+        self._ledger: Ledger | None = None
+
+    def __repr__(self) -> str:
+        return f"onceflow.http({self.url!r}, ledger={str(self.ledger_path)!r}, sink_id={self.sink_id!r})"
+
+    @property
+    def ledger(self) -> Ledger:
+        """The ledger (opened on first use)."""
+        if self._ledger is None:
+            self._ledger = Ledger(self.ledger_path, self.sink_id)
+        return self._ledger
+
+    def bind(self, query_id: str) -> None:
+        """Tie the ledger's sink id to the checkpoint (idempotent)."""
+        self.ledger.bind(query_id)
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Apply every row of batch ``batch_id`` as one call, unless the batch was committed (steps 1-7).
+
+        May be called again with the same arguments (after a crash); see the module for what
+        is sent again.
+
+        Returns:
+            True if this call committed the batch, False for a replay.
+
+        Raises:
+            EffectsFailedError: Effects refused or not delivered (the batch is not committed).
+            UnstableOutputError: This attempt computed other payloads than an earlier one.
+        """
+        effects = self._effects(batch_id, outputs, specs)  # 1
+        started = time.perf_counter()
+        plan = self.ledger.start(batch_id, effects, resend_started=self.idempotent)  # 2
+        if plan is None:
+            return False
+        if plan.changed:
+            raise UnstableOutputError(
+                f"batch {batch_id}: effect {plan.changed[0]} (and {len(plan.changed) - 1} more) has another "
+                "payload than when an earlier attempt of the batch recorded it — per_batch is not "
+                "deterministic; use onceflow.write_stream(..., stable=True) so every attempt writes the "
+                "first attempt's rows. Nothing of this attempt was sent.")
+        maybe_crash(CrashPoint.EFFECTS_STARTED, batch_id)
+        pending: list[tuple[str, int, int]] = []
+        answers = asyncio.run(self._send(plan.send, pending.append))  # 3
+        maybe_crash(CrashPoint.EFFECTS_SENT, batch_id)  # 4
+        self.ledger.confirm(pending)  # 5
+        counts = plan.counts
+        counts["calls"] = sum(a.calls for a in answers)
+        counts["applied"] = sum(a.outcome == "ok" and not a.replayed for a in answers)
+        counts["replayed"] = sum(a.outcome == "ok" and a.replayed for a in answers)
+        counts["confirmed"] = sum(a.outcome == "ok" for a in answers)
+        failed = [a for a in answers if a.outcome in ("refused", "undelivered")]
+        self.ledger.forget(a.key for a in failed  # provably not applied: sent as new keys next time
+                           if a.outcome == "refused" or not a.maybe_applied)
+        if failed:
+            first = failed[0]
+            raise EffectsFailedError(
+                f"batch {batch_id}: {len(failed)} of {len(answers)} effects were not applied ({first.key}: "
+                f"{first.detail}); the batch is not committed — {counts['confirmed']} confirmed effects "
+                "will not be sent again when the query restarts, the others will")
+        left = [(a.key, a.status, a.calls) for a in answers if a.outcome == "ambiguous"]
+        counts["unconfirmed"] = len(left) + counts["held"]
+        if counts["unconfirmed"]:
+            print(f"onceflow: warning: batch {batch_id}: {counts['unconfirmed']} effects may or may not have "
+                  "been applied (the service does not honour idempotency keys and answered ambiguously, "
+                  "or an earlier attempt crashed after calling); they are never called again — reconcile "
+                  f"them: SELECT * FROM onceflow_effects WHERE state = 'started' in {self.ledger_path}",
+                  file=sys.stderr)
+        self.ledger.finish(batch_id, counts, time.perf_counter() - started, left,  # 6
+                           stats, rows_out)
+        _log.info("batch %d: %d effects; processed: %d calls attempted, %d applied and %d replayed by the "
+                  "service; committed: %d confirmed in the ledger, %d unconfirmed", batch_id,
+                  *(counts[m] for m in ("effects", "calls", "applied", "replayed", "confirmed",
+                                        "unconfirmed")))
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return True  # 7
+
+    def _effects(self, batch_id: int, outputs: Mapping[str, pa.Table],
+                 specs: Mapping[str, Table]) -> list[Effect]:
+        """Step 1: the batch's rows checked, as effects (crash point ``before_sink_write`` first).
+
+        Raises:
+            ConfigError: A table without ``key``.
+            BatchRejectedError: The rows do not fit the specs.
+        """
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        for name in outputs:
+            if name in specs and not specs[name].key:
+                raise ConfigError(f"table {name!r}: the HTTP sink needs key=[...] — the columns that name "
+                                  "an effect (its idempotency key)")
+        check_outputs(outputs, specs)
+        return [e for name, rows in outputs.items()
+                for e in effects_of(self.sink_id, name, specs[name], rows, batch_id)]
+
+    async def _send(self, effects: list[Effect], confirmed: Any, record: bool = True) -> list[_Answer]:
+        """Step 3: every call, bounded; ``confirmed((key, status, calls))`` for each 2xx answer.
+
+        With ``record``, confirmations are also written to the ledger while the calls run.
+        """
+        import aiohttp
+
+        if not effects:
+            return []
+        sem = asyncio.Semaphore(self.concurrency)
+        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+        batch: list[tuple[str, int, int]] = []
+        stop = asyncio.Event()
+
+        async def flusher() -> None:  # confirmations reach the ledger while calls run
+            while not stop.is_set():
+                try:
+                    await asyncio.wait_for(stop.wait(), self.confirm_every_s)
+                except asyncio.TimeoutError:
+                    pass
+                if stop.is_set():  # the rest is recorded by step 5, after the effects_sent point
+                    break
+                if batch and record:
+                    done = batch[:]
+                    del batch[:len(done)]
+                    await asyncio.to_thread(self.ledger.confirm, done)  # the calls go on meanwhile
+
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
+            task = asyncio.create_task(flusher())
+
+            async def one(e: Effect) -> _Answer:
+                async with sem:
+                    answer = await self._call(session, e)
+                if answer.outcome == "ok":
+                    batch.append((answer.key, answer.status, answer.calls))
+                return answer
+
+            try:
+                answers = await asyncio.gather(*(one(e) for e in effects))
+            finally:
+                stop.set()
+                await task
+        for item in batch:  # not flushed yet: step 5 records them
+            confirmed(item)
+        return list(answers)
+
+    async def _call(self, session: Any, e: Effect) -> _Answer:
+        """One key: call until a 2xx answer, a refusal, or the retry policy gives up.
+
+        The first call runs without the retry machinery (most calls succeed at once); a
+        retryable failure continues under tenacity with exponential backoff.
+        """
+        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+        headers = {"Idempotency-Key": e.key, "Content-Type": "application/json"}
+        state = {"calls": 0, "ambiguous": False}
+        try:
+            return await self._attempt(session, e, headers, state)
+        except _Retry as first:
+            last = first
+        if self.retries > 1:
+            try:
+                async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries - 1), reraise=True,
+                                                   wait=wait_exponential(multiplier=self.backoff_s, max=2.0),
+                                                   retry=retry_if_exception_type(_Retry)):
+                    with attempt:
+                        return await self._attempt(session, e, headers, state)
+            except _Retry as exc:
+                last = exc
+        calls = state["calls"]
+        detail = last.detail
+        if state["ambiguous"] and not detail.startswith("ambiguous"):
+            detail = f"ambiguous: {detail}"
+        return _Answer(e.key, "undelivered", last.status, int(calls), detail=f"{detail} after {calls} calls",
+                       maybe_applied=bool(state["ambiguous"]))
+
+    async def _attempt(self, session: Any, e: Effect, headers: dict[str, str],
+                       state: dict[str, Any]) -> _Answer:
+        """One call of a key; raises :class:`_Retry` when the policy allows another."""
+        import aiohttp
+
+        state["calls"] += 1
+        calls = int(state["calls"])
+        try:
+            async with session.post(self.url, data=e.payload, headers=headers) as resp:
+                status = resp.status
+                body = await resp.read()
+        except aiohttp.ClientConnectorError as exc:  # never reached the service
+            raise _Retry(0, f"no connection: {exc}") from None
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            state["ambiguous"] = True
+            if not self.idempotent:
+                return _Answer(e.key, "ambiguous", 0, calls, detail=f"ambiguous: {exc!r}")
+            raise _Retry(0, f"ambiguous: {exc!r}") from None
+        if 200 <= status < 300:
+            return _Answer(e.key, "ok", status, calls, _replayed(body))
+        if status in (429, 503):
+            raise _Retry(status, f"HTTP {status} (not applied)")
+        if status >= 500:
+            state["ambiguous"] = True
+            if not self.idempotent:
+                return _Answer(e.key, "ambiguous", status, calls, detail=f"ambiguous: HTTP {status}")
+            raise _Retry(status, f"ambiguous: HTTP {status}")
+        return _Answer(e.key, "refused", status, calls,
+                       detail=f"refused: HTTP {status} {body[:200].decode(errors='replace')}")
+
+    def unconfirmed(self) -> list[dict[str, Any]]:
+        """Keys started and never confirmed (see the module): reconcile them with the service."""
+        return self.ledger.unconfirmed()
+
+    def effect_batches(self) -> list[dict[str, Any]]:
+        """Per-batch metrics: attempted calls, applied / replayed answers, confirmed in the ledger."""
+        return self.ledger.batches()
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The sink's marker rows, by batch id."""
+        return read_batches(self.ledger_path, self.sink_id)
+
+    def flush(self) -> None:
+        """Nothing to wait for: a batch's effects are done when ``commit_tables`` returns."""
+
+    def close(self) -> None:
+        """Close the ledger (idempotent)."""
+        if self._ledger is not None:
+            self._ledger.close()
+            self._ledger = None
+
+
+def _replayed(body: bytes) -> bool:
+    """Whether a 2xx answer says the key was applied before (``{"replayed": true}``)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return False
+    return bool(isinstance(parsed, dict) and parsed.get("replayed"))

@@ -1,0 +1,94 @@
+"""The batch marker: one row per committed batch and sink id, written in the batch's own commit.
+
+Every sink records, in the same transaction (or commit) that makes a batch's rows visible, a
+marker row ``(sink_id, batch_id)`` with the batch's metrics. The marker is what makes a
+replay a no-op (step 2 of :mod:`onceflow.sinks.base`), and what ``SELECT * FROM
+onceflow_batches`` shows a user. Its columns, the same in every backend (SQLite and
+PostgreSQL tables, the ledger of the HTTP sink, the commit metadata of a Delta table):
+
+========================  ==================================================================
+``sink_id``               the marker namespace (``<sink_id>.<table>`` for executor-side sinks)
+``batch_id``              Spark's micro-batch id
+``committed_ms``          when the commit happened (epoch ms)
+``input_rows``            rows of the batch's input (files, or Spark's plan for Kafka)
+``late_dropped``          input rows the watermark dropped
+``duplicates_dropped``    ``max(input_rows - late_dropped - events_counted, 0)``
+``events_counted``        rows of the batch's DataFrame, after deduplication and late drops
+``rows_written``          rows written to the tables, over all of them
+``late_watermark_ms``     the watermark the late rows were behind
+``tables``                rows written per table (JSON ``{table: rows}``)
+========================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TABLE = "onceflow_batches"
+"""The marker table's name in SQL backends."""
+
+COLUMNS = ("sink_id", "batch_id", "committed_ms", "input_rows", "late_dropped", "duplicates_dropped",
+           "events_counted", "rows_written", "late_watermark_ms", "tables")
+"""The marker's columns, in the order :func:`marker_row` gives their values."""
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What one micro-batch read and dropped (computed from the checkpoint).
+
+    Attributes:
+        input_rows: Rows in the batch's input.
+        late_dropped: Rows Spark's late rule dropped.
+        late_watermark_ms: The watermark those rows were behind.
+    """
+
+    input_rows: int
+    late_dropped: int
+    late_watermark_ms: int
+
+    def duplicates_dropped(self, rows_out: int) -> int:
+        """Input rows deduplication removed: the input less the late rows and the rows the batch had.
+
+        Args:
+            rows_out: Rows of the batch's DataFrame (after deduplication and late drops).
+        """
+        return max(self.input_rows - self.late_dropped - rows_out, 0)
+
+    def metrics(self, rows_out: int) -> dict[str, int]:
+        """The marker's metric columns for a batch that had ``rows_out`` rows (all but the writes)."""
+        return {"input_rows": self.input_rows, "late_dropped": self.late_dropped,
+                "duplicates_dropped": self.duplicates_dropped(rows_out), "events_counted": rows_out,
+                "late_watermark_ms": self.late_watermark_ms}
+
+
+def marker_row(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,
+               written: Mapping[str, int]) -> tuple[Any, ...]:
+    """A marker's values in :data:`COLUMNS` order, committed now.
+
+    Args:
+        sink_id: The marker namespace.
+        batch_id: Spark's micro-batch id.
+        stats: The batch's input rows and late drops.
+        rows_out: Rows of the batch's DataFrame.
+        written: Rows written per table.
+    """
+    m = stats.metrics(rows_out)
+    return (sink_id, batch_id, int(time.time() * 1000), m["input_rows"], m["late_dropped"],
+            m["duplicates_dropped"], m["events_counted"], sum(written.values()), m["late_watermark_ms"],
+            json.dumps(dict(written)))
+
+
+def insert_sql(param: str = "?", verb: str = "INSERT", suffix: str = "") -> str:
+    """The statement that inserts one :func:`marker_row`.
+
+    Args:
+        param: The driver's placeholder (``?`` for sqlite3, ``%s`` for psycopg).
+        verb: ``INSERT`` or, for SQLite, ``INSERT OR REPLACE``.
+        suffix: E.g. ``ON CONFLICT (sink_id, batch_id) DO NOTHING``.
+    """
+    values = ", ".join([param] * len(COLUMNS))
+    return f"{verb} INTO {TABLE}({', '.join(COLUMNS)}) VALUES ({values}) {suffix}".rstrip()

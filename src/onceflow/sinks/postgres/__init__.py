@@ -1,0 +1,1 @@
+"""The PostgreSQL sinks: driver-side and executor-side (:mod:`onceflow.sinks.postgres.sink`)."""

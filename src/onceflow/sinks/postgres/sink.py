@@ -1,0 +1,330 @@
+"""The generic PostgreSQL sink, driver side: DataFrames of any schema, each micro-batch exactly once.
+
+For outputs a driver can hold (per-window aggregates, a batch's few thousand rows). The same
+table specs and checks as the SQLite sink (:mod:`onceflow.sinks.sqlite.sink`); the rows go
+from the driver to the server with ``COPY``. Commit protocol of
+:meth:`PostgresTablesSink.commit_tables` for batch N:
+
+1. Crash point ``before_sink_write``. Every table's rows are checked against its spec; a batch
+   that does not fit raises :class:`onceflow.errors.BatchRejectedError` — nothing written,
+   Spark does not write ``commits/N``. May run any number of times.
+2. Open a transaction and take the sink's advisory lock (one writer per sink). If the marker
+   ``(sink_id, N)`` exists, end it and return False (a replay).
+3. Per table: create it from the batch's schema if missing (key = primary key), else check
+   that it has the batch's columns and the spec's key; ``COPY`` the rows into a temporary
+   table dropped at commit; then one ``INSERT ... SELECT`` into the target: plain (``append``),
+   ``ON CONFLICT (key) DO UPDATE SET`` the other columns (``upsert``), or adding the ``add``
+   columns (``add``). A constraint the rows break rolls everything back
+   (:class:`BatchRejectedError` naming the table).
+4. Insert the marker with the batch's metrics. Crash point ``inside_sink_txn``.
+5. Commit (the server's ``synchronous_commit`` must stay on). Crash point
+   ``after_sink_commit`` and the ``ambiguous_commit`` fault: Spark re-runs N, step 2 skips it.
+6. Return True; Spark writes ``commits/N``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
+from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.sinks import marker
+from onceflow.sinks.marker import BatchStats
+from onceflow.sinks.postgres import sql as pg
+from onceflow.sinks.postgres.conn import require_psycopg
+from onceflow.tables import Table, check_outputs
+
+_MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
+
+
+def pg_type(typ: pa.DataType) -> str:
+    """The PostgreSQL column type an Arrow type is stored as.
+
+    Raises:
+        ConfigError: A type the sink cannot write.
+    """
+    if pa.types.is_dictionary(typ):
+        return pg_type(typ.value_type)
+    simple = {pa.int8(): "smallint", pa.int16(): "smallint", pa.int32(): "integer", pa.int64(): "bigint",
+              pa.uint8(): "smallint", pa.uint16(): "integer", pa.uint32(): "bigint", pa.float32(): "real",
+              pa.float64(): "double precision", pa.bool_(): "boolean", pa.string(): "text",
+              pa.large_string(): "text", pa.date32(): "date"}
+    if typ in simple:
+        return simple[typ]
+    if pa.types.is_timestamp(typ):
+        return "timestamptz" if typ.tz else "timestamp"
+    if pa.types.is_decimal(typ):
+        return f"numeric({typ.precision}, {typ.scale})"
+    raise ConfigError(f"type {typ} cannot be written to a PostgreSQL column by onceflow; cast or select it")
+
+
+class PostgresTablesSink:
+    """Tables of any schema in PostgreSQL, written from the driver (see the module protocol).
+
+    Args:
+        dsn: Connection string (else ``$ONCEFLOW_PG_DSN``).
+        sink_id: Marker namespace: two queries writing to one database need different ids.
+    """
+
+    def __init__(self, dsn: str | None = None, sink_id: str = "default") -> None:
+        require_psycopg()
+        self.dsn = pg.resolve_dsn(dsn)
+        self.sink_id = pg.check_sink_id(sink_id)
+        self._conn: Any = None
+        self._checked: dict[str, tuple[Table, tuple[str, ...]]] = {}
+
+    def __repr__(self) -> str:
+        return f"onceflow.postgres({pg.redact(self.dsn)!r}, sink_id={self.sink_id!r})"
+
+    @property
+    def conn(self) -> Any:
+        """The open autocommit connection (opened, with onceflow's tables, on first use)."""
+        if self._conn is None or self._conn.broken:
+            conn = pg.connect(self.dsn)
+            pg.ensure_meta(conn)
+            conn.execute("ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS tables text")
+            self._conn = conn
+        return self._conn
+
+    def bind(self, query_id: str) -> None:
+        """Tie the sink to the checkpoint with ``query_id`` (idempotent).
+
+        Raises:
+            CheckpointMismatchError: The database holds this sink id for another checkpoint.
+        """
+        pg.bind_sink(self.conn, self.sink_id, query_id, pg.redact(self.dsn))
+
+    def _fit(self, conn: Any, name: str, spec: Table, schema: pa.Schema) -> None:
+        """Step 3's table check (inside the batch's transaction)."""
+        from psycopg import sql
+
+        cols = tuple(schema.names)
+        if self._checked.get(name) == (spec, cols):
+            return
+        have = [r[0] for r in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+            "AND table_name = %s", (name,))]
+        if not have:
+            body = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(pg_type(schema.field(c).type)))
+                    for c in cols]
+            if spec.key:
+                keys = sql.SQL(", ").join(map(sql.Identifier, spec.key))
+                body.append(sql.SQL("PRIMARY KEY ({})").format(keys))
+            conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(name),
+                                                                sql.SQL(", ").join(body)))
+            return
+        missing = [c for c in cols if c not in have]
+        if missing:
+            raise ConfigError(f"table {name!r} in PostgreSQL has no column(s) {missing} that the batch has "
+                              f"(it has {sorted(have)}); add them or write to another table")
+        pk = {r[0] for r in conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary",
+            (name,))}
+        if spec.key and pk != set(spec.key):
+            raise ConfigError(f"table {name!r} in PostgreSQL has primary key {sorted(pk)}, but its spec says "
+                              f"key={list(spec.key)}; {spec.mode} needs them to be the same")
+
+    def _write(self, conn: Any, name: str, spec: Table, rows: pa.Table) -> int:
+        from psycopg import sql
+
+        cols = rows.column_names
+        tmp = sql.Identifier(f"onceflow_in_{name}")
+        target = sql.Identifier(name)
+        collist = sql.SQL(", ").join(map(sql.Identifier, cols))
+        conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                     .format(tmp, collist, target))
+        pg.copy_arrow(conn, tmp, cols, rows)
+        insert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, collist, collist, tmp)
+        if spec.mode != "append":
+            rest = [c for c in cols if c not in spec.key]
+            sets = [sql.SQL("{0} = {1}.{0} + EXCLUDED.{0}").format(sql.Identifier(c), target) if c in spec.add
+                    else sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest]
+            conflict = sql.SQL(" ON CONFLICT ({})").format(sql.SQL(", ").join(map(sql.Identifier, spec.key)))
+            insert = insert + conflict + (sql.SQL(" DO UPDATE SET ") + sql.SQL(", ").join(sets) if sets
+                                          else sql.SQL(" DO NOTHING"))
+        conn.execute(insert)
+        return int(rows.num_rows)
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Write batch ``batch_id`` to every table unless it was already committed.
+
+        Same contract as :meth:`onceflow.sinks.sqlite.sink.SQLiteTablesSink.commit_tables`.
+
+        Raises:
+            BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
+            ConfigError: An existing table does not fit (nothing written).
+            PostgresError: The server failed the transaction (nothing written).
+        """
+        psycopg = require_psycopg()
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        check_outputs(outputs, specs)
+        conn = self.conn
+        try:
+            with conn.transaction():  # 2
+                pg.lock_sink(conn, self.sink_id)
+                if self._committed(conn, batch_id):
+                    return False
+                written = {}
+                for name, rows in outputs.items():  # 3
+                    spec = specs[name]
+                    self._fit(conn, name, spec, rows.schema)
+                    try:
+                        with conn.transaction():  # a savepoint: the error names the table
+                            written[name] = self._write(conn, name, spec, rows)
+                    except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+                        raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the "
+                                                 f"table ({str(exc).strip()}); nothing of the batch was "
+                                                 "written") from None
+                row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
+                conn.execute(_MARKER, row)  # 4
+                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        except psycopg.Error as exc:
+            raise PostgresError(f"batch {batch_id} of sink {self.sink_id!r} failed in PostgreSQL: "
+                                f"{pg.scrub(str(exc), self.dsn).strip()}") from None
+        for name, rows in outputs.items():
+            self._checked[name] = (specs[name], tuple(rows.schema.names))
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return True  # 6
+
+    def _committed(self, conn: Any, batch_id: int) -> bool:
+        """Step 2's check, inside the transaction: whether the marker of ``batch_id`` is there."""
+        return bool(pg.has_marker(conn, self.sink_id, batch_id))
+
+    def batches(self) -> list[dict[str, Any]]:
+        """This sink's marker rows, by batch id."""
+        return pg.read_batches(self.dsn, self.sink_id)
+
+    def flush(self) -> None:
+        """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class PostgresFramesSink:
+    """Tables of any schema in PostgreSQL, written by Spark's executors (large outputs).
+
+    Each table of a batch goes through the ``onceflow_postgres`` data source with the
+    ``staged`` or ``2pc`` protocol of :mod:`onceflow.sinks.postgres.writer`, under the sink id
+    ``<sink_id>.<table>``: each table gets each batch exactly once, by its own marker (a crash
+    between two tables' commits leaves one a batch ahead until the re-run writes the other).
+    Before anything is written the batch is checked with Spark (null keys or ``add`` values,
+    a key twice): :class:`onceflow.errors.BatchRejectedError` with the first bad row.
+
+    Args:
+        dsn: Connection string (else ``$ONCEFLOW_PG_DSN``).
+        sink_id: Marker namespace prefix.
+        protocol: ``staged`` or ``2pc``.
+    """
+
+    def __init__(self, dsn: str | None = None, sink_id: str = "default", protocol: str = "staged") -> None:
+        require_psycopg()
+        if protocol not in ("staged", "2pc"):
+            raise ConfigError(f"protocol must be 'driver', 'staged' or '2pc', got {protocol!r}")
+        self.dsn = pg.resolve_dsn(dsn)
+        self.sink_id = pg.check_sink_id(sink_id)
+        self.protocol = protocol
+        self.query_id = ""
+
+    def __repr__(self) -> str:
+        return (f"onceflow.postgres({pg.redact(self.dsn)!r}, sink_id={self.sink_id!r}, "
+                f"protocol={self.protocol!r})")
+
+    def bind(self, query_id: str) -> None:
+        """Tie the sink id to the checkpoint; each table's ``<sink_id>.<table>`` is bound by its first write.
+
+        Raises:
+            CheckpointMismatchError: The sink id belongs to another checkpoint.
+        """
+        with pg.session(self.dsn) as conn:
+            pg.bind_sink(conn, self.sink_id, query_id, pg.redact(self.dsn))
+        self.query_id = query_id
+
+    @staticmethod
+    def _check(name: str, spec: Table, frame: Any) -> None:
+        from pyspark.sql import functions as F
+
+        missing = [c for c in (*spec.key, *spec.add) if c not in frame.columns]
+        if missing:
+            raise BatchRejectedError(f"table {name!r}: the batch has no column(s) {missing}")
+        cols = [*spec.key, *spec.add]
+        if cols:
+            cond = F.col(cols[0]).isNull()
+            for c in cols[1:]:
+                cond = cond | F.col(c).isNull()
+            bad = frame.where(cond).limit(1).collect()
+            if bad:
+                col = next(c for c in cols if bad[0][c] is None)
+                what = "key" if col in spec.key else "add"
+                raise BatchRejectedError(f"table {name!r}: {what} column {col!r} is null in row "
+                                         f"{bad[0].asDict()}; nothing of the batch was written")
+        if spec.key:
+            dup = frame.groupBy(*spec.key).count().where("count > 1").limit(1).collect()
+            if dup:
+                raise BatchRejectedError(f"table {name!r}: key {dup[0].asDict()} appears more than once "
+                                         "in one batch; aggregate per key before writing")
+
+    def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Write each table's DataFrame from the executors, each exactly once.
+
+        Returns:
+            True if the first table's batch was committed by this call (False: a replay).
+        """
+        from onceflow.sinks.postgres.datasource import write_frame
+
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        check_outputs(frames, specs, rows=False)
+        for name, frame in frames.items():
+            self._check(name, specs[name], frame)
+        first = next(iter(frames), None)
+        with pg.session(self.dsn) as conn:
+            replay = first is not None and pg.has_marker(conn, f"{self.sink_id}.{first}", batch_id)
+        metrics = json.dumps(stats.metrics(rows_out))
+        for name, frame in frames.items():
+            spec = specs[name]
+            write_frame(frame, dsn=self.dsn, table=name, sink_id=f"{self.sink_id}.{name}",
+                        mode="append" if spec.mode == "append" else "upsert", key=",".join(spec.key),
+                        add=",".join(spec.add), protocol=self.protocol, batch_id=batch_id,
+                        query_id=self.query_id, metrics=metrics)
+        return not replay
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Arrow tables (made into DataFrames, then :meth:`commit_frames`)."""
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            raise ConfigError("the executor-side PostgreSQL sink needs an active SparkSession")
+        return self.commit_frames(batch_id, {n: spark.createDataFrame(t) for n, t in outputs.items()}, specs,
+                                  stats, rows_out)
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The markers of this sink's tables (``<sink_id>.<table>``), one per batch id."""
+        from psycopg.rows import dict_row
+
+        with pg.session(self.dsn) as conn:
+            rows = conn.cursor(row_factory=dict_row).execute(
+                "SELECT * FROM onceflow_batches WHERE starts_with(sink_id, %s) ORDER BY batch_id, sink_id",
+                (f"{self.sink_id}.",)).fetchall()
+        found: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            found.setdefault(int(r["batch_id"]), dict(r))
+        return [found[b] for b in sorted(found)]
+
+    def flush(self) -> None:
+        """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""
+
+    def close(self) -> None:
+        """Nothing to release (connections are per write)."""

@@ -1,0 +1,248 @@
+"""PostgreSQL plumbing shared by onceflow's Postgres sinks.
+
+Connections (DSN from an option or ``ONCEFLOW_PG_DSN``; passwords never reach a
+message), the sink metadata tables, and the two operations every sink's commit
+protocol is built from: binding a sink to a checkpoint and the per-batch marker.
+
+Metadata tables (created on first use, in the connection's current schema):
+
+* ``onceflow_sinks(sink_id, query_id, bound_ms)`` — which checkpoint a sink belongs to;
+* ``onceflow_batches(sink_id, batch_id, …metrics)`` — one marker per committed batch,
+  the same columns as the SQLite sink's table;
+* ``onceflow_decisions(sink_id, batch_id, gids)`` — the two-phase-commit coordinator's
+  decisions (which prepared transactions make up a committed batch).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from onceflow.errors import CheckpointMismatchError, ConfigError, PostgresError
+from onceflow.sinks.postgres.conn import DSN_ENV, connect, redact, resolve_dsn, scrub
+
+__all__ = ["DSN_ENV", "PostgresError", "connect", "redact", "resolve_dsn", "scrub"]
+
+SINK_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+META_DDL = """
+CREATE TABLE IF NOT EXISTS onceflow_sinks(
+    sink_id text PRIMARY KEY, query_id text NOT NULL, bound_ms bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS onceflow_batches(
+    sink_id text NOT NULL, batch_id bigint NOT NULL, committed_ms bigint NOT NULL,
+    input_rows bigint NOT NULL, late_dropped bigint NOT NULL,
+    duplicates_dropped bigint NOT NULL, events_counted bigint NOT NULL,
+    rows_written bigint NOT NULL, late_watermark_ms bigint NOT NULL,
+    PRIMARY KEY(sink_id, batch_id));
+CREATE TABLE IF NOT EXISTS onceflow_decisions(
+    sink_id text NOT NULL, batch_id bigint NOT NULL, gids text[] NOT NULL,
+    decided_ms bigint NOT NULL, PRIMARY KEY(sink_id, batch_id));
+"""
+
+MARKER_COLUMNS = (
+    "input_rows", "late_dropped", "duplicates_dropped", "events_counted", "rows_written",
+    "late_watermark_ms",
+)
+
+
+def check_sink_id(sink_id: str) -> str:
+    """Validate a sink id (it is stored, and embedded in transaction ids).
+
+    Args:
+        sink_id: The id.
+
+    Returns:
+        The id.
+
+    Raises:
+        ConfigError: Empty, too long or with characters outside ``[A-Za-z0-9_.-]``.
+    """
+    if not SINK_ID_RE.match(sink_id or ""):
+        raise ConfigError(
+            f"sink id {sink_id!r} is invalid: use 1-64 characters from A-Z a-z 0-9 _ . -"
+        )
+    return sink_id
+
+
+def ensure_meta(conn: Any) -> None:
+    """Create the metadata tables if missing (idempotent, concurrency-safe).
+
+    Args:
+        conn: An autocommit connection.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow:ddl'))")
+        conn.execute(META_DDL)
+
+
+def lock_sink(conn: Any, sink_id: str) -> None:
+    """Serialize writers of one sink until the current transaction ends.
+
+    Args:
+        conn: A connection inside a transaction.
+        sink_id: The sink.
+    """
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow:sink:' || %s))", (sink_id,))
+
+
+def bind_sink(conn: Any, sink_id: str, query_id: str, where: str) -> None:
+    """Tie ``sink_id`` to the checkpoint ``query_id`` (idempotent).
+
+    Args:
+        conn: An autocommit connection.
+        sink_id: The sink.
+        query_id: The checkpoint's query id.
+        where: How to name the database in an error (no password).
+
+    Raises:
+        CheckpointMismatchError: The sink belongs to another checkpoint.
+    """
+    with conn.transaction():
+        lock_sink(conn, sink_id)
+        row = conn.execute(
+            "SELECT query_id FROM onceflow_sinks WHERE sink_id = %s", (sink_id,)
+        ).fetchone()
+        if row is None:
+            conn.execute(
+                "INSERT INTO onceflow_sinks VALUES (%s, %s, %s)",
+                (sink_id, query_id, int(time.time() * 1000)),
+            )
+        elif row[0] != query_id:
+            raise CheckpointMismatchError(
+                f"PostgreSQL ({where}) holds sink {sink_id!r} of the checkpoint with query id "
+                f"{row[0]}, but this run's checkpoint has query id {query_id}. A new checkpoint "
+                "restarts batch ids at 0, so continuing would skip or double-count data. Run "
+                "with the original checkpoint, or use a different sink id for the new one."
+            )
+
+
+def has_marker(conn: Any, sink_id: str, batch_id: int) -> bool:
+    """Whether batch ``batch_id`` of ``sink_id`` was committed.
+
+    Args:
+        conn: A connection.
+        sink_id: The sink.
+        batch_id: The micro-batch.
+
+    Returns:
+        True when its marker exists.
+    """
+    return conn.execute(
+        "SELECT 1 FROM onceflow_batches WHERE sink_id = %s AND batch_id = %s", (sink_id, batch_id)
+    ).fetchone() is not None
+
+
+def insert_marker(conn: Any, sink_id: str, batch_id: int, metrics: dict[str, int]) -> None:
+    """Insert the marker of a committed batch (inside the batch's transaction).
+
+    Args:
+        conn: A connection inside the batch's transaction.
+        sink_id: The sink.
+        batch_id: The micro-batch.
+        metrics: Values for :data:`MARKER_COLUMNS` (missing ones are 0).
+    """
+    values = [int(metrics.get(c, 0)) for c in MARKER_COLUMNS]
+    conn.execute(
+        "INSERT INTO onceflow_batches VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT (sink_id, batch_id) DO NOTHING",
+        (sink_id, batch_id, int(time.time() * 1000), *values),
+    )
+
+
+@contextmanager
+def session(dsn: str) -> Iterator[Any]:
+    """An autocommit connection with the metadata tables in place, closed afterwards.
+
+    Args:
+        dsn: Connection string.
+
+    Yields:
+        The connection.
+    """
+    conn = connect(dsn)
+    try:
+        ensure_meta(conn)
+        yield conn
+    finally:
+        conn.close()
+
+
+def read_batches(dsn: str, sink_id: str) -> list[dict[str, int]]:
+    """The markers and metrics of one sink, in batch order.
+
+    Args:
+        dsn: Connection string.
+        sink_id: The sink.
+
+    Returns:
+        One dict per committed batch.
+    """
+    from psycopg.rows import dict_row
+
+    with session(dsn) as conn:
+        cur = conn.cursor(row_factory=dict_row)
+        rows = cur.execute(
+            "SELECT * FROM onceflow_batches WHERE sink_id = %s ORDER BY batch_id", (sink_id,)
+        ).fetchall()
+    return [dict(r) for r in rows]
+
+
+def prepared_gids(conn: Any, prefix: str) -> list[str]:
+    """Prepared (two-phase) transactions whose id starts with ``prefix``.
+
+    Args:
+        conn: A connection.
+        prefix: Transaction id prefix.
+
+    Returns:
+        Their ids, sorted.
+    """
+    rows = conn.execute(
+        "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() "
+        "AND starts_with(gid, %s) ORDER BY gid", (prefix,)
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def max_prepared_transactions(conn: Any) -> int:
+    """The server's ``max_prepared_transactions`` setting.
+
+    Args:
+        conn: A connection.
+
+    Returns:
+        The setting (0 means two-phase commit is disabled).
+    """
+    return int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
+
+
+def copy_arrow(conn: Any, table: Any, columns: list[str], data: Any) -> int:
+    """COPY an Arrow table or record batch into ``table`` (CSV, written by Arrow's C++ writer).
+
+    Args:
+        conn: A connection (inside the caller's transaction, if any).
+        table: A ``psycopg.sql.Composable`` naming the target table.
+        columns: Target column names, in the order of ``data``'s columns.
+        data: A ``pyarrow.Table`` or ``pyarrow.RecordBatch``.
+
+    Returns:
+        Rows copied.
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    from psycopg import sql
+
+    if data.num_rows == 0:
+        return 0
+    sink = pa.BufferOutputStream()
+    # Every non-null value quoted: an unquoted empty field is NULL to PostgreSQL, "" is ''.
+    pacsv.write_csv(data, sink, pacsv.WriteOptions(include_header=False, quoting_style="all_valid"))
+    stmt = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+        table, sql.SQL(", ").join(map(sql.Identifier, columns))
+    )
+    with conn.cursor() as cur, cur.copy(stmt) as copy:
+        copy.write(memoryview(sink.getvalue()))
+    return int(data.num_rows)

@@ -1,0 +1,1 @@
+"""The embedded SQLite sink: :class:`onceflow.sinks.sqlite.sink.SQLiteTablesSink`."""

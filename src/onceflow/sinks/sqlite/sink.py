@@ -1,0 +1,497 @@
+"""The generic SQLite sink: DataFrames of any schema into tables, each micro-batch exactly once.
+
+Every table of a batch and the batch's marker commit in one SQLite transaction
+(``BEGIN IMMEDIATE`` ... ``COMMIT``, WAL, ``synchronous=FULL``). A batch takes one of two
+paths through :meth:`SQLiteTablesSink.commit_tables`.
+
+**Direct** — the batch is written inside Spark's batch. Taken when a table is new, is a table
+of the user's own (its definition is not exactly the one onceflow creates, or it has triggers or
+indexes of its own: its constraints can refuse rows), is ``append`` with a key (a key of an
+earlier batch would conflict), or the sink was made with ``staged=False``. For batch N:
+
+1. Crash point ``before_sink_write``. Every table's rows are checked against its spec
+   (:func:`onceflow.tables.check_batch`) and SQLite's value range; a batch that does not fit
+   raises :class:`onceflow.errors.BatchRejectedError` here — nothing is written and Spark
+   does not write ``commits/N``. May run any number of times.
+2. Open the transaction. If the marker ``(sink_id, N)`` exists, roll back and return False:
+   an earlier attempt committed N (a replay after a crash is a no-op).
+3. Create missing tables from the batch's schema (key = primary key); an existing table that
+   lacks a column of the batch or has another key is refused (:class:`ConfigError`) before
+   any row is written. Write each table by its mode (``append``: insert; ``upsert``: insert
+   or replace the non-key columns; ``add``: insert or add the ``add`` columns), in key order.
+   A constraint the rows break (e.g. a ``NOT NULL`` or ``CHECK`` of the user's own table)
+   rolls everything back and raises :class:`BatchRejectedError` naming the table.
+4. Insert the marker with the batch's metrics. Crash point ``inside_sink_txn``: nothing is
+   visible until the commit.
+5. Commit durably. Crash point ``after_sink_commit`` (and the ``ambiguous_commit`` fault):
+   Spark has not written ``commits/N``; it re-runs N after a restart and step 2 skips it.
+6. Return True; Spark writes ``commits/N``.
+
+**Staged** — every other batch (the usual case once onceflow created the tables): the batch is
+made durable in one small write and applied beside Spark's next batch, off its critical path.
+
+S1. Crash point ``before_sink_write``; the checks of step 1. Wait for the apply of the previous
+    batch (S5); if it failed, apply every staged batch again (S6), and if that fails too raise
+    :class:`onceflow.errors.SinkApplyError` — the query stops before ``commits/N``, the earlier
+    batch stays staged, nothing is lost.
+S2. Proof that the batch will apply: every table exists exactly as onceflow creates it for this
+    spec and these columns (same ``CREATE TABLE`` text), with no trigger and no index but its
+    primary key, and is not ``append`` with a key. Its only constraint is then the primary key,
+    which S1 proved non-null and unique within the batch, and upsert/add cannot conflict with
+    earlier rows; SQLite's columns take any value of their type. Else: the direct path.
+S3. Transaction: if the marker or a staged row ``(sink_id, N)`` exists, roll back, apply what
+    is staged (S6) and return False (a replay). Else insert the staged row: the tables as
+    LZ4-compressed Arrow IPC with their specs and the batch's metrics. Crash point
+    ``inside_sink_txn``. Commit durably. Crash point ``after_sink_commit`` (fault
+    ``ambiguous_commit``): Spark has not written ``commits/N``; the restart applies the staged
+    N (S6) and Spark's re-run of N stops at S3.
+S4. Hand N to the applier thread and return True; Spark writes ``commits/N``. Crash point
+    ``apply_pending``: Spark committed N and the apply has not run (the applier holds N back;
+    the next batch or :meth:`SQLiteTablesSink.flush` dies). Only the staged row has N's rows;
+    S6 applies them after the restart.
+S5. Apply, one transaction: if the marker exists, only delete the staged row; else write the
+    tables as step 3 does, insert the marker, delete the staged row; commit. A crash inside
+    leaves the staged row for S6.
+S6. Recovery (in :meth:`SQLiteTablesSink.bind`, before the first batch of a process, and in S1
+    after a failed apply): apply every staged row of this sink, in batch order.
+
+Invariant: Spark writes ``commits/N`` only after N is staged or applied, and a batch's rows
+reach the tables only in the transaction that writes its marker; so a batch Spark will not
+re-run is applied exactly once, and a batch it re-runs is skipped. While a query runs, its
+tables may be one batch behind Spark's commit log; :meth:`SQLiteTablesSink.flush` (called when
+a :class:`onceflow.OnceQuery` ends, and by ``close``) waits until every accepted batch is in them.
+What can still stop an apply is the machine (a full disk, a lock held past 60 s) or someone
+changing a table between S2 and S5: the batch then stays staged and a restart applies it.
+
+Types: integers and booleans are ``INTEGER``, floats and decimals ``REAL``, strings
+``TEXT``, binary ``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``, which
+sorts and compares correctly and SQLite's date functions read), dates ``TEXT``
+(``YYYY-MM-DD``). Nested types are refused, unsigned integers above 2**63-1 too.
+
+The marker row (``onceflow_batches``, :mod:`onceflow.sinks.sqlite.db`) holds the batch's
+input rows, late drops, the rows its DataFrame had (``events_counted``), duplicates dropped
+(input minus late minus those), rows written over all tables and per table (``tables``, JSON).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import sqlite3
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from onceflow.errors import BatchRejectedError, ConfigError, SinkApplyError
+from onceflow.faults import CrashPoint, armed_for, maybe_crash
+from onceflow.sinks import marker
+from onceflow.sinks.marker import BatchStats
+from onceflow.sinks.sqlite.db import HAS_MARKER, bind_query, check_sink_id, connect
+from onceflow.tables import Table, check_outputs
+
+_MARKER = marker.insert_sql("?", verb="INSERT OR REPLACE")
+_UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_type(typ: pa.DataType) -> str:
+    """The SQLite column type an Arrow type is stored as.
+
+    Raises:
+        ConfigError: A nested or otherwise unsupported type.
+    """
+    if pa.types.is_dictionary(typ):
+        return sql_type(typ.value_type)
+    if pa.types.is_integer(typ) or pa.types.is_boolean(typ):
+        return "INTEGER"
+    if pa.types.is_floating(typ) or pa.types.is_decimal(typ):
+        return "REAL"
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_timestamp(typ) \
+            or pa.types.is_date(typ):
+        return "TEXT"
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return "BLOB"
+    raise ConfigError(f"type {typ} cannot be stored in a SQLite column; select or flatten it first")
+
+
+def _column(col: pa.ChunkedArray) -> list[Any]:
+    """Python values of a column as SQLite stores them (see the module's types)."""
+    typ = col.type
+    if pa.types.is_dictionary(typ):
+        col = col.cast(typ.value_type)
+        typ = typ.value_type
+    if pa.types.is_timestamp(typ):
+        if typ.tz is not None:
+            col = col.cast(pa.timestamp(typ.unit, tz="UTC"))
+        return pc.strftime(col, format="%Y-%m-%d %H:%M:%S").to_pylist()  # type: ignore[no-any-return]
+    if pa.types.is_date(typ):
+        return col.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
+    if pa.types.is_decimal(typ):
+        return col.cast(pa.float64()).to_pylist()  # type: ignore[no-any-return]
+    return col.to_pylist()  # type: ignore[no-any-return]
+
+
+def _ddl(name: str, spec: Table, schema: pa.Schema) -> str:
+    """The ``CREATE TABLE`` text onceflow creates a table with (as SQLite stores it)."""
+    body = ", ".join(f"{_quote(c)} {sql_type(schema.field(c).type)}" for c in schema.names)
+    key = f", PRIMARY KEY({', '.join(_quote(k) for k in spec.key)})" if spec.key else ""
+    rowid = " WITHOUT ROWID" if spec.key else ""  # one B-tree keyed by the key: faster upserts
+    return f"CREATE TABLE {_quote(name)}({body}{key}){rowid}"
+
+
+def _check_values(name: str, rows: pa.Table) -> None:
+    """Refuse values SQLite cannot store (step 1): unsigned integers above 2**63-1.
+
+    Raises:
+        BatchRejectedError: Naming the table, the column and the first such row.
+    """
+    for col in rows.column_names:
+        typ = rows.schema.field(col).type
+        if pa.types.is_dictionary(typ):
+            typ = typ.value_type
+        if typ == pa.uint64() and rows.num_rows:
+            big = pc.indices_nonzero(pc.greater(rows.column(col).cast(typ), 2**63 - 1).fill_null(False))
+            if len(big):
+                i = int(big[0].as_py())
+                raise BatchRejectedError(f"table {name!r}: column {col!r} holds {rows.column(col)[i]} in "
+                                         f"row {i}, above SQLite's largest integer 2**63-1; nothing of the "
+                                         "batch was written")
+
+
+def _encode(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: BatchStats,
+            rows_out: int) -> tuple[str, bytes]:
+    """A batch as a staged row (S3): metadata JSON and the tables as LZ4 Arrow IPC streams."""
+    data = io.BytesIO()
+    parts = []
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    for name, rows in outputs.items():
+        start = data.tell()
+        with pa.ipc.new_stream(data, rows.schema, options=options) as writer:
+            writer.write_table(rows)
+        spec = specs[name]
+        parts.append({"name": name, "mode": spec.mode, "key": list(spec.key), "add": list(spec.add),
+                      "bytes": data.tell() - start})
+    meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
+            "late_watermark_ms": stats.late_watermark_ms, "rows_out": rows_out}
+    return json.dumps(meta), data.getvalue()
+
+
+def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str, Table], BatchStats, int]:
+    """A staged row back as the arguments of :meth:`SQLiteTablesSink.commit_tables`."""
+    meta = json.loads(meta_json)
+    outputs, specs, offset = {}, {}, 0
+    view = memoryview(data)
+    for part in meta["tables"]:
+        chunk = view[offset:offset + part["bytes"]]
+        offset += part["bytes"]
+        outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
+        specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"])
+    stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"])
+    return outputs, specs, stats, int(meta["rows_out"])
+
+
+def _statements(name: str, spec: Table, columns: list[str]) -> str:
+    cols = ", ".join(_quote(c) for c in columns)
+    insert = f"INSERT INTO {_quote(name)}({cols}) VALUES ({', '.join('?' * len(columns))})"
+    if spec.mode == "append":
+        return insert
+    rest = [c for c in columns if c not in spec.key]
+    sets = [f"{_quote(c)} = {_quote(c)} + excluded.{_quote(c)}" if c in spec.add
+            else f"{_quote(c)} = excluded.{_quote(c)}" for c in rest]
+    conflict = f" ON CONFLICT({', '.join(_quote(k) for k in spec.key)})"
+    return insert + (conflict + " DO UPDATE SET " + ", ".join(sets) if sets else conflict + " DO NOTHING")
+
+
+
+class SQLiteTablesSink:
+    """Tables of any schema in one SQLite database (see the module protocol).
+
+    Args:
+        path: Database file (created with its directory if missing).
+        sink_id: Marker namespace: two queries writing to one database need different ids.
+        staged: Allow the staged path; False writes every batch on the direct path.
+    """
+
+    def __init__(self, path: str | Path, sink_id: str = "default", staged: bool = True) -> None:
+        check_sink_id(sink_id)
+        self.path = Path(path)
+        self.sink_id = sink_id
+        self.staged = staged
+        self._conn: sqlite3.Connection | None = None
+        self._checked: dict[str, tuple[Table, tuple[str, ...]]] = {}
+        self._applier: ThreadPoolExecutor | None = None
+        self._pending: tuple[int, Future[bool]] | None = None
+        self._held: int | None = None  # a batch the ``apply_pending`` crash point holds back
+
+    def __repr__(self) -> str:
+        return f"onceflow.sqlite({str(self.path)!r}, sink_id={self.sink_id!r})"
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        """The open connection (opened on first use; the applier thread uses it between batches)."""
+        if self._conn is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = connect(self.path)
+            cols = {r[1] for r in self._conn.execute("PRAGMA table_info(onceflow_batches)")}
+            if "tables" not in cols:
+                self._conn.execute("ALTER TABLE onceflow_batches ADD COLUMN tables TEXT")
+        return self._conn
+
+    def bind(self, query_id: str) -> None:
+        """Tie the sink to the checkpoint with ``query_id`` (idempotent), then apply what is staged (S6).
+
+        Raises:
+            CheckpointMismatchError: The database holds this sink id for another checkpoint.
+            SinkApplyError: A staged batch cannot be applied (it stays staged).
+        """
+        self.flush()
+        bind_query(self.conn, self.path, self.sink_id, query_id)
+        self._recover()
+
+    def _fit(self, name: str, spec: Table, schema: pa.Schema) -> None:
+        """Step 3's table check: create the table, or check that an existing one fits.
+
+        Runs inside the batch's transaction (a table it creates exists only if the batch
+        commits); :meth:`_apply` remembers the tables that fit once it committed.
+        """
+        cols = tuple(schema.names)
+        if self._checked.get(name) == (spec, cols):
+            return
+        info = self.conn.execute(f"PRAGMA table_info({_quote(name)})").fetchall()
+        if not info:
+            self.conn.execute(_ddl(name, spec, schema))
+            return
+        have = {r[1] for r in info}
+        missing = [c for c in cols if c not in have]
+        if missing:
+            raise ConfigError(f"table {name!r} in {self.path} has no column(s) {missing} that the batch "
+                              f"has (it has {sorted(have)}); add them or write to another table")
+        pk = tuple(r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
+        if spec.key and set(pk) != set(spec.key):
+            raise ConfigError(f"table {name!r} in {self.path} has primary key {list(pk)}, but its spec "
+                              f"says key={list(spec.key)}; {spec.mode} needs them to be the same")
+
+    def _appliable(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> bool:
+        """Step S2: whether every table is onceflow's own, so that writing the batch cannot fail."""
+        if not self.staged or not outputs:
+            return False
+        names = list(outputs)
+        marks = ",".join("?" * len(names))
+        schema = self.conn.execute(f"SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name IN "
+                                   f"({marks})", names).fetchall()
+        created = {tbl: sql for typ, _, tbl, sql in schema if typ == "table"}
+        for name, rows in outputs.items():
+            spec = specs[name]
+            try:
+                if spec.mode == "append" and spec.key or created.get(name) != _ddl(name, spec, rows.schema):
+                    return False
+            except ConfigError:  # e.g. a column of type null (an empty batch): the direct path decides
+                return False
+        # a trigger, or an index the user added (onceflow's tables have only their primary key)
+        return not any(typ == "trigger" or typ == "index" and sql is not None for typ, _, _, sql in schema)
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Accept batch ``batch_id`` unless it was already committed (steps 1 and S1-S4).
+
+        May be called again with the same arguments (after a crash); only the first call
+        that commits (or stages) has an effect.
+
+        Args:
+            batch_id: Spark's micro-batch id.
+            outputs: Table name -> the batch's rows for it.
+            specs: Table name -> its spec (every output needs one).
+            stats: The batch's input rows and late drops.
+            rows_out: Rows of the batch's DataFrame (after deduplication and late drops).
+
+        Returns:
+            True if this call committed or staged the batch, False for a replay.
+
+        Raises:
+            BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
+            ConfigError: An existing table does not fit (nothing written).
+            SinkApplyError: The previous batch could not be applied (it stays staged).
+        """
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1, S1
+        check_outputs(outputs, specs)
+        for name, rows in outputs.items():
+            _check_values(name, rows)
+        self.flush()
+        if not self._appliable(outputs, specs):  # S2
+            return self._apply(batch_id, outputs, specs, stats, rows_out, staged=False)
+        meta, data = _encode(outputs, specs, stats, rows_out)
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")  # S3
+        try:
+            done = conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone() or conn.execute(
+                "SELECT 1 FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?",
+                (self.sink_id, batch_id)).fetchone()
+            if done:
+                conn.execute("ROLLBACK")
+                self.apply_staged()
+                return False
+            conn.execute("INSERT INTO onceflow_staged VALUES (?,?,?,?,?)",
+                         (self.sink_id, batch_id, int(time.time() * 1000), meta, data))
+            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        if armed_for(CrashPoint.APPLY_PENDING, batch_id):  # S4
+            self._held = batch_id
+            return True
+        if self._applier is None:
+            self._applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-apply")
+        self._pending = (batch_id, self._applier.submit(  # S5
+            self._apply, batch_id, outputs, specs, stats, rows_out, True))
+        return True
+
+    def _apply(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+               stats: BatchStats, rows_out: int, staged: bool) -> bool:
+        """Write one batch's tables and its marker in one transaction (steps 2-6, or S5).
+
+        Returns:
+            True if this call wrote the batch, False if its marker was there.
+        """
+        prepared = []
+        for name, rows in outputs.items():
+            spec = specs[name]
+            if spec.key:  # key order: neighbouring rows touch the same B-tree pages
+                rows = rows.sort_by([(k, "ascending") for k in spec.key])
+            values = list(zip(*(_column(rows.column(c)) for c in rows.column_names), strict=True))
+            prepared.append((name, spec, rows.schema, values))
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")  # 2
+        try:
+            if self._committed(batch_id):
+                if staged:  # applied before a crash that left the staged row behind
+                    conn.execute(_UNSTAGE, (self.sink_id, batch_id))
+                    conn.execute("COMMIT")
+                else:
+                    conn.execute("ROLLBACK")
+                return False
+            self._before_rows(batch_id, stats, rows_out, {n: len(v) for n, _, _, v in prepared})
+            written = {}
+            for name, spec, schema, values in prepared:  # 3
+                self._fit(name, spec, schema)
+                try:
+                    conn.executemany(_statements(name, spec, schema.names), values)
+                except sqlite3.IntegrityError as exc:
+                    raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table "
+                                             f"({exc}); nothing of the batch was written") from None
+                written[name] = len(values)
+            self._marker(batch_id, stats, rows_out, written)  # 4
+            if staged:
+                conn.execute(_UNSTAGE, (self.sink_id, batch_id))
+            else:
+                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            conn.execute("COMMIT")  # 5
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        for name, spec, schema, _ in prepared:
+            self._checked[name] = (spec, tuple(schema.names))
+        if not staged:
+            maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+            maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return True  # 6
+
+    def _committed(self, batch_id: int) -> bool:
+        """Step 2's check, inside the transaction: whether the marker of ``batch_id`` is there."""
+        return self.conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone() is not None
+
+    def _before_rows(self, batch_id: int, stats: BatchStats, rows_out: int, counts: dict[str, int]) -> None:
+        """Between steps 2 and 3, inside the transaction: nothing here (a hook for test variants)."""
+
+    def _marker(self, batch_id: int, stats: BatchStats, rows_out: int, written: dict[str, int]) -> None:
+        self.conn.execute(_MARKER, marker.marker_row(self.sink_id, batch_id, stats, rows_out, written))
+
+    def apply_staged(self) -> int:
+        """Apply every staged batch of this sink in batch order (S6).
+
+        Returns:
+            How many staged batches were found.
+        """
+        rows = self.conn.execute("SELECT batch_id, meta, data FROM onceflow_staged WHERE sink_id = ? "
+                                 "ORDER BY batch_id", (self.sink_id,)).fetchall()
+        for batch_id, meta, data in rows:
+            outputs, specs, stats, rows_out = _decode(meta, data)
+            self._apply(batch_id, outputs, specs, stats, rows_out, staged=True)
+        return len(rows)
+
+    def staged_batches(self) -> list[int]:
+        """Batch ids staged and not yet applied (empty after :meth:`flush`)."""
+        return [r[0] for r in self.conn.execute(
+            "SELECT batch_id FROM onceflow_staged WHERE sink_id = ? ORDER BY batch_id", (self.sink_id,))]
+
+    def flush(self) -> None:
+        """Wait until every accepted batch is in the tables (S1).
+
+        Raises:
+            SinkApplyError: A staged batch could not be applied, also on a second try;
+                it stays staged and a restart applies it.
+        """
+        if self._held is not None:
+            maybe_crash(CrashPoint.APPLY_PENDING, self._held)  # armed: does not return
+            self._held = None
+            self.apply_staged()
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending[1].result()
+        except Exception:  # a transient failure (e.g. a lock held past the timeout) heals here
+            self._recover()
+
+    def _recover(self) -> None:
+        """S6, with an error that says the batch is safe.
+
+        Raises:
+            SinkApplyError: A staged batch could not be applied; it stays staged.
+        """
+        try:
+            self.apply_staged()
+        except Exception as exc:
+            staged = self.staged_batches()
+            raise SinkApplyError(
+                f"batch {staged[0] if staged else '?'} of sink {self.sink_id!r} is safely staged in "
+                f"{self.path} (table onceflow_staged) but could not be written to its tables: {exc}. Fix "
+                "the cause and restart with the same checkpoint and database: the restart applies it."
+            ) from exc
+
+    def batches(self) -> list[dict[str, Any]]:
+        """This sink's marker rows, by batch id (what the auditor and users read), after :meth:`flush`."""
+        self.flush()
+        cur = self.conn.execute("SELECT * FROM onceflow_batches WHERE sink_id = ? ORDER BY batch_id",
+                                (self.sink_id,))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur]
+
+    def close(self) -> None:
+        """Apply what is pending, then close the connection (idempotent).
+
+        Raises:
+            SinkApplyError: See :meth:`flush`; the connection is closed anyway.
+        """
+        try:
+            if self._conn is not None:
+                self.flush()
+        finally:
+            if self._applier is not None:
+                self._applier.shutdown(wait=True)
+                self._applier = None
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

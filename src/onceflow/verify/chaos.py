@@ -1,0 +1,594 @@
+"""The fault injector behind ``onceflow verify``: rounds of real faults over a growing log.
+
+Protocol of one verify run:
+
+1. Generate the whole input deterministically from the seed (producer retries and late
+   events included when those input faults are selected) and cut it into per-round chunks.
+2. For each round: append the chunk's first segment, start a feeder thread that appends
+   the rest while the round runs, start ``onceflow run`` as a subprocess in its own
+   process group, inject the round's fault, and make sure the process group is gone
+   before the next round (a kill) or that it exited as the fault says it should.
+3. After the last round, drain the log with ``onceflow run --once`` (exit 0 required).
+4. Judge the sink with the oracle (:mod:`onceflow.verify.oracle`), which reads only the log
+   and Spark's checkpoint.
+
+With ``ingest`` the chunks of step 2 go through real senders and a real receiver instead
+(:mod:`onceflow.verify.ingest_rig`): a round ends when its sender has every event acked, the
+receiver is stopped before the final drain, and the log is checked against the input
+(each event exactly once) besides the oracle's check of the sink.
+
+Round kinds cycle through the selected faults in order, so every kind runs at least once
+when ``rounds >= len(faults)``; timings within a round come from the seeded RNG.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow.errors import ConfigError
+from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
+from onceflow.sinks.postgres import sql as pg
+from onceflow.sources.log import EventLog
+from onceflow.verify import inputs
+from onceflow.verify.driver import (
+    Driver,
+    ProcessGroup,
+    Standby,
+    busy_executor,
+    fast_start_archive,
+    wait_until,
+)
+from onceflow.verify.ingest_rig import (
+    DROP_ACKS,
+    INGEST_INPUT_FAULTS,
+    INGEST_ROUND_FAULTS,
+    RECEIVER_CRASHES,
+    IngestRig,
+)
+from onceflow.verify.inputs import TOPIC, Feeder, KafkaInput, LogInput
+from onceflow.verify.oracle import expect
+from onceflow.verify.resume import kill_stale, load_state, rng_state, save_state
+from onceflow.verify.standalone import StandaloneCluster
+from onceflow.verify.targets import KINDS, SinkTarget
+from onceflow.verify.verdict import Verdict
+
+CRASH_FAULTS = {
+    "crash_before_sink_write": "before_sink_write",
+    "crash_inside_sink_txn": "inside_sink_txn",
+    "crash_after_sink_commit": "after_sink_commit",
+    "crash_after_commit_log": "after_commit_log",
+    "crash_apply_pending": "apply_pending",
+    "crash_effects_started": "effects_started",
+    "crash_effects_sent": "effects_sent",
+}
+"""Fault name -> crash point: the driver SIGKILLs its JVM and itself there."""
+
+STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
+"""Faults at a point only the SQLite sink's staged path (``--sink sqlite``) has."""
+
+EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
+"""Faults at points only the side-effect sinks (``--sink http``, ``http-naive``) have."""
+
+NO_TXN_SINKS = ("http", "http-naive")
+"""Sinks without a transaction to crash inside (no ``crash_inside_sink_txn``)."""
+
+
+def reaches(sink: str, fault: str) -> bool:
+    """Whether a run with ``--sink sink`` can reach ``fault``."""
+    if fault in STAGED_SQLITE_FAULTS:
+        return sink == "sqlite"
+    if fault in EFFECT_FAULTS:
+        return sink in NO_TXN_SINKS
+    if fault == "crash_inside_sink_txn":
+        return sink not in NO_TXN_SINKS
+    if fault == "crash_after_sink_commit":
+        return sink != "http-naive"  # no ledger commit: the naive sink returns after its calls
+    return True
+
+SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill",
+                "worker_kill"]
+"""Faults of the Spark side that make a round."""
+
+ROUND_FAULTS = SPARK_FAULTS + INGEST_ROUND_FAULTS
+"""Faults that make a round."""
+
+VERIFY_KILL = "verify_kill"
+"""Record kind of a resumed round whose input was all in the log when verify was killed."""
+
+INPUT_FAULTS = ["producer_duplicates", "late_events", *INGEST_INPUT_FAULTS]
+"""Faults that hold for the whole run (in the input, or the receiver dropping acks)."""
+
+ALL_FAULTS = ROUND_FAULTS + INPUT_FAULTS
+INGEST_FAULTS = INGEST_ROUND_FAULTS + INGEST_INPUT_FAULTS
+CLUSTER_MASTER = "local-cluster[2,1,1024]"
+
+
+CLUSTERS = ("", "local", "standalone")
+"""``--cluster`` choices: none (``local[*]``), ``local-cluster[2,1,1024]``, a standalone master
+and two workers (:mod:`onceflow.verify.standalone`)."""
+
+CLUSTER_FAULTS = {"executor_kill": "local", "worker_kill": "standalone"}
+"""Faults that need executors of a cluster kind: an executor JVM of the local cluster killed,
+or a whole standalone worker (with its executor) killed and restarted."""
+
+
+def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool = False) -> list[str]:
+    """What ``--faults all`` means for a run: every fault the sink and options can reach.
+
+    Args:
+        sink: The run's ``--sink``.
+        cluster: One of :data:`CLUSTERS` (True: ``local``).
+        ingest: Senders and a receiver feed the log (the ingest faults).
+
+    Returns:
+        Fault names, in :data:`ALL_FAULTS` order.
+    """
+    kind = _cluster_kind(cluster)
+    return [f for f in ALL_FAULTS if CLUSTER_FAULTS.get(f, kind) == kind
+            and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)]
+
+
+def _cluster_kind(cluster: bool | str) -> str:
+    return "local" if cluster is True else "" if cluster is False else cluster
+
+
+@dataclass
+class VerifyConfig:
+    """What ``onceflow verify`` runs.
+
+    Attributes:
+        workdir: Where the log, checkpoint, database and process outputs go.
+        rounds: Number of fault rounds.
+        faults: Fault names (see :data:`ALL_FAULTS`).
+        seed: Seed of the input and of the timings.
+        sink: A ``onceflow run --sink`` choice: ``sqlite``, ``postgres``, ``postgres-staged``,
+            ``postgres-2pc``, or the negative controls ``naive`` / ``lossy`` / ``postgres-naive``.
+        pg_dsn: PostgreSQL server for postgres sinks (else ``$ONCEFLOW_PG_DSN``); the run
+            writes into a new schema there.
+        cluster: One of :data:`CLUSTERS` (True: ``local``): drivers on ``local-cluster[2,1,1024]``
+            (``executor_kill``) or on a standalone master with two workers (``worker_kill``).
+        ingest: Feed the log through senders and a receiver (needed by the ingest faults).
+        source: ``log`` (the event log) or ``kafka`` (a topic on a mock broker verify starts).
+        events_per_round: Distinct events generated per round.
+        segment_size: Rows per segment.
+        round_timeout_s: Longest a round may wait for its fault to happen.
+        fast_start: Start drivers from a class-data archive with the quick JIT
+            (:mod:`onceflow.jvmstart`): ~3x faster restarts, the same commits.
+    """
+
+    workdir: Path
+    rounds: int = 10
+    faults: list[str] = field(default_factory=default_faults)
+    seed: int = 0
+    sink: str = "sqlite"
+    pg_dsn: str | None = None
+    cluster: bool | str = ""
+    ingest: bool = False
+    source: str = "log"
+    events_per_round: int = 4_000
+    segment_size: int = 1_000
+    round_timeout_s: float = 240.0
+    fast_start: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.faults if f not in ALL_FAULTS]
+        if unknown:
+            raise ConfigError(f"unknown faults {unknown}; choose from {', '.join(ALL_FAULTS)}")
+        if not any(f in ROUND_FAULTS for f in self.faults):
+            raise ConfigError(f"--faults needs at least one of {', '.join(ROUND_FAULTS)}")
+        self.cluster = _cluster_kind(self.cluster)
+        if self.cluster not in CLUSTERS:
+            raise ConfigError(f"cluster must be local or standalone, got {self.cluster!r}")
+        for fault, kind in CLUSTER_FAULTS.items():
+            if fault in self.faults and self.cluster != kind:
+                raise ConfigError(f"the {fault} fault needs --cluster {kind}")
+        if self.source not in ("log", "kafka"):
+            raise ConfigError(f"source must be log or kafka, got {self.source!r}")
+        if self.source == "kafka" and self.ingest:
+            raise ConfigError("--ingest feeds the event log; it does not combine with --source kafka")
+        ingest_faults = [f for f in self.faults if f in INGEST_FAULTS]
+        if ingest_faults and not self.ingest:
+            raise ConfigError(f"the faults {ingest_faults} need --ingest (senders -> receiver -> log)")
+        unreachable = [f for f in self.faults if not reaches(self.sink, f)]
+        if unreachable:
+            raise ConfigError(f"--sink {self.sink} never reaches the faults {unreachable} "
+                              "(crash_apply_pending needs --sink sqlite, crash_effects_* an http sink, "
+                              "which has no inside_sink_txn point)")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
+        if self.sink not in KINDS:
+            raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {self.sink!r}")
+        if self.sink.startswith("postgres"):
+            pg.resolve_dsn(self.pg_dsn)  # fails early, with what to set
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one round (for the report)."""
+
+    round: int
+    fault: str
+    started_s: float
+    ended_s: float = 0.0
+    fault_s: float | None = None
+    exit_code: int | None = None
+    markers_before: int = 0
+    markers_after: int = 0
+    segments_appended: int = 0
+    outcome: str = ""
+
+
+@dataclass
+class VerifyResult:
+    """Everything ``onceflow verify`` found."""
+
+    config: dict[str, Any]
+    rounds: list[RoundRecord]
+    verdict: Verdict
+    input_rows: int
+    wall_s: float
+    final_exit_code: int
+    batches: list[dict[str, Any]] = field(default_factory=list)
+    started_epoch_ms: int = 0
+    final_drain_s: tuple[float, float] = (0.0, 0.0)
+    ingest: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        """No violation (the ingest check's are in the verdict too) and a clean final drain."""
+        return self.verdict.ok and self.final_exit_code == 0
+
+    def faults_by_kind(self) -> dict[str, int]:
+        """How many rounds injected each fault (input faults count once per run)."""
+        out: dict[str, int] = {}
+        for r in self.rounds:
+            out[r.fault] = out.get(r.fault, 0) + 1
+        for f in self.config["faults"]:
+            if f in INPUT_FAULTS:
+                out[f] = 1
+        return out
+
+
+def _config(cfg: VerifyConfig) -> dict[str, Any]:
+    conf = asdict(cfg)
+    conf["workdir"] = str(cfg.workdir)
+    conf["pg_dsn"] = None  # reports never hold connection strings
+    return conf
+
+
+def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bool = False) -> VerifyResult:
+    """Run the rounds, drain, and judge (see the module protocol).
+
+    Args:
+        cfg: What to run.
+        say: Progress output (one line per round).
+        resume: Continue the run whose state is in ``cfg.workdir`` (see
+            :mod:`onceflow.verify.resume`).
+
+    Returns:
+        The rounds and the verdict.
+
+    Raises:
+        ConfigError: ``resume`` without a state, or with another configuration, or of a
+            Kafka-fed run (the mock broker's records lived in the interrupted run's memory).
+    """
+    if resume and cfg.source == "kafka":
+        raise ConfigError("--resume is not possible with --source kafka: the mock broker that held the "
+                          "topic ended with the interrupted run; start a new run")
+    src: LogInput | KafkaInput = KafkaInput(rows_per_file=cfg.segment_size) if cfg.source == "kafka" \
+        else LogInput(cfg.workdir / "log")
+    cluster = None
+    try:
+        if cfg.cluster == "standalone":
+            cluster = StandaloneCluster(cfg.workdir / "cluster").start()
+            say(f"cluster: standalone master {cluster.master_url}, {len(cluster.workers)} workers")
+        if cfg.source == "kafka":
+            say(f"source: Kafka topic {TOPIC} on a mock broker at {src.broker.bootstrap}")  # type: ignore[union-attr]
+        return _run(cfg, say, resume, src, cluster)
+    finally:
+        src.close()
+        if cluster is not None:
+            cluster.stop()
+
+
+def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: LogInput | KafkaInput,
+         cluster: StandaloneCluster | None) -> VerifyResult:
+    """:func:`run_verify` once its input (and cluster) are up."""
+    work = cfg.workdir
+    log_dir, ck, outs = work / "log", work / "checkpoint", work / "out"
+    outs.mkdir(parents=True, exist_ok=True)
+    state = load_state(work, _config(cfg)) if resume else {}
+    if resume:
+        say(f"resuming after round {len(state['rounds'])} ({kill_stale(work)} stale process groups killed)")
+    ProcessGroup.registry = work
+    t0 = time.monotonic() - state.get("elapsed_s", 0.0)
+    started_epoch_ms = state.get("started_epoch_ms", int(time.time() * 1000))
+    rng = random.Random(cfg.seed)
+    if state:
+        rng.setstate(rng_state(state["rng"]))
+    target = SinkTarget(cfg.sink, work, cfg.pg_dsn)
+    target.prepare(state.get("schema"))
+    say(f"sink: {target.name}")
+    log = EventLog(log_dir)
+    chunks = inputs.chunks(cfg.events_per_round * cfg.rounds, cfg.rounds, cfg.segment_size, cfg.seed,
+                           "producer_duplicates" in cfg.faults, "late_events" in cfg.faults)
+    kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
+    master = CLUSTER_MASTER if cfg.cluster == "local" else cluster.master_url if cluster else None
+    records = [RoundRecord(**r) for r in state.get("rounds", [])]
+    input_rows = state.get("input_rows", 0)
+    rig = None
+    if cfg.ingest:
+        rig = IngestRig(work, log_dir, DROP_ACKS if "dropped_acks" in cfg.faults else 0.0)
+        rig.receiver_lives = state.get("receiver_lives", 0)
+        rig.sender_lives = state.get("sender_lives", 0)
+        for chunk in chunks[:len(records)]:
+            rig.expect(chunk)
+        rig.start_receiver()
+        say(f"ingest: receiver on {rig.url}")
+    # segments of a cut-off round that already reached the log (resume step 3)
+    in_log = len(log.segments()) - sum(len(c) for c in chunks[:len(records)]) if rig is None else 0
+
+    jvm: dict[str, str] = {}
+    if cfg.fast_start:
+        archive = fast_start_archive(work / "jvm-training", say)
+        jvm[JAVA_OPTIONS_ENV] = use_options(archive)
+
+    def driver(tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
+        return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
+                      env={**jvm, **target.env(), **(env or {})}, **src.driver_kw(), **kw)
+
+    def persist() -> None:
+        save_state(work, {
+            "config": _config(cfg), "rounds": [asdict(r) for r in records], "input_rows": input_rows,
+            "elapsed_s": time.monotonic() - t0, "started_epoch_ms": started_epoch_ms,
+            "rng": rng.getstate(), "schema": target.schema or None,
+            "receiver_lives": rig.receiver_lives if rig else 0,
+            "sender_lives": rig.sender_lives if rig else 0,
+        })
+
+    persist()  # resume step 1: a run cut off in its first round can resume too
+    scheduled = sum(r.fault != VERIFY_KILL for r in records)
+    # no standbys on a standalone cluster: a waiting driver is an application holding executors
+    standby = Standby(driver, outs) if cfg.fast_start and rig is None and cluster is None else None
+
+    def launch(spec: Spec, upcoming: list[Spec]) -> Driver:
+        """The driver of ``spec``: a released standby, or a fresh one; pre-starts ``upcoming``."""
+        tag, kw = spec
+        return standby.take(tag, upcoming, **kw) if standby is not None else driver(tag, **kw)
+
+    for i, chunk in enumerate(chunks):
+        if i < len(records):
+            continue
+        todo, in_log = chunk[max(in_log, 0):], 0
+        if rig is None and not todo:  # resume step 4: nothing left to feed
+            fault = VERIFY_KILL
+        else:
+            fault, scheduled = kinds[scheduled % len(kinds)], scheduled + 1
+        rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
+        input_rows += sum(t.num_rows for t in chunk)
+        ahead = min(STANDBYS, len(chunks) - i - 1)
+        upcoming = ([_spec(kinds[(scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
+                     for k in range(ahead)] + [FINAL])[:STANDBYS]
+        start = functools.partial(launch, _spec(fault, i + 1, cfg.seed), upcoming)
+
+        if fault == VERIFY_KILL:
+            _drain(start(), rec, cfg.round_timeout_s,
+                   "verify and this round's driver were SIGKILLed after its input was fed; "
+                   "restarted, drained with --once")
+        elif rig is None:
+            if todo:
+                src.append(todo[0])
+            feeder = Feeder(src.append, todo[1:], pace_s=0.5)
+            try:
+                _inject(fault, start, rec, target, rng, cfg.round_timeout_s, t0, cluster)
+            finally:
+                feeder.join()
+        else:
+            _ingest_round(fault, rig, chunk, start, rec, target, rng, cfg.round_timeout_s, t0)
+        rec.segments_appended = len(chunk)
+        rec.markers_after = target.committed_batches()
+        rec.ended_s = time.monotonic() - t0
+        records.append(rec)
+        persist()
+        say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
+            f"(markers {rec.markers_before} -> {rec.markers_after})")
+    ingest = None
+    if rig is not None:
+        chk = rig.stop()
+        ingest = asdict(chk)
+        say(f"ingest: {chk.ids_sent} distinct events sent, {chk.rows_in_log} rows in the log, "
+            f"{chk.lost} lost, {chk.duplicated} duplicated ({chk.receiver_lives} receiver lives, "
+            f"{chk.sender_lives} sender lives)")
+    drain_start = time.monotonic() - t0
+    final = launch(FINAL, [])
+    final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
+    drain = (drain_start, time.monotonic() - t0)
+    say(f"final drain: exit code {final_rc}")
+    verdict = target.judge(expect(ck, src.oracle_inputs(ck)))
+    target.close()
+    verdict.violations += ingest["violations"] if ingest else []
+    conf = _config(cfg)
+    conf["sink_location"] = target.name
+    return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
+                        target.batches(), started_epoch_ms, drain, ingest)
+
+
+def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Callable[[], Driver],
+                  rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float,
+                  t0: float) -> None:
+    """One round of a run with ``ingest``: the input goes through a sender and the receiver."""
+    point = RECEIVER_CRASHES.get(fault)
+    if point:  # this receiver life dies by itself at its second group commit
+        rig.kill_receiver()
+        rig.start_receiver(crash_at=f"{point}@2")
+    base = rig.events_new()
+    rig.feed(rec.round, chunk)
+    if fault not in INGEST_ROUND_FAULTS:
+        _inject(fault, start, rec, target, rng, timeout, t0)
+        try:
+            rig.wait_sender(timeout)
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            rec.outcome += f"; the sender did not finish: {exc}"
+        return
+    d = start()
+    try:
+        if point:
+            assert rig.receiver is not None
+            try:
+                rc = rig.receiver.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+                rig.kill_receiver()
+            rec.fault_s = time.monotonic() - t0
+            rig.start_receiver()
+            rec.outcome = (f"receiver died at {point}, restarted" if rc == -9
+                           else f"receiver did not die at {point} (exit code {rc}); restarted")
+        else:
+            wait_until(lambda: rig.events_new() > base, timeout, "events of this round in the log")
+            time.sleep(rng.uniform(0.0, 0.5))
+            rec.fault_s = time.monotonic() - t0
+            if fault == "receiver_kill":
+                rig.kill_receiver()
+                rig.start_receiver()
+                rec.outcome = "receiver SIGKILLed mid-stream, restarted"
+            else:
+                rig.kill_sender()
+                rig.start_sender()
+                rec.outcome = "sender SIGKILLed mid-stream, restarted from its outbox"
+        rig.wait_sender(timeout)
+        wait_until(lambda: target.committed_batches() > rec.markers_before, timeout,
+                   "a committed batch in this round")
+    except (AssertionError, subprocess.TimeoutExpired) as exc:
+        rec.outcome = f"{rec.outcome}; timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+
+
+def _drain(d: Driver, rec: RoundRecord, timeout: float, done: str) -> None:
+    """Wait for a ``--once`` driver; record ``done``, or how it failed (killed after ``timeout``)."""
+    try:
+        rec.exit_code = d.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+        rec.outcome = f"timed out after {timeout} s draining; killed"
+        return
+    rec.outcome = done if rec.exit_code == 0 else f"unexpected exit code {rec.exit_code}"
+
+
+Spec = tuple[str, dict[str, Any]]
+"""A round's driver: its tag (output file name) and :class:`Driver` keywords."""
+
+FINAL: Spec = ("final", {"once": True, "max_files": 3})
+"""The final drain's driver."""
+
+STANDBYS = 2
+"""Drivers pre-started ahead (``fast_start``): a standby needs ~2 rounds to be ready."""
+
+
+def _crash_point(fault: str) -> str:
+    """The crash point a crash fault (or ``ambiguous_commit``) arms."""
+    return CRASH_FAULTS.get(fault, "ambiguous_commit")
+
+
+def _spec(fault: str, round_no: int, seed: int) -> Spec:
+    """The driver a round with ``fault`` runs (known ahead, so a standby can be pre-started).
+
+    The batch size of a ``trigger_change`` round comes from an RNG of its own (seed, round),
+    so it is the same whether or not the round was resumed.
+    """
+    tag = f"round{round_no:04d}-{fault}"
+    if fault == "crash_apply_pending":  # dies at the next flush: the next batch, or the end of --once
+        return tag, {"crash_at": f"{_crash_point(fault)}@0", "once": True}
+    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
+        return tag, {"crash_at": f"{_crash_point(fault)}@0"}
+    if fault == "trigger_change":
+        return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
+    if fault == VERIFY_KILL:
+        return tag, {"once": True}
+    if fault in CLUSTER_FAULTS:  # WARN level shows Spark's "Lost task" / "Lost executor" lines
+        return tag, {"env": {"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"}}
+    return tag, {}
+
+
+def _inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: SinkTarget,
+            rng: random.Random, timeout: float, t0: float, cluster: StandaloneCluster | None = None) -> None:
+    """Run one round's driver (``start()``, see :func:`_spec`) and inject ``fault`` into it."""
+    before = rec.markers_before
+
+    def progressed() -> bool:
+        return target.committed_batches() > before
+
+    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
+        point = _crash_point(fault)
+        d = start()
+        try:
+            rec.exit_code = d.wait(timeout=timeout)
+        except Exception:
+            d.kill()
+            rec.outcome = "fault not reached in time; killed"
+            return
+        rec.fault_s = time.monotonic() - t0
+        expected = 1 if fault == "ambiguous_commit" else -9
+        rec.outcome = (f"driver died at {point}" if rec.exit_code == expected
+                       else f"unexpected exit code {rec.exit_code}")
+        return
+    if fault == "trigger_change":
+        _drain(start(), rec, timeout,
+               "restarted with another batch size, drained")
+        return
+    d = start()
+    try:
+        wait_until(progressed, timeout, "a committed batch")
+        if fault == "executor_kill":
+            pid = busy_executor(d.proc.pid, timeout=60)  # mid-batch: an executor running tasks
+            if pid is None:
+                rec.outcome = "no busy executor found"
+            else:
+                os.kill(pid, 9)
+                rec.fault_s = time.monotonic() - t0
+                after = target.committed_batches()
+                wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the kill")
+                lost = d.output().count("Lost task")
+                rec.outcome = (f"executor SIGKILLed while busy ({lost} task attempts lost and "
+                               "retried by Spark), query went on")
+        elif fault == "worker_kill" and cluster is not None:
+            _kill_worker(cluster, d, rec, target, timeout, t0)
+        else:  # kill_random
+            time.sleep(rng.uniform(0.0, 2.0))
+            rec.fault_s = time.monotonic() - t0
+            rec.outcome = "driver and JVM SIGKILLed at a random moment"
+    except AssertionError as exc:
+        rec.outcome = f"timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+
+
+def _kill_worker(cluster: StandaloneCluster, d: Driver, rec: RoundRecord, target: SinkTarget,
+                 timeout: float, t0: float) -> None:
+    """``worker_kill``: SIGKILL a busy worker with its executor; restart it once the query went on."""
+    i = cluster.busy_worker(timeout_s=60)
+    if i is None:
+        rec.outcome = "no busy worker found"
+        return
+    cluster.kill_worker(i)
+    running = cluster.tasks_cut_off(i)
+    rec.fault_s = time.monotonic() - t0
+    after = target.committed_batches()
+    wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the worker kill")
+    cluster.start_worker(i)
+    rec.outcome = (f"worker {i} and its executor SIGKILLed while busy ({len(running)} tasks cut off "
+                   f"mid-run: {', '.join(running[:4]) or 'none'}; Spark: "
+                   f"{d.output().count('Lost executor')} executor lost), query went on; worker restarted")

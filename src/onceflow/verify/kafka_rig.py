@@ -1,0 +1,127 @@
+"""Kafka for the auditor: produce Example 5-1's events to a topic, read a topic back independently.
+
+The producer side writes what :class:`onceflow.examples.user_counts.KafkaTopic` documents
+(value JSON ``{"user", "event_time_us"}``, header ``event_id``, key = the user); a producer
+retry is simply the same event produced again, at a new offset.
+
+The reading side is the oracle's own: a plain ``confluent-kafka`` consumer per partition
+(not onceflow's source, which is what is being checked) that returns every record of the
+topic with its coordinates, so the oracle can cut each batch's input out of it by the offsets
+Spark logged (:func:`batch_events`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from onceflow.errors import SourceReadError
+
+
+def produce_events(bootstrap: str, topic: str, events: pa.Table) -> int:
+    """Produce ``events`` (``event_id, user, event_time``) to ``topic``, in row order.
+
+    Returns:
+        Records produced (all acknowledged by the broker).
+    """
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    failed: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    micros = events.column("event_time").cast(pa.int64()).to_pylist()
+    for eid, user, us in zip(events.column("event_id").to_pylist(), events.column("user").to_pylist(),
+                             micros, strict=True):
+        value = json.dumps({"user": user, "event_time_us": us}).encode()
+        while True:
+            try:
+                producer.produce(topic, key=user.encode(), value=value, headers=[("event_id", eid.encode())],
+                                 on_delivery=on_delivery)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    if producer.flush(60) or failed:
+        raise SourceReadError(f"producing to {topic} failed: {failed[:3] or 'not acknowledged in 60 s'}")
+    return int(events.num_rows)
+
+
+def topic_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Table:
+    """Every record of ``topic``: ``partition, offset, event_id, user, event_time`` (offset order)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer: Any = Consumer({"bootstrap.servers": bootstrap, "group.id": "onceflow-oracle",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    cols: dict[str, list[Any]] = {name: [] for name in ("partition", "offset", "event_id", "user",
+                                                        "event_time_us")}
+    try:
+        parts = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        for part in sorted(parts):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout_s)
+            consumer.assign([TopicPartition(topic, part, low)])
+            position, deadline = low, time.monotonic() + timeout_s
+            while position < high:
+                if time.monotonic() > deadline:
+                    raise SourceReadError(f"oracle: {topic}/{part} stopped at offset {position} of {high}")
+                for m in consumer.consume(1000, timeout=1.0):
+                    if m.error() is not None or m.offset() >= high:
+                        continue
+                    value = json.loads(m.value())
+                    eid = dict(m.headers() or []).get("event_id", b"").decode()
+                    for name, item in (("partition", part), ("offset", m.offset()), ("event_id", eid),
+                                       ("user", value["user"]), ("event_time_us", value["event_time_us"])):
+                        cols[name].append(item)
+                    position = m.offset() + 1
+    finally:
+        consumer.close()
+    return pa.table({"partition": pa.array(cols["partition"], pa.int32()),
+                     "offset": pa.array(cols["offset"], pa.int64()),
+                     "event_id": pa.array(cols["event_id"], pa.string()),
+                     "user": pa.array(cols["user"], pa.string()),
+                     "event_time": pa.array(cols["event_time_us"], pa.int64()).cast(pa.timestamp("us"))})
+
+
+def batch_events(records: pa.Table, topic: str, start: dict[str, Any] | None,
+                 end: dict[str, Any]) -> pa.Table:
+    """The records a batch read: per partition ``[start, end)`` of the offsets Spark logged.
+
+    Args:
+        records: :func:`topic_records` of the topic.
+        topic: The topic.
+        start: The previous batch's logged source offset (None for batch 0: from offset 0).
+        end: This batch's logged source offset (``from`` honoured: skipped offsets).
+    """
+    begin = (start or {}).get("offsets", {}).get(topic, {})
+    resumed = end.get("from", {}).get(topic, {})
+    pieces = []
+    for part, until in end.get("offsets", {}).get(topic, {}).items():
+        lo = int(resumed.get(part, begin.get(part, 0)))
+        offsets = records["offset"]
+        mask = pc.and_(pc.equal(records["partition"], int(part)),
+                       pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, int(until))))
+        pieces.append(records.filter(mask))
+    if not pieces:
+        return records.slice(0, 0)
+    return pa.concat_tables(pieces).sort_by([("partition", "ascending"), ("offset", "ascending")])
+
+
+def batch_reader(checkpoint: str | Path, records: pa.Table, topic: str) -> Callable[[int], pa.Table]:
+    """The input of each batch of a Kafka-fed checkpoint, for :func:`onceflow.verify.oracle.expect`."""
+    from onceflow import checkpoint as ckpt
+
+    def read(batch_id: int) -> pa.Table:
+        end: Any = ckpt.source_offset(checkpoint, batch_id) or {}
+        start: Any = ckpt.source_offset(checkpoint, batch_id - 1) if batch_id > 0 else None
+        return batch_events(records, topic, start, end)
+
+    return read

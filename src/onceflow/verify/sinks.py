@@ -1,0 +1,165 @@
+"""The ``--sink`` choices of ``onceflow run`` / ``onceflow verify``, and the negative controls.
+
+A negative control is a sink that is *meant* to break exactly-once, so that the auditor can
+show it catches the break: each is a small subclass of a production sink that leaves out (or
+reorders) one step of its commit protocol. They live here, in the verifier, never in the
+library: the production classes have no such mode.
+
+* ``naive`` / ``postgres-naive`` / ``delta-naive``: the marker check of step 2 always says
+  "not committed", so a re-run batch is written again (duplicates).
+* ``lossy``: the marker commits before the rows, so a crash in between loses the batch.
+* ``http-naive``: no ledger and no marker: every attempt calls every row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow.errors import ConfigError
+from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.sinks.base import BatchStats, TablesSink
+from onceflow.sinks.delta import DeltaTablesSink
+from onceflow.sinks.http.sink import HttpEffectsSink
+from onceflow.sinks.postgres.conn import require_psycopg
+from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
+from onceflow.sinks.sqlite.sink import SQLiteTablesSink
+from onceflow.tables import Table
+
+__all__ = ["SINKS", "LossySQLiteSink", "NaiveDeltaSink", "NaiveHttpSink", "NaivePostgresSink",
+           "NaiveSQLiteSink", "SinkOptions", "make_sink", "marker_id"]
+
+SQLITE_SINKS = ("sqlite", "naive", "lossy")
+EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
+POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
+EFFECT_SINKS = ("http", "http-naive")
+DELTA_SINKS = ("delta", "delta-naive")
+SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS
+EXAMPLE_SINK_ID = "user_counts"
+"""The sink id ``onceflow run`` writes Example 5-1 under (its markers' namespace)."""
+
+
+class NaiveSQLiteSink(SQLiteTablesSink):
+    """Negative control: never finds a marker, so a replayed batch is written twice."""
+
+    def __init__(self, path: str | Path, sink_id: str = "default") -> None:
+        super().__init__(path, sink_id=sink_id, staged=False)
+
+    def _committed(self, batch_id: int) -> bool:
+        return False
+
+
+class LossySQLiteSink(SQLiteTablesSink):
+    """Negative control: commits the marker before the rows; a crash in between loses the batch."""
+
+    def __init__(self, path: str | Path, sink_id: str = "default") -> None:
+        super().__init__(path, sink_id=sink_id, staged=False)
+
+    def _before_rows(self, batch_id: int, stats: BatchStats, rows_out: int, counts: dict[str, int]) -> None:
+        self._marker(batch_id, stats, rows_out, counts)
+        self.conn.execute("COMMIT")
+        maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        self.conn.execute("BEGIN IMMEDIATE")
+
+
+class NaivePostgresSink(PostgresTablesSink):
+    """Negative control: never finds a marker, so a replayed batch is written twice."""
+
+    def _committed(self, conn: Any, batch_id: int) -> bool:
+        return False
+
+
+class NaiveDeltaSink(DeltaTablesSink):
+    """Negative control: writes the app transaction but never checks it (what delta-rs alone does)."""
+
+    def _committed(self, table: Any, batch_id: int) -> bool:
+        return False
+
+
+class NaiveHttpSink(HttpEffectsSink):
+    """Negative control: no ledger, no marker: every attempt calls every row."""
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Call every row of the batch, every attempt (step 1, then step 3 without the ledger)."""
+        effects = self._effects(batch_id, outputs, specs)
+        asyncio.run(self._send(effects, lambda _: None, record=False))
+        maybe_crash(CrashPoint.EFFECTS_SENT, batch_id)
+        return True
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    """Where a ``--sink`` choice writes.
+
+    Attributes:
+        db: SQLite database (SQLite sinks; the ledger of the ``http`` sinks).
+        pg_dsn: PostgreSQL connection string (else ``$ONCEFLOW_PG_DSN``).
+        delta: Root directory of the Delta tables (``delta``).
+        effects_url: Where the ``http`` sinks POST effects.
+        effects_timeout_s: Seconds an effect call may take.
+    """
+
+    db: Path | None = None
+    pg_dsn: str | None = None
+    delta: Path | None = None
+    effects_url: str | None = None
+    effects_timeout_s: float = 10.0
+
+
+def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> TablesSink:
+    """The sink a ``--sink`` choice names.
+
+    Args:
+        kind: One of :data:`SINKS`.
+        where: Its locations.
+        sink_id: Marker namespace.
+
+    Returns:
+        The sink (not yet connected).
+
+    Raises:
+        ConfigError: A required location is missing, or the extra the sink needs is not installed.
+    """
+    if kind in DELTA_SINKS:
+        if where.delta is None:
+            raise ConfigError(f"--sink {kind} writes Delta tables: pass --delta DIR (their root directory)")
+        if kind == "delta-naive":
+            return NaiveDeltaSink(where.delta, sink_id=sink_id)
+        return DeltaTablesSink(where.delta, sink_id=sink_id)
+    if kind in EFFECT_SINKS:
+        if where.db is None or not where.effects_url:
+            raise ConfigError(f"--sink {kind} calls a service: pass --effects-url URL and --db PATH for "
+                              "its ledger")
+        cls = NaiveHttpSink if kind == "http-naive" else HttpEffectsSink
+        return cls(where.effects_url, where.db, sink_id=sink_id, timeout_s=where.effects_timeout_s)
+    if kind in SQLITE_SINKS:
+        if where.db is None:
+            raise ConfigError(f"--sink {kind} writes to SQLite: pass --db PATH")
+        if kind == "naive":
+            return NaiveSQLiteSink(where.db, sink_id=sink_id)
+        if kind == "lossy":
+            return LossySQLiteSink(where.db, sink_id=sink_id)
+        return SQLiteTablesSink(where.db, sink_id=sink_id)
+    require_psycopg()
+    if kind == "postgres":
+        return PostgresTablesSink(where.pg_dsn, sink_id=sink_id)
+    if kind == "postgres-naive":
+        return NaivePostgresSink(where.pg_dsn, sink_id=sink_id)
+    if kind in EXECUTOR_SINKS:
+        return PostgresFramesSink(where.pg_dsn, sink_id=sink_id, protocol=kind.removeprefix("postgres-"))
+    raise ConfigError(f"unknown sink {kind!r}; use one of {', '.join(SINKS)}")
+
+
+def marker_id(kind: str, table: str, sink_id: str = EXAMPLE_SINK_ID) -> str:
+    """The sink id of the markers that record ``table``'s batches for a ``--sink`` choice.
+
+    The executor-side PostgreSQL sinks keep one marker per table (``<sink_id>.<table>``);
+    the others one per batch for all tables (``<sink_id>``).
+    """
+    return f"{sink_id}.{table}" if kind in EXECUTOR_SINKS else sink_id

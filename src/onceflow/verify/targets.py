@@ -1,0 +1,188 @@
+"""The sink a verify run writes to: how the driver reaches it, and how the auditor reads it.
+
+SQLite sinks live in a fresh database file in the work directory. The ``http`` sinks call the
+demo service (:mod:`onceflow.verify.service`, a process of its own, which applies 3% of calls
+and answers 500, and applies 1% and answers too late for the driver's 1.5 s timeout), their
+ledger a database file in the work directory; ``http-naive`` calls a service that ignores
+idempotency keys (so its duplicates show). The ``delta`` sink writes Delta tables under
+``<workdir>/delta`` (its markers: the tables' app transactions and commit metadata);
+``delta-naive`` never checks the app transaction (its duplicates show). PostgreSQL sinks
+get a fresh schema (``onceflow_verify_<id>``) in the database of the given DSN, selected
+through the connection's ``search_path``; the DSN reaches the driver processes through
+``ONCEFLOW_PG_DSN``, never on a command line.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from onceflow.errors import ConfigError, OnceflowError
+from onceflow.sinks.postgres import sql as pg
+from onceflow.sinks.postgres.conn import require_psycopg
+from onceflow.sinks.sqlite.db import read_batches
+from onceflow.verify.oracle import Expectation
+from onceflow.verify.sinks import DELTA_SINKS, EFFECT_SINKS, EXAMPLE_SINK_ID, SINKS, SQLITE_SINKS, marker_id
+from onceflow.verify.verdict import Verdict, judge_delta, judge_effects, judge_postgres, judge_sqlite
+
+
+def delta_batches(root: Path, sink_id: str) -> list[dict[str, Any]]:
+    """The markers of a Delta sink (see :meth:`DeltaTablesSink.batches`), read while it may write.
+
+    A table whose first commit is still being written counts as having none yet.
+    """
+    from onceflow.sinks.delta import DeltaTablesSink
+
+    for _ in range(5):
+        try:
+            return DeltaTablesSink(root, sink_id=sink_id).batches()
+        except Exception as exc:  # deltalake's TableNotFoundError / a log file mid-write
+            last = exc
+            time.sleep(0.05)
+    raise OnceflowError(f"cannot read the Delta sink's markers under {root}: {last}")
+
+KINDS = SINKS
+SQLITE_KINDS = SQLITE_SINKS
+SINK_ID = EXAMPLE_SINK_ID
+
+
+class SinkTarget:
+    """Where one verify run's pipeline writes.
+
+    Args:
+        kind: A ``onceflow run --sink`` choice (see :data:`KINDS`).
+        workdir: The verify work directory (SQLite database location).
+        pg_dsn: PostgreSQL connection string for postgres kinds (else ``$ONCEFLOW_PG_DSN``).
+
+    Raises:
+        ConfigError: Unknown kind, or a postgres kind without a DSN.
+    """
+
+    def __init__(self, kind: str, workdir: Path, pg_dsn: str | None = None) -> None:
+        if kind not in KINDS:
+            raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {kind!r}")
+        self.kind = kind
+        self.db: Path | None = None
+        self.dsn = ""
+        self.schema = ""
+        self.marker_id = marker_id(kind, "user_counts")
+        """The sink id of the markers of ``user_counts`` (per batch, or per table and batch)."""
+        self.service: Any = None
+        self.workdir = workdir
+        if kind in SQLITE_KINDS:
+            self.db = workdir / "sink.db"
+        elif kind in EFFECT_SINKS:
+            self.db = workdir / "ledger.db"
+        elif kind in DELTA_SINKS:
+            from onceflow.sinks.delta import DeltaTablesSink
+
+            self.db = workdir / "delta"  # the tables' root directory
+            DeltaTablesSink(self.db, sink_id=SINK_ID)  # no deltalake: a ConfigError naming the extra
+        else:
+            self._base_dsn = pg.resolve_dsn(pg_dsn)
+
+    @property
+    def is_postgres(self) -> bool:
+        """Whether the sink is in PostgreSQL."""
+        return self.db is None
+
+    def prepare(self, schema: str | None = None) -> None:
+        """Create the empty place the run writes to (a new PostgreSQL schema), or start the service.
+
+        Args:
+            schema: Reuse this schema of a resumed run instead.
+        """
+        if self.kind in EFFECT_SINKS:
+            from onceflow.verify.service import ServiceProcess
+
+            pid = self.workdir / "service.pid"
+            if pid.exists():  # a resumed run: the service of the killed verify may still run
+                _kill(int(pid.read_text()))
+            flags = ["--fail-after-apply", "0.03", "--timeout-after-apply", "0.01", "--hang-s", "3"]
+            self.service = ServiceProcess(self.workdir / "service.db", *flags,
+                                          *(["--ignore-keys"] if self.kind == "http-naive" else [])).start()
+            pid.write_text(str(self.service.proc.pid))
+            return
+        if not self.is_postgres:
+            return
+        require_psycopg()
+        from psycopg import sql
+        from psycopg.conninfo import make_conninfo
+
+        self.schema = schema or f"onceflow_verify_{uuid.uuid4().hex[:10]}"
+        with pg.session(self._base_dsn) as conn:
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        self.dsn = make_conninfo(self._base_dsn, options=f"-c search_path={self.schema}")
+
+    @property
+    def name(self) -> str:
+        """How reports name the sink (no password)."""
+        if self.db is not None:
+            return f"{self.kind}:{self.db}"
+        return f"{self.kind}:{pg.redact(self._base_dsn)} schema {self.schema}"
+
+    def run_args(self) -> list[str]:
+        """``onceflow run`` arguments that select this sink."""
+        where = "--delta" if self.kind in DELTA_SINKS else "--db"
+        args = ["--sink", self.kind] + ([where, str(self.db)] if self.db is not None else [])
+        if self.service is not None:
+            args += ["--effects-url", self.service.effects_url, "--effects-timeout", "1.5"]
+        return args
+
+    def env(self) -> dict[str, str]:
+        """Environment for the driver process."""
+        return {pg.DSN_ENV: self.dsn} if self.is_postgres else {}
+
+    def close(self) -> None:
+        """Stop what :meth:`prepare` started (the demo service)."""
+        if self.service is not None:
+            self.service.stop()
+            (self.workdir / "service.pid").unlink(missing_ok=True)
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The sink's batch markers with metrics."""
+        if self.kind in DELTA_SINKS:
+            assert self.db is not None
+            return delta_batches(self.db, SINK_ID)
+        if self.db is not None:
+            return read_batches(self.db, self.marker_id)
+        return pg.read_batches(self.dsn, self.marker_id)
+
+    def committed_batches(self) -> int:
+        """Number of batch markers (0 before the sink exists)."""
+        if self.kind in DELTA_SINKS:
+            return len(self.batches())
+        if self.db is not None:
+            from onceflow.verify.driver import committed_batches
+
+            return committed_batches(self.db)
+        with pg.session(self.dsn) as conn:
+            row = conn.execute("SELECT count(*) FROM onceflow_batches WHERE sink_id = %s",
+                               (self.marker_id,)).fetchone()
+        return int(row[0])
+
+    def judge(self, expectation: Expectation) -> Verdict:
+        """The auditor's verdict on this sink."""
+        if self.kind in EFFECT_SINKS:
+            assert self.db is not None
+            return judge_effects(self.workdir / "service.db", self.db, expectation, self.marker_id)
+        if self.kind in DELTA_SINKS:
+            assert self.db is not None
+            return judge_delta(self.db, expectation, SINK_ID)
+        if self.db is not None:
+            return judge_sqlite(self.db, expectation, self.marker_id)
+        verdict = judge_postgres(self.dsn, expectation, self.marker_id, gid_prefix=f"of:{SINK_ID}")
+        verdict.sink = self.name
+        return verdict
+
+
+def _kill(pid: int) -> None:
+    import os
+    import signal
+
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
