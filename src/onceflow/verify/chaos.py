@@ -304,123 +304,147 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
 def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: LogInput | KafkaInput,
          cluster: StandaloneCluster | None) -> VerifyResult:
     """:func:`run_verify` once its input (and cluster) are up."""
-    work = cfg.workdir
-    log_dir, ck, outs = work / "log", work / "checkpoint", work / "out"
-    outs.mkdir(parents=True, exist_ok=True)
-    state = load_state(work, _config(cfg)) if resume else {}
-    if resume:
-        say(f"resuming after round {len(state['rounds'])} ({kill_stale(work)} stale process groups killed)")
-    ProcessGroup.registry = work
-    t0 = time.monotonic() - state.get("elapsed_s", 0.0)
-    started_epoch_ms = state.get("started_epoch_ms", int(time.time() * 1000))
-    rng = random.Random(cfg.seed)
-    if state:
-        rng.setstate(rng_state(state["rng"]))
-    target = SinkTarget(cfg.sink, work, cfg.pg_dsn)
-    target.prepare(state.get("schema"))
-    say(f"sink: {target.name}")
-    log = EventLog(log_dir)
-    chunks = inputs.chunks(cfg.events_per_round * cfg.rounds, cfg.rounds, cfg.segment_size, cfg.seed,
-                           "producer_duplicates" in cfg.faults, "late_events" in cfg.faults)
-    kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
-    master = CLUSTER_MASTER if cfg.cluster == "local" else cluster.master_url if cluster else None
-    records = [RoundRecord(**r) for r in state.get("rounds", [])]
-    input_rows = state.get("input_rows", 0)
-    rig = None
-    if cfg.ingest:
-        rig = IngestRig(work, log_dir, DROP_ACKS if "dropped_acks" in cfg.faults else 0.0)
-        rig.receiver_lives = state.get("receiver_lives", 0)
-        rig.sender_lives = state.get("sender_lives", 0)
-        for chunk in chunks[:len(records)]:
-            rig.expect(chunk)
-        rig.start_receiver()
-        say(f"ingest: receiver on {rig.url}")
-    # segments of a cut-off round that already reached the log (resume step 3)
-    in_log = len(log.segments()) - sum(len(c) for c in chunks[:len(records)]) if rig is None else 0
+    run = _Run(cfg, say, resume, src, cluster)
+    run.persist()  # resume step 1: a run cut off in its first round can resume too
+    for i, chunk in enumerate(run.chunks):
+        if i >= len(run.records):
+            run.round(i, chunk)
+    return run.finish()
 
-    jvm: dict[str, str] = {}
-    if cfg.fast_start:
-        archive = fast_start_archive(work / "jvm-training", say)
-        jvm[JAVA_OPTIONS_ENV] = use_options(archive)
 
-    def driver(tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
-        return Driver(log_dir, ck, target.db, outs / f"{tag}.out", sink=cfg.sink, master=master,
-                      env={**jvm, **target.env(), **(env or {})}, **src.driver_kw(), **kw)
+class _Run:
+    """The state of one verify run: rounds so far, the sink target, the drivers it starts.
 
-    def persist() -> None:
-        save_state(work, {
-            "config": _config(cfg), "rounds": [asdict(r) for r in records], "input_rows": input_rows,
-            "elapsed_s": time.monotonic() - t0, "started_epoch_ms": started_epoch_ms,
-            "rng": rng.getstate(), "schema": target.schema or None,
+    Everything :meth:`persist` writes is what :mod:`onceflow.verify.resume` reads back.
+    """
+
+    def __init__(self, cfg: VerifyConfig, say: Callable[[str], None], resume: bool,
+                 src: LogInput | KafkaInput, cluster: StandaloneCluster | None) -> None:
+        self.cfg, self.say, self.src, self.cluster = cfg, say, src, cluster
+        work = cfg.workdir
+        self.log_dir, self.ck, self.outs = work / "log", work / "checkpoint", work / "out"
+        self.outs.mkdir(parents=True, exist_ok=True)
+        state = load_state(work, _config(cfg)) if resume else {}
+        if resume:
+            say(f"resuming after round {len(state['rounds'])} ({kill_stale(work)} stale process groups "
+                "killed)")
+        ProcessGroup.registry = work
+        self.t0 = time.monotonic() - state.get("elapsed_s", 0.0)
+        self.started_epoch_ms = state.get("started_epoch_ms", int(time.time() * 1000))
+        self.rng = random.Random(cfg.seed)
+        if state:
+            self.rng.setstate(rng_state(state["rng"]))
+        self.target = SinkTarget(cfg.sink, work, cfg.pg_dsn)
+        self.target.prepare(state.get("schema"))
+        say(f"sink: {self.target.name}")
+        log = EventLog(self.log_dir)
+        self.chunks = inputs.chunks(cfg.events_per_round * cfg.rounds, cfg.rounds, cfg.segment_size, cfg.seed,
+                                    "producer_duplicates" in cfg.faults, "late_events" in cfg.faults)
+        self.kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
+        self.master = CLUSTER_MASTER if cfg.cluster == "local" else cluster.master_url if cluster else None
+        self.records = [RoundRecord(**r) for r in state.get("rounds", [])]
+        self.input_rows = state.get("input_rows", 0)
+        self.rig = None
+        if cfg.ingest:
+            self.rig = IngestRig(work, self.log_dir, DROP_ACKS if "dropped_acks" in cfg.faults else 0.0)
+            self.rig.receiver_lives = state.get("receiver_lives", 0)
+            self.rig.sender_lives = state.get("sender_lives", 0)
+            for chunk in self.chunks[:len(self.records)]:
+                self.rig.expect(chunk)
+            self.rig.start_receiver()
+            say(f"ingest: receiver on {self.rig.url}")
+        # segments of a cut-off round that already reached the log (resume step 3)
+        self.in_log = len(log.segments()) - sum(len(c) for c in self.chunks[:len(self.records)]) \
+            if self.rig is None else 0
+        self.jvm: dict[str, str] = {}
+        if cfg.fast_start:
+            archive = fast_start_archive(work / "jvm-training", say)
+            self.jvm[JAVA_OPTIONS_ENV] = use_options(archive)
+        self.scheduled = sum(r.fault != VERIFY_KILL for r in self.records)
+        # no standbys on a standalone cluster: a waiting driver is an application holding executors
+        self.standby = Standby(self.driver, self.outs) \
+            if cfg.fast_start and self.rig is None and cluster is None else None
+
+    def driver(self, tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
+        """A fresh ``onceflow run`` driver for this run's sink, input and cluster."""
+        return Driver(self.log_dir, self.ck, self.target.db, self.outs / f"{tag}.out", sink=self.cfg.sink,
+                      master=self.master, env={**self.jvm, **self.target.env(), **(env or {})},
+                      extra_args=self.target.extra_args(), **self.src.driver_kw(), **kw)
+
+    def persist(self) -> None:
+        """Write the run's state (resume step 1 and after every round)."""
+        rig = self.rig
+        save_state(self.cfg.workdir, {
+            "config": _config(self.cfg), "rounds": [asdict(r) for r in self.records],
+            "input_rows": self.input_rows, "elapsed_s": time.monotonic() - self.t0,
+            "started_epoch_ms": self.started_epoch_ms, "rng": self.rng.getstate(),
+            "schema": self.target.schema or None,
             "receiver_lives": rig.receiver_lives if rig else 0,
             "sender_lives": rig.sender_lives if rig else 0,
         })
 
-    persist()  # resume step 1: a run cut off in its first round can resume too
-    scheduled = sum(r.fault != VERIFY_KILL for r in records)
-    # no standbys on a standalone cluster: a waiting driver is an application holding executors
-    standby = Standby(driver, outs) if cfg.fast_start and rig is None and cluster is None else None
-
-    def launch(spec: Spec, upcoming: list[Spec]) -> Driver:
+    def launch(self, spec: Spec, upcoming: list[Spec]) -> Driver:
         """The driver of ``spec``: a released standby, or a fresh one; pre-starts ``upcoming``."""
         tag, kw = spec
-        return standby.take(tag, upcoming, **kw) if standby is not None else driver(tag, **kw)
+        return self.standby.take(tag, upcoming, **kw) if self.standby is not None else self.driver(tag, **kw)
 
-    for i, chunk in enumerate(chunks):
-        if i < len(records):
-            continue
-        todo, in_log = chunk[max(in_log, 0):], 0
-        if rig is None and not todo:  # resume step 4: nothing left to feed
+    def round(self, i: int, chunk: list[pa.Table]) -> None:
+        """Round ``i + 1``: feed ``chunk`` while a driver runs, inject the round's fault, record it."""
+        cfg, kinds, target = self.cfg, self.kinds, self.target
+        todo, self.in_log = chunk[max(self.in_log, 0):], 0
+        if self.rig is None and not todo:  # resume step 4: nothing left to feed
             fault = VERIFY_KILL
         else:
-            fault, scheduled = kinds[scheduled % len(kinds)], scheduled + 1
-        rec = RoundRecord(i + 1, fault, time.monotonic() - t0, markers_before=target.committed_batches())
-        input_rows += sum(t.num_rows for t in chunk)
-        ahead = min(STANDBYS, len(chunks) - i - 1)
-        upcoming = ([_spec(kinds[(scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
+            fault, self.scheduled = kinds[self.scheduled % len(kinds)], self.scheduled + 1
+        rec = RoundRecord(i + 1, fault, time.monotonic() - self.t0, markers_before=target.committed_batches())
+        self.input_rows += sum(t.num_rows for t in chunk)
+        ahead = min(STANDBYS, len(self.chunks) - i - 1)
+        upcoming = ([_spec(kinds[(self.scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
                      for k in range(ahead)] + [FINAL])[:STANDBYS]
-        start = functools.partial(launch, _spec(fault, i + 1, cfg.seed), upcoming)
-
+        start = functools.partial(self.launch, _spec(fault, i + 1, cfg.seed), upcoming)
         if fault == VERIFY_KILL:
             _drain(start(), rec, cfg.round_timeout_s,
                    "verify and this round's driver were SIGKILLed after its input was fed; "
                    "restarted, drained with --once")
-        elif rig is None:
+        elif self.rig is None:
             if todo:
-                src.append(todo[0])
-            feeder = Feeder(src.append, todo[1:], pace_s=0.5)
+                self.src.append(todo[0])
+            feeder = Feeder(self.src.append, todo[1:], pace_s=0.5)
             try:
-                _inject(fault, start, rec, target, rng, cfg.round_timeout_s, t0, cluster)
+                _inject(fault, start, rec, target, self.rng, cfg.round_timeout_s, self.t0, self.cluster)
             finally:
                 feeder.join()
         else:
-            _ingest_round(fault, rig, chunk, start, rec, target, rng, cfg.round_timeout_s, t0)
+            _ingest_round(fault, self.rig, chunk, start, rec, target, self.rng, cfg.round_timeout_s, self.t0)
         rec.segments_appended = len(chunk)
         rec.markers_after = target.committed_batches()
-        rec.ended_s = time.monotonic() - t0
-        records.append(rec)
-        persist()
-        say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
-            f"(markers {rec.markers_before} -> {rec.markers_after})")
-    ingest = None
-    if rig is not None:
-        chk = rig.stop()
-        ingest = asdict(chk)
-        say(f"ingest: {chk.ids_sent} distinct events sent, {chk.rows_in_log} rows in the log, "
-            f"{chk.lost} lost, {chk.duplicated} duplicated ({chk.receiver_lives} receiver lives, "
-            f"{chk.sender_lives} sender lives)")
-    drain_start = time.monotonic() - t0
-    final = launch(FINAL, [])
-    final_rc = final.wait(timeout=cfg.round_timeout_s * 2)
-    drain = (drain_start, time.monotonic() - t0)
-    say(f"final drain: exit code {final_rc}")
-    verdict = target.judge(expect(ck, src.oracle_inputs(ck)))
-    target.close()
-    verdict.violations += ingest["violations"] if ingest else []
-    conf = _config(cfg)
-    conf["sink_location"] = target.name
-    return VerifyResult(conf, records, verdict, input_rows, time.monotonic() - t0, final_rc,
-                        target.batches(), started_epoch_ms, drain, ingest)
+        rec.ended_s = time.monotonic() - self.t0
+        self.records.append(rec)
+        self.persist()
+        self.say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
+                 f"(markers {rec.markers_before} -> {rec.markers_after})")
+
+    def finish(self) -> VerifyResult:
+        """Stop the ingest rig, drain with a final ``--once`` driver, judge the sink."""
+        ingest = None
+        if self.rig is not None:
+            chk = self.rig.stop()
+            ingest = asdict(chk)
+            self.say(f"ingest: {chk.ids_sent} distinct events sent, {chk.rows_in_log} rows in the log, "
+                     f"{chk.lost} lost, {chk.duplicated} duplicated ({chk.receiver_lives} receiver lives, "
+                     f"{chk.sender_lives} sender lives)")
+        drain_start = time.monotonic() - self.t0
+        final = self.launch(FINAL, [])
+        final_rc = final.wait(timeout=self.cfg.round_timeout_s * 2)
+        drain = (drain_start, time.monotonic() - self.t0)
+        self.say(f"final drain: exit code {final_rc}")
+        verdict = self.target.judge(expect(self.ck, self.src.oracle_inputs(self.ck)))
+        self.target.close()
+        verdict.violations += ingest["violations"] if ingest else []
+        conf = _config(self.cfg)
+        conf["sink_location"] = self.target.name
+        return VerifyResult(conf, self.records, verdict, self.input_rows, time.monotonic() - self.t0,
+                            final_rc, self.target.batches(), self.started_epoch_ms, drain, ingest)
 
 
 def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Callable[[], Driver],

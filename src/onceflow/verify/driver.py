@@ -117,12 +117,14 @@ class Driver(ProcessGroup):
         standby: Start as a hot standby released by this file (see :class:`Standby`).
         kafka: ``(bootstrap, topic, rows per file)``: read the topic instead of ``log``, with
             ``max_files`` x rows per file offsets per batch.
+        extra_args: More ``onceflow run`` arguments (e.g. the demo service's ``--effects-url``).
     """
 
     def __init__(self, log: Path, ck: Path, db: Path | None, out: Path, *, once: bool = False,
                  crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
                  master: str | None = None, env: dict[str, str] | None = None,
-                 standby: Path | None = None, kafka: tuple[str, str, int] | None = None) -> None:
+                 standby: Path | None = None, kafka: tuple[str, str, int] | None = None,
+                 extra_args: list[str] | None = None) -> None:
         source = ["--log", str(log), "--max-files-per-trigger", str(max_files)]
         if kafka is not None:
             source = ["--kafka", kafka[0], "--topic", kafka[1],
@@ -137,6 +139,7 @@ class Driver(ProcessGroup):
             args += ["--master", master]
         if standby is not None:
             args += ["--standby", str(standby)]
+        args += extra_args or []
         out.write_text("")
         super().__init__(args, out, {**(env or {}), **({CRASH_ENV: crash_at} if crash_at else {})})
 

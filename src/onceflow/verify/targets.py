@@ -123,13 +123,11 @@ class SinkTarget:
             return f"{self.kind}:{self.db}"
         return f"{self.kind}:{pg.redact(self._base_dsn)} schema {self.schema}"
 
-    def run_args(self) -> list[str]:
-        """``onceflow run`` arguments that select this sink."""
-        where = "--delta" if self.kind in DELTA_SINKS else "--db"
-        args = ["--sink", self.kind] + ([where, str(self.db)] if self.db is not None else [])
+    def extra_args(self) -> list[str]:
+        """``onceflow run`` arguments beyond the sink's kind and location (the demo service's)."""
         if self.service is not None:
-            args += ["--effects-url", self.service.effects_url, "--effects-timeout", "1.5"]
-        return args
+            return ["--effects-url", self.service.effects_url, "--effects-timeout", "1.5"]
+        return []
 
     def env(self) -> dict[str, str]:
         """Environment for the driver process."""
