@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TESTSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test lint bench clean java
+.PHONY: demo test test-long docs lint bench clean java
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "onceflow needs Python >= 3.10"'
@@ -33,7 +33,11 @@ test: $(TESTSTAMP)
 	bash scripts/ensure_postgres.sh
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 	$(PY) -m pytest -q -p no:cacheprovider tests
+
+docs: $(TESTSTAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(TESTSTAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
