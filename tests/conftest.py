@@ -38,6 +38,20 @@ def pg_dsn(pg_server: object) -> str:
     return pg_server.new_database()  # type: ignore[attr-defined, no-any-return]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Kinds by marker: a test that uses the ``spark`` fixture needs a JVM; ``pg_dsn`` a server.
+
+    Modules whose tests start Spark in child processes say so with ``pytestmark``; select or
+    leave out kinds with ``-m`` (e.g. ``pytest -m "not spark"``: the tests without a JVM).
+    """
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "spark" in names:
+            item.add_marker(pytest.mark.spark)
+        if "pg_dsn" in names or "pg_server" in names:
+            item.add_marker(pytest.mark.postgres)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config._onceflow_exit = int(exitstatus)  # type: ignore[attr-defined]
 

@@ -17,8 +17,8 @@ from onceflow.faults import CRASH_ENV
 from onceflow.ingest.sender import generated_id, id_key
 from onceflow.ingest.server import DROP_ACKS_ENV
 from onceflow.sources.log import EventLog
-from tests.receiver_proc import Proc, free_port, write_tokens
-from tests.receiver_proc import health as _health
+from tests.ingest.receiver_proc import Proc, free_port, write_tokens
+from tests.ingest.receiver_proc import health as _health
 
 pytestmark = pytest.mark.faults
 

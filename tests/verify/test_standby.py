@@ -19,7 +19,7 @@ from onceflow.verify.recompute import diff_counts
 from onceflow.verify.verdict import read_counts
 from tests.helpers import distinct_counts
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 FAST = {JAVA_OPTIONS_ENV: use_options(archive_path())}
 
 

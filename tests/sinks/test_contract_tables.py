@@ -1,4 +1,10 @@
-"""One suite, every generic sink backend: modes, replays, refusals, atomic multi-table batches."""
+"""One suite, every generic sink backend: modes, replays, refusals, atomic multi-table batches.
+
+SQLite, PostgreSQL (driver side), Delta Lake and the HTTP side-effect sink against the demo
+service (a real process): for HTTP a table's rows are what the service applied — ``add`` tables
+summed per key from their per-batch deltas, the others the last payload per key. The HTTP sink
+names every effect by its key, so its append table has one (every row its own key).
+"""
 
 from __future__ import annotations
 
@@ -24,20 +30,61 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
 class Backend:
     def __init__(self, name: str, make: Callable[..., Any], naive: Callable[[], Any],
-                 query: Callable[[str], list[tuple[Any, ...]]], ddl: Callable[[str], None]) -> None:
+                 query: Callable[[str], list[tuple[Any, ...]]], ddl: Callable[[str], None],
+                 specs: dict[str, Table] | None = None, writes: Callable[[str], int] | None = None) -> None:
         self.name, self.make, self.naive, self.query, self.ddl = name, make, naive, query, ddl
+        self.specs = specs or SPECS
+        self._writes = writes
+
+    def writes(self, table: str) -> int:
+        """How many rows were written to ``table`` (for HTTP: effects applied), replays included."""
+        if self._writes is not None:
+            return self._writes(table)
+        return len(self.query(f"SELECT account FROM {table}"))  # every table here has it
 
     def rows(self, table: str, columns: str) -> list[tuple[Any, ...]]:
         """The table's rows (the given columns), sorted."""
         return sorted(self.query(f"SELECT {columns} FROM {table}"))
 
     def needs_sql(self) -> None:
-        if self.name == "delta":
-            pytest.skip("Delta tables are not created or constrained by SQL here")
+        if self.name in ("delta", "http"):
+            pytest.skip(f"{self.name}: tables are not created or constrained by SQL")
 
 
-@pytest.fixture(params=["sqlite", "postgres", "delta"])
+def _http_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    from onceflow.sinks.http.sink import HttpEffectsSink
+    from onceflow.verify.service import ServiceProcess, read_effects
+    from onceflow.verify.sinks import NaiveHttpSink
+
+    # a service that ignores idempotency keys: only the sink's ledger keeps a replay from re-applying
+    service = ServiceProcess(tmp_path / "service.db", "--ignore-keys").start()
+    request.addfinalizer(service.stop)
+    specs = {**SPECS, "payments": Table(key=["account", "amount"])}
+
+    def hq(sql: str) -> list[tuple[Any, ...]]:  # "SELECT a, b FROM t": what the service applied
+        cols, table = sql.removeprefix("SELECT ").split(" FROM ")
+        spec = specs[table]
+        rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+        for effect in read_effects(tmp_path / "service.db"):
+            if effect["key"].split("/")[1] != table:
+                continue
+            row = effect["payload"]
+            key = tuple(row[k] for k in spec.key)
+            if spec.add and key in rows:
+                row = {**row, **{c: rows[key][c] + row[c] for c in spec.add}}
+            rows[key] = row
+        return [tuple(r[c.strip()] for c in cols.split(",")) for r in rows.values()]
+
+    return Backend("http", lambda **kw: HttpEffectsSink(service.effects_url, tmp_path / "ledger.db", **kw),
+                   lambda: NaiveHttpSink(service.effects_url, tmp_path / "ledger.db"), hq, lambda sql: None,
+                   specs, lambda table: sum(e["key"].split("/")[1] == table
+                                            for e in read_effects(tmp_path / "service.db")))
+
+
+@pytest.fixture(params=["sqlite", "postgres", "delta", "http"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "http":
+        return _http_backend(request, tmp_path)
     if request.param == "sqlite":
         from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 
@@ -97,13 +144,15 @@ def batch(rows: list[tuple[Any, int, Any]]) -> dict[str, pa.Table]:
 def test_modes_replays_and_markers(backend: Backend) -> None:
     sink = backend.make()
     sink.bind("q1")
-    assert sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), SPECS, STATS, 2)
-    assert not sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), SPECS, STATS, 2)
-    assert sink.commit_tables(1, batch([("a", 0, 3.0), ("c", 5, 1.0)]), SPECS, STATS, 2)
+    assert sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), backend.specs, STATS, 2)
+    assert not sink.commit_tables(0, batch([("a", 0, 1.5), ("b", 5, 2.0)]), backend.specs, STATS, 2)
+    assert sink.commit_tables(1, batch([("a", 0, 3.0), ("c", 5, 1.0)]), backend.specs, STATS, 2)
     sink.flush()  # SQLite: batch 1 was staged, applied beside the caller
     assert backend.rows("revenue", "account, amount") == [("a", 4.5), ("b", 2.0), ("c", 1.0)]
     assert sorted(a for _, a in backend.rows("payments", "account, amount")) == [1.0, 1.5, 2.0, 3.0]
-    assert backend.rows("latest", "account, amount") == [("a", 3.0), ("b", 2.0), ("c", 1.0)]
+    # an effect is named by its key and applied once: a later row of a known key is not sent again
+    latest_a = 1.5 if backend.name == "http" else 3.0
+    assert backend.rows("latest", "account, amount") == [("a", latest_a), ("b", 2.0), ("c", 1.0)]
     markers = sink.batches()
     assert [m["batch_id"] for m in markers] == [0, 1]
     assert markers[0]["duplicates_dropped"] == 7 and markers[0]["events_counted"] == 2
@@ -115,11 +164,11 @@ def test_modes_replays_and_markers(backend: Backend) -> None:
 def test_bad_batches_write_nothing(backend: Backend) -> None:
     sink = backend.make()
     with pytest.raises(BatchRejectedError, match=r"key column 'account' is null in row 1"):
-        sink.commit_tables(0, batch([("a", 0, 1.0), (None, 5, 2.0)]), SPECS, STATS, 2)
+        sink.commit_tables(0, batch([("a", 0, 1.0), (None, 5, 2.0)]), backend.specs, STATS, 2)
     with pytest.raises(BatchRejectedError, match="appears more than once"):
-        sink.commit_tables(0, batch([("a", 0, 1.0), ("a", 0, 2.0)]), SPECS, STATS, 2)
+        sink.commit_tables(0, batch([("a", 0, 1.0), ("a", 0, 2.0)]), backend.specs, STATS, 2)
     assert sink.batches() == []
-    assert sink.commit_tables(0, batch([("a", 0, 1.0)]), SPECS, STATS, 1)  # fixed: goes through
+    assert sink.commit_tables(0, batch([("a", 0, 1.0)]), backend.specs, STATS, 1)  # fixed: goes through
     sink.close()
 
 
@@ -128,9 +177,9 @@ def test_a_constraint_of_the_users_table_rolls_back_the_batch(backend: Backend) 
     sink = backend.make()
     backend.ddl("CREATE TABLE latest(account TEXT PRIMARY KEY, amount REAL CHECK (amount < 100))")
     with pytest.raises(BatchRejectedError, match="table 'latest': the batch breaks a constraint"):
-        sink.commit_tables(0, batch([("a", 0, 1.0), ("b", 0, 500.0)]), SPECS, STATS, 2)
+        sink.commit_tables(0, batch([("a", 0, 1.0), ("b", 0, 500.0)]), backend.specs, STATS, 2)
     assert sink.batches() == [] and backend.query("SELECT count(*) FROM latest") == [(0,)]
-    assert sink.commit_tables(0, batch([("a", 0, 1.0)]), SPECS, STATS, 1)  # fixed: goes through
+    assert sink.commit_tables(0, batch([("a", 0, 1.0)]), backend.specs, STATS, 1)  # fixed: goes through
     sink.close()
 
 
@@ -139,10 +188,10 @@ def test_a_table_that_does_not_fit_is_refused(backend: Backend) -> None:
     backend.ddl("CREATE TABLE revenue(account TEXT PRIMARY KEY, window_start TEXT, total REAL)")
     sink = backend.make()
     with pytest.raises(ConfigError, match=r"has no column\(s\) \['amount'\]"):
-        sink.commit_tables(0, batch([("a", 0, 1.0)]), SPECS, STATS, 1)
+        sink.commit_tables(0, batch([("a", 0, 1.0)]), backend.specs, STATS, 1)
     backend.ddl("ALTER TABLE revenue ADD COLUMN amount REAL")
     with pytest.raises(ConfigError, match="primary key"):
-        sink.commit_tables(0, batch([("a", 0, 1.0)]), SPECS, STATS, 1)
+        sink.commit_tables(0, batch([("a", 0, 1.0)]), backend.specs, STATS, 1)
     assert sink.batches() == []
     sink.close()
 
@@ -151,6 +200,6 @@ def test_the_naive_control_writes_a_replay_twice(backend: Backend) -> None:
     sink = backend.naive()
     one = {"payments": batch([("a", 0, 1.0)])["payments"]}
     for _ in range(2):
-        sink.commit_tables(0, one, {"payments": Table()}, STATS, 1)
-    assert len(backend.rows("payments", "account, amount")) == 2
+        sink.commit_tables(0, one, {"payments": backend.specs["payments"]}, STATS, 1)
+    assert backend.writes("payments") == 2
     sink.close()

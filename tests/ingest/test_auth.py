@@ -13,7 +13,7 @@ import pytest
 from onceflow.errors import SenderRefusedError
 from onceflow.ingest.auth import client_tls
 from onceflow.ingest.sender import Sender
-from tests.receiver_proc import Proc, Receiver, body, event, free_port, health, log_ids, write_tokens
+from tests.ingest.receiver_proc import Proc, Receiver, body, event, free_port, health, log_ids, write_tokens
 
 pytestmark = pytest.mark.faults
 

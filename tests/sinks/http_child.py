@@ -1,6 +1,6 @@
 """A child process that commits one batch of charges through the HTTP sink.
 
-``python -m tests.effects.child URL LEDGER BATCH VERSION [--ignore-keys] [--naive]`` commits
+``python -m tests.sinks.http_child URL LEDGER BATCH VERSION [--ignore-keys] [--naive]`` commits
 batch ``BATCH`` (charges of ``VERSION``: the amounts differ between versions, as a
 non-deterministic ``per_batch`` would make them) and prints ``committed`` or ``replayed``;
 ``ONCEFLOW_CRASH_AT`` from the environment kills it at a crash point.

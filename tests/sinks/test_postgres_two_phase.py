@@ -13,12 +13,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from onceflow.faults import CRASH_ENV
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
 from onceflow.verify.generator import GeneratorConfig, generate_segments
+from tests.examples.test_billing import read_billing
 from tests.helpers import billing_expectation
-from tests.integration.test_billing import read_billing
+
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 
 def _run(tmp: Path, dsn: str, crash_at: str | None, tag: str) -> subprocess.CompletedProcess[str]:

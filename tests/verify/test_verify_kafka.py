@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 
 def _verify(report: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.receiver_proc import Receiver, catalog_ids, log_ids, write_tokens
+from tests.ingest.receiver_proc import Receiver, catalog_ids, log_ids, write_tokens
 
 pytestmark = pytest.mark.faults
 

@@ -21,7 +21,7 @@ import pytest
 
 from onceflow.ingest.sender import generated_id, id_key
 from onceflow.verify.ingest_rig import check_log
-from tests.receiver_proc import Proc, Receiver, body, event, write_tokens
+from tests.ingest.receiver_proc import Proc, Receiver, body, event, write_tokens
 
 pytestmark = pytest.mark.faults
 

@@ -21,7 +21,9 @@ import pytest
 
 from onceflow.errors import CheckpointMismatchError, SinkApplyError
 from onceflow.faults import CRASH_ENV
-from tests.contract.backends import B0, B1, KINDS, STATS, Backend, deltas
+from tests.sinks.backends import B0, B1, KINDS, STATS, Backend, deltas
+
+pytestmark = pytest.mark.faults
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,7 +99,7 @@ def test_sink_of_another_checkpoint_is_refused(backend: Backend) -> None:
 def _child(backend: Backend, crash_at: str, batch: int = 0) -> int:
     env = {**os.environ, CRASH_ENV: crash_at}
     proc = subprocess.run(
-        [sys.executable, "-m", "tests.contract.backends", backend.kind, backend.location, str(batch)],
+        [sys.executable, "-m", "tests.sinks.backends", backend.kind, backend.location, str(batch)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
     return proc.returncode
 

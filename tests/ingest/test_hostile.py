@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.faults import CRASH_ENV
-from tests.receiver_proc import Receiver, body, catalog_ids, event, log_ids, write_tokens
+from tests.ingest.receiver_proc import Receiver, body, catalog_ids, event, log_ids, write_tokens
 
 pytestmark = pytest.mark.faults
 

@@ -1,6 +1,6 @@
 """The sink backends the contract suite runs against, and a child process that commits one batch.
 
-``python -m tests.contract.backends KIND LOCATION BATCH`` commits the fixed batch ``B0`` (batch
+``python -m tests.sinks.backends KIND LOCATION BATCH`` commits the fixed batch ``B0`` (batch
 0) or ``B1`` (any other) as ``BATCH`` into a sink of ``KIND`` (with ``ONCEFLOW_CRASH_AT`` from
 the environment, so the process can be SIGKILLed at a crash point).
 """

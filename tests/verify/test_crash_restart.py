@@ -26,7 +26,7 @@ from onceflow.verify.recompute import diff_counts
 from onceflow.verify.verdict import read_counts
 from tests.helpers import distinct_counts, held_batches
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 
 def _feeder(log_dir: Path, cfg: GeneratorConfig, pace_s: float) -> threading.Thread:

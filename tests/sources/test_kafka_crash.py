@@ -27,7 +27,7 @@ from onceflow.verify.kafka_rig import batch_reader, produce_events, topic_record
 from onceflow.verify.oracle import expect
 from onceflow.verify.verdict import judge_sqlite
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit", "after_commit_log", "apply_pending"]
 TOPIC = "clicks"

@@ -14,7 +14,7 @@ import pytest
 import onceflow
 from onceflow.checkpoint import committed_batches
 from onceflow.examples import payments
-from tests.payments_oracle import actual, expected
+from tests.core.payments_oracle import actual, expected
 
 pytestmark = pytest.mark.spark
 

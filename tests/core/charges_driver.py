@@ -1,6 +1,6 @@
 """The charges example as a test driver process.
 
-``python -m tests.effects.charges_driver LOG CK LEDGER CHARGE_URL [--price-url URL] [--no-stable]
+``python -m tests.core.charges_driver LOG CK LEDGER CHARGE_URL [--price-url URL] [--no-stable]
 [--naive] [--extra DIR] [--once]``; ``--extra DIR`` adds the rows of ``DIR/<batch>-*.parquet``
 to batch ``<batch>``'s totals (an element that a retry of the batch may see and its first
 attempt did not); ``ONCEFLOW_CRASH_AT`` kills it at a crash point.

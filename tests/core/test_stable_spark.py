@@ -10,7 +10,7 @@ import pytest
 import onceflow
 from onceflow.examples import payments
 from onceflow.stable import DIR, StableOutputs
-from tests.payments_oracle import actual, expected
+from tests.core.payments_oracle import actual, expected
 
 pytestmark = pytest.mark.spark
 

@@ -20,7 +20,9 @@ from onceflow.errors import EffectsFailedError, UnstableOutputError
 from onceflow.faults import CRASH_ENV
 from onceflow.sinks.http.sink import HttpEffectsSink, effects_of
 from onceflow.verify.service import ServiceProcess, read_effects
-from tests.effects.child import SPECS, STATS, charges
+from tests.sinks.http_child import SPECS, STATS, charges
+
+pytestmark = pytest.mark.faults
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,7 +38,7 @@ def _child(url: str, ledger: Path, batch: int, version: int = 0, *flags: str,
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     if crash_at:
         env[CRASH_ENV] = crash_at
-    return subprocess.run([sys.executable, "-m", "tests.effects.child", url, str(ledger), str(batch),
+    return subprocess.run([sys.executable, "-m", "tests.sinks.http_child", url, str(ledger), str(batch),
                            str(version), *flags], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=120)
 

@@ -21,9 +21,9 @@ import pytest
 
 from onceflow.examples import payments
 from onceflow.verify.driver import ProcessGroup, wait_until
-from tests.payments_oracle import actual, expected
+from tests.core.payments_oracle import actual, expected
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit", "ambiguous_commit", "after_commit_log"]
 
@@ -63,7 +63,7 @@ def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | No
     env = {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else {}
     if dsn:
         env["ONCEFLOW_PG_DSN"] = dsn
-    return ProcessGroup(args, tmp / f"{name}.out", env, module="tests.payments_driver")
+    return ProcessGroup(args, tmp / f"{name}.out", env, module="tests.core.payments_driver")
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgres", "postgres-staged", "postgres-2pc", "delta"])

@@ -17,7 +17,7 @@ import pytest
 
 from onceflow.verify.resume import kill_stale
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 
 def _verify(report: Path, *args: str, timeout: float = 900,
@@ -193,7 +193,7 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
 
 @pytest.mark.parametrize(("sink", "fault", "violation"), [
     # no batch marker: a replay adds twice (the SQLite naive sink is caught the same way in
-    # tests/faults/test_crash_restart.py)
+    # tests/verify/test_crash_restart.py)
     ("postgres-naive", "crash_after_sink_commit", "duplicated"),
     ("lossy", "crash_inside_sink_txn", "lost"),  # marker committed before the rows
     ("http-naive", "crash_effects_sent", "duplicated"),  # no ledger, a service without idempotency

@@ -29,7 +29,7 @@ from onceflow.verify.generator import GeneratorConfig, generate_segments
 from onceflow.verify.service import ServiceProcess, read_effects
 from tests.helpers import billing_expectation
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
 ROOT = Path(__file__).resolve().parents[2]
 POINTS = ["after_stable_save", "effects_started", "effects_sent", "after_sink_commit", "before_stable_drop",
           "after_commit_log"]
@@ -40,7 +40,7 @@ def _driver(tmp: Path, url: str, *flags: str,
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     if crash_at:
         env[CRASH_ENV] = crash_at
-    return subprocess.run([sys.executable, "-m", "tests.effects.charges_driver", str(tmp / "log"),
+    return subprocess.run([sys.executable, "-m", "tests.core.charges_driver", str(tmp / "log"),
                            str(tmp / "ck"), str(tmp / "ledger.db"), url, *flags], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300, start_new_session=True)
 

@@ -1,6 +1,6 @@
 """A payments driver for the crash tests: the example's pipeline with a chosen sink mode.
 
-``python -m tests.payments_driver INPUT DB CHECKPOINT MODE BACKEND [--once]``; MODE
+``python -m tests.core.payments_driver INPUT DB CHECKPOINT MODE BACKEND [--once]``; MODE
 ``exactly_once``, or ``naive`` / ``lossy`` for the negative controls; BACKEND ``sqlite`` (DB is
 the file), ``postgres`` (driver-side; the DSN from ``ONCEFLOW_PG_DSN``), ``postgres-staged`` /
 ``postgres-2pc`` (written by the executors) or ``delta`` (DB is the root of the Delta tables).
