@@ -61,7 +61,8 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
     Exit 0 when nothing was lost or duplicated, 1 on any violation, 2 for bad usage.
     """
     from onceflow.errors import ConfigError
-    from onceflow.verify.chaos import VerifyConfig, default_faults, run_verify
+    from onceflow.verify.chaos import VerifyConfig, run_verify
+    from onceflow.verify.fault_kinds import default_faults
     from onceflow.verify.report import print_summary, write_reports
 
     names = [f.strip() for f in faults.split(",") if f.strip()]

@@ -7,21 +7,23 @@ Delta commit as the batch's rows (the idiom of Delta's idempotent ``foreachBatch
 going backwards (measured), so onceflow checks it, on the snapshot the commit is based on.
 Commit protocol of :meth:`DeltaTablesSink.commit_tables` for batch N:
 
-1. Crash point ``before_sink_write``. Every table's rows are checked against its spec
+1. **Check.** Crash point ``before_sink_write``. Every table's rows are checked against its spec
    (:class:`onceflow.errors.BatchRejectedError`: nothing written). May run any number of times.
-2. Per table, in the order of ``tables=``: load the table's snapshot. If its
+2. **Decide**, per table, in the order of ``tables=``: load the table's snapshot. If its
    ``transaction_version(app_id) >= N``, this table already has batch N: skip it (a replay).
-3. Else commit the rows with ``Transaction(app_id, N)`` and the batch's metrics (commit
-   metadata ``onceflow``) on that snapshot: ``append`` writes them, ``upsert`` and ``add``
-   MERGE on the key (``add`` adds the ``add`` columns). A table's part with no rows is an
-   empty append: a MERGE of nothing commits nothing (measured), which would lose the batch's
-   marker and metrics (e.g. a batch whose every row was late). A concurrent commit carrying the same
-   app id makes delta-rs refuse this one (measured: "Concurrent transaction failed"): the
-   snapshot is reloaded and step 2 decides again — two writers never both commit N.
-   Crash point ``inside_sink_txn`` between two tables' commits (after the first table's).
-4. Crash point ``after_sink_commit`` (and the ``ambiguous_commit`` fault) after the last
-   table: Spark re-runs N, step 2 skips every table.
-5. Return True if any table was written.
+3. **Write** and 4. **mark** in one Delta commit on that snapshot: the rows with
+   ``Transaction(app_id, N)`` and the batch's metrics (commit metadata ``onceflow``).
+   ``append`` writes them, ``upsert`` and ``add`` MERGE on the key (``add`` adds the ``add``
+   columns). A table's part with no rows is an empty append: a MERGE of nothing commits
+   nothing (measured), which would lose the batch's marker and metrics (e.g. a batch whose
+   every row was late). A concurrent commit carrying the same app id makes delta-rs refuse this
+   one (measured: "Concurrent transaction failed"): the snapshot is reloaded and step 2 decides
+   again — two writers never both commit N. Crash point ``inside_sink_txn`` between two
+   tables' commits (after the first table's).
+5. **Commit**: each table's Delta commit is durable when it returns. Crash point
+   ``after_sink_commit`` (and the ``ambiguous_commit`` fault) after the last table: Spark
+   re-runs N, step 2 skips every table.
+6. **Return** True if any table was written.
 
 Delta has no transaction across tables: a crash between two tables' commits leaves the first
 with N and the second without; the re-run of N writes only the second (step 2), so every
@@ -124,7 +126,7 @@ class DeltaTablesSink:
                 raise ConfigError(f"Delta table {path} has no column(s) {missing} that the batch has (it "
                                   f"has {sorted(have)}); add them or write to another table")
             try:
-                if not rows.num_rows:  # 3: no rows, but the batch's marker and metrics all the same
+                if not rows.num_rows:  # 3, 4: no rows, but the batch's marker and metrics all the same
                     dl.write_deltalake(table, pa.schema(table.schema().to_arrow()).empty_table(),
                                        mode="append", commit_properties=props)
                 elif spec.mode == "append":
@@ -167,9 +169,9 @@ class DeltaTablesSink:
             wrote |= self._commit_one(name, specs[name], rows, batch_id, metadata)
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 4
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
-        return wrote  # 5
+        return wrote  # 6
 
     def batches(self) -> list[dict[str, Any]]:
         """One dict per batch id found in the tables' commit metadata (by batch id)."""

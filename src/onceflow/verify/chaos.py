@@ -48,98 +48,27 @@ from onceflow.verify.driver import (
     fast_start_archive,
     wait_until,
 )
-from onceflow.verify.ingest_rig import (
-    DROP_ACKS,
-    INGEST_INPUT_FAULTS,
-    INGEST_ROUND_FAULTS,
-    RECEIVER_CRASHES,
-    IngestRig,
+from onceflow.verify.fault_kinds import (
+    ALL_FAULTS,
+    CLUSTER_FAULTS,
+    CLUSTER_MASTER,
+    CLUSTERS,
+    CRASH_FAULTS,
+    INGEST_FAULTS,
+    INPUT_FAULTS,
+    ROUND_FAULTS,
+    VERIFY_KILL,
+    cluster_kind,
+    default_faults,
+    reaches,
 )
+from onceflow.verify.ingest_rig import DROP_ACKS, INGEST_ROUND_FAULTS, RECEIVER_CRASHES, IngestRig
 from onceflow.verify.inputs import TOPIC, Feeder, KafkaInput, LogInput
 from onceflow.verify.oracle import expect
 from onceflow.verify.resume import kill_stale, load_state, rng_state, save_state
 from onceflow.verify.standalone import StandaloneCluster
 from onceflow.verify.targets import KINDS, SinkTarget
 from onceflow.verify.verdict import Verdict
-
-CRASH_FAULTS = {
-    "crash_before_sink_write": "before_sink_write",
-    "crash_inside_sink_txn": "inside_sink_txn",
-    "crash_after_sink_commit": "after_sink_commit",
-    "crash_after_commit_log": "after_commit_log",
-    "crash_apply_pending": "apply_pending",
-    "crash_effects_started": "effects_started",
-    "crash_effects_sent": "effects_sent",
-}
-"""Fault name -> crash point: the driver SIGKILLs its JVM and itself there."""
-
-STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
-"""Faults at a point only the SQLite sink's staged path (``--sink sqlite``) has."""
-
-EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
-"""Faults at points only the side-effect sinks (``--sink http``, ``http-naive``) have."""
-
-NO_TXN_SINKS = ("http", "http-naive")
-"""Sinks without a transaction to crash inside (no ``crash_inside_sink_txn``)."""
-
-
-def reaches(sink: str, fault: str) -> bool:
-    """Whether a run with ``--sink sink`` can reach ``fault``."""
-    if fault in STAGED_SQLITE_FAULTS:
-        return sink == "sqlite"
-    if fault in EFFECT_FAULTS:
-        return sink in NO_TXN_SINKS
-    if fault == "crash_inside_sink_txn":
-        return sink not in NO_TXN_SINKS
-    if fault == "crash_after_sink_commit":
-        return sink != "http-naive"  # no ledger commit: the naive sink returns after its calls
-    return True
-
-SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill",
-                "worker_kill"]
-"""Faults of the Spark side that make a round."""
-
-ROUND_FAULTS = SPARK_FAULTS + INGEST_ROUND_FAULTS
-"""Faults that make a round."""
-
-VERIFY_KILL = "verify_kill"
-"""Record kind of a resumed round whose input was all in the log when verify was killed."""
-
-INPUT_FAULTS = ["producer_duplicates", "late_events", *INGEST_INPUT_FAULTS]
-"""Faults that hold for the whole run (in the input, or the receiver dropping acks)."""
-
-ALL_FAULTS = ROUND_FAULTS + INPUT_FAULTS
-INGEST_FAULTS = INGEST_ROUND_FAULTS + INGEST_INPUT_FAULTS
-CLUSTER_MASTER = "local-cluster[2,1,1024]"
-
-
-CLUSTERS = ("", "local", "standalone")
-"""``--cluster`` choices: none (``local[*]``), ``local-cluster[2,1,1024]``, a standalone master
-and two workers (:mod:`onceflow.verify.standalone`)."""
-
-CLUSTER_FAULTS = {"executor_kill": "local", "worker_kill": "standalone"}
-"""Faults that need executors of a cluster kind: an executor JVM of the local cluster killed,
-or a whole standalone worker (with its executor) killed and restarted."""
-
-
-def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool = False) -> list[str]:
-    """What ``--faults all`` means for a run: every fault the sink and options can reach.
-
-    Args:
-        sink: The run's ``--sink``.
-        cluster: One of :data:`CLUSTERS` (True: ``local``).
-        ingest: Senders and a receiver feed the log (the ingest faults).
-
-    Returns:
-        Fault names, in :data:`ALL_FAULTS` order.
-    """
-    kind = _cluster_kind(cluster)
-    return [f for f in ALL_FAULTS if CLUSTER_FAULTS.get(f, kind) == kind
-            and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)]
-
-
-def _cluster_kind(cluster: bool | str) -> str:
-    return "local" if cluster is True else "" if cluster is False else cluster
 
 
 @dataclass
@@ -186,7 +115,7 @@ class VerifyConfig:
             raise ConfigError(f"unknown faults {unknown}; choose from {', '.join(ALL_FAULTS)}")
         if not any(f in ROUND_FAULTS for f in self.faults):
             raise ConfigError(f"--faults needs at least one of {', '.join(ROUND_FAULTS)}")
-        self.cluster = _cluster_kind(self.cluster)
+        self.cluster = cluster_kind(self.cluster)
         if self.cluster not in CLUSTERS:
             raise ConfigError(f"cluster must be local or standalone, got {self.cluster!r}")
         for fault, kind in CLUSTER_FAULTS.items():
