@@ -35,6 +35,22 @@ COLUMNS = ("sink_id", "batch_id", "committed_ms", "input_rows", "late_dropped", 
            "events_counted", "rows_written", "late_watermark_ms", "tables")
 """The marker's columns, in the order :func:`marker_row` gives their values."""
 
+METRICS = ("input_rows", "late_dropped", "duplicates_dropped", "events_counted", "rows_written",
+           "late_watermark_ms")
+"""The marker's integer metric columns."""
+
+
+def create_table_sql(integer: str, text: str) -> str:
+    """The marker table's ``CREATE TABLE IF NOT EXISTS``, in a backend's column types.
+
+    Args:
+        integer: The 64-bit integer type (``INTEGER`` in SQLite, ``bigint`` in PostgreSQL).
+        text: The text type.
+    """
+    metrics = ", ".join(f"{c} {integer} NOT NULL" for c in METRICS)
+    return (f"CREATE TABLE IF NOT EXISTS {TABLE}(sink_id {text} NOT NULL, batch_id {integer} NOT NULL, "
+            f"committed_ms {integer} NOT NULL, {metrics}, tables {text}, PRIMARY KEY(sink_id, batch_id));")
+
 
 @dataclass(frozen=True)
 class BatchStats:

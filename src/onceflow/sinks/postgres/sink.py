@@ -86,7 +86,6 @@ class PostgresTablesSink:
         if self._conn is None or self._conn.broken:
             conn = pg.connect(self.dsn)
             pg.ensure_meta(conn)
-            conn.execute("ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS tables text")
             self._conn = conn
         return self._conn
 

@@ -22,30 +22,24 @@ from contextlib import contextmanager
 from typing import Any
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, PostgresError
+from onceflow.sinks import marker
 from onceflow.sinks.postgres.conn import DSN_ENV, connect, redact, resolve_dsn, scrub
 
 __all__ = ["DSN_ENV", "PostgresError", "connect", "redact", "resolve_dsn", "scrub"]
 
 SINK_ID_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-META_DDL = """
+META_DDL = f"""
 CREATE TABLE IF NOT EXISTS onceflow_sinks(
     sink_id text PRIMARY KEY, query_id text NOT NULL, bound_ms bigint NOT NULL);
-CREATE TABLE IF NOT EXISTS onceflow_batches(
-    sink_id text NOT NULL, batch_id bigint NOT NULL, committed_ms bigint NOT NULL,
-    input_rows bigint NOT NULL, late_dropped bigint NOT NULL,
-    duplicates_dropped bigint NOT NULL, events_counted bigint NOT NULL,
-    rows_written bigint NOT NULL, late_watermark_ms bigint NOT NULL,
-    PRIMARY KEY(sink_id, batch_id));
+{marker.create_table_sql("bigint", "text")}
+ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS tables text;
 CREATE TABLE IF NOT EXISTS onceflow_decisions(
     sink_id text NOT NULL, batch_id bigint NOT NULL, gids text[] NOT NULL,
     decided_ms bigint NOT NULL, PRIMARY KEY(sink_id, batch_id));
 """
 
-MARKER_COLUMNS = (
-    "input_rows", "late_dropped", "duplicates_dropped", "events_counted", "rows_written",
-    "late_watermark_ms",
-)
+MARKER_COLUMNS = marker.METRICS
 
 
 def check_sink_id(sink_id: str) -> str:
@@ -146,8 +140,8 @@ def insert_marker(conn: Any, sink_id: str, batch_id: int, metrics: dict[str, int
     """
     values = [int(metrics.get(c, 0)) for c in MARKER_COLUMNS]
     conn.execute(
-        "INSERT INTO onceflow_batches VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT (sink_id, batch_id) DO NOTHING",
+        f"INSERT INTO {marker.TABLE}(sink_id, batch_id, committed_ms, {', '.join(MARKER_COLUMNS)}) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (sink_id, batch_id) DO NOTHING",
         (sink_id, batch_id, int(time.time() * 1000), *values),
     )
 

@@ -20,16 +20,12 @@ import time
 from pathlib import Path
 
 from onceflow.errors import CheckpointMismatchError, ConfigError
+from onceflow.sinks import marker
 
-META_SCHEMA = """
+META_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS onceflow_sinks(
     sink_id TEXT PRIMARY KEY, query_id TEXT NOT NULL, bound_ms INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS onceflow_batches(
-    sink_id TEXT NOT NULL, batch_id INTEGER NOT NULL, committed_ms INTEGER NOT NULL,
-    input_rows INTEGER NOT NULL, late_dropped INTEGER NOT NULL,
-    duplicates_dropped INTEGER NOT NULL, events_counted INTEGER NOT NULL,
-    rows_written INTEGER NOT NULL, late_watermark_ms INTEGER NOT NULL, tables TEXT,
-    PRIMARY KEY(sink_id, batch_id));
+{marker.create_table_sql("INTEGER", "TEXT")}
 CREATE TABLE IF NOT EXISTS onceflow_staged(
     sink_id TEXT NOT NULL, batch_id INTEGER NOT NULL, staged_ms INTEGER NOT NULL,
     meta TEXT NOT NULL, data BLOB NOT NULL, PRIMARY KEY(sink_id, batch_id));
