@@ -36,6 +36,11 @@ test: $(TESTSTAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+test-long: $(TESTSTAMP)
+	bash scripts/ensure_java.sh $(PY)
+	bash scripts/ensure_postgres.sh
+	PY=$(PY) bash scripts/test_long.sh
+
 docs: $(TESTSTAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 

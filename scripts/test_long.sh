@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# make test-long: what is too long for make test (RELIABILITY.md records the results).
+# 1. the tests marked `long` (pytest -m long); 2. many-round verifies of every sink and source,
+# each into build/long/<name> (report.html, report.json). PostgreSQL sinks run when
+# ONCEFLOW_PG_DSN names a database verify may create schemas in. Exit 1 at the first failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+OUT=build/long
+mkdir -p "$OUT"
+step() { echo "== $*"; }
+step "pytest -m long"
+"$PY" -m pytest -q -p no:cacheprovider -m long tests || [[ $? == 5 ]]   # 5: none selected
+verify() {
+  local name=$1; shift
+  step "onceflow verify $* --report $OUT/$name"
+  rm -rf "${OUT:?}/$name"
+  .venv/bin/onceflow verify "$@" --report "$OUT/$name"
+}
+verify sqlite --rounds 40 --seed 16 --sink sqlite
+verify delta --rounds 40 --seed 16 --sink delta
+verify http --rounds 20 --seed 17 --sink http
+verify kafka --rounds 20 --seed 18 --source kafka
+verify ingest --ingest --rounds 16 --seed 15 --faults all
+if [[ -n "${ONCEFLOW_PG_DSN:-}" ]]; then
+  for sink in postgres postgres-staged postgres-2pc; do
+    verify "$sink" --rounds 40 --seed 16 --sink "$sink"
+  done
+else
+  echo "== ONCEFLOW_PG_DSN not set: the PostgreSQL sinks' long verifies are left out"
+fi
+echo "== test-long: every run OK"
