@@ -9,7 +9,10 @@ id, ``.../<key values>/<batch_id>`` — one effect per key and batch, summed by 
 ``confirmed`` after the service's 2xx answer; calls run concurrently (bounded) with retries and
 exponential backoff (tenacity).
 
-Commit protocol of :meth:`HttpEffectsSink.commit_tables` for batch N:
+Commit protocol of :meth:`HttpEffectsSink.commit_tables` for batch N. Against the shared steps
+of :mod:`onceflow.sinks.base`: 1 is *check*; 2 is *decide*, and records the keys before any call
+(a service cannot join the ledger's transaction); 3-5 are *write* (the calls) and their
+confirmations; 6 is *mark* and *commit*; 7 is *return*.
 
 1. Crash point ``before_sink_write``. Every table needs a key; keys must be non-null and unique
    within the batch (:func:`onceflow.tables.check_batch`). Nothing is sent.

@@ -2,7 +2,11 @@
 
 Large outputs never pass through the driver: every Spark task writes its own
 partition, and the driver only decides which task attempts make up a batch.
-Two protocols, selected by the ``protocol`` option.
+Two protocols, selected by the ``protocol`` option. Against the shared steps of
+:mod:`onceflow.sinks.base`: *check* ran before, on the driver
+(:class:`onceflow.sinks.postgres.sink.PostgresFramesSink`); step 1 below is the executors' part
+of *write*; 2 is *decide*; 3 checks what the tasks wrote; 4 finishes *write* and *marks*; 5 is
+*commit*; then cleanup and recovery.
 
 **Staged** (default). For batch N:
 
