@@ -192,8 +192,8 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
 
 
 @pytest.mark.parametrize(("sink", "fault", "violation"), [
-    # no batch marker: a replay adds twice (the SQLite naive sink is caught the same way in
-    # tests/verify/test_crash_restart.py)
+    # no batch marker: a replay adds twice (the SQLite naive sink is caught the same way by verify
+    # in tests/verify/test_verify_kafka.py, and under the payments example in tests/core/test_api_crash.py)
     ("postgres-naive", "crash_after_sink_commit", "duplicated"),
     ("lossy", "crash_inside_sink_txn", "lost"),  # marker committed before the rows
     ("http-naive", "crash_effects_sent", "duplicated"),  # no ledger, a service without idempotency
