@@ -2,12 +2,13 @@
 
 One pipeline, many driver lives: killed at random moments after a commit, then at named crash
 points of the sink protocol in turn, while a feeder keeps writing payment files; a last life
-drains. SQLite (also ``apply_pending`` of its staged path) and the two-phase PostgreSQL sink go
-through every point; the driver-side PostgreSQL, staged and Delta sinks through the two that
-decide between a replay and a loss (inside the transaction, after the commit) — their other
-points run in ``tests/sinks/test_contract_example51.py`` and in the verify tests
-(``tests/verify/test_verify.py``), so the matrix does not repeat them here. The tables must equal a Spark
-batch recomputation of all the files, exactly, and every batch must have exactly one marker.
+drains. SQLite goes through every point (also ``apply_pending`` of its staged path); the
+PostgreSQL (driver, staged, two-phase) and Delta sinks through the two that decide between a
+replay and a loss (inside the transaction, after the commit) — their other points run in
+``tests/sinks/test_contract_example51.py`` and in the verify tests (``tests/verify/test_verify.py``:
+every crash point of the two-phase and Delta sinks), so the matrix does not repeat them here.
+The tables must equal a Spark batch recomputation of all the files, exactly, and every batch
+must have exactly one marker.
 Negative controls: the same crash against the naive sink (no marker check) duplicates, against
 the lossy one (marker before rows) loses.
 """
@@ -31,7 +32,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit", "ambiguous_commit", "after_commit_log"]
 DECIDING = ["inside_sink_txn", "after_sink_commit"]
-FULL = {"sqlite": [*POINTS, "apply_pending"], "postgres-2pc": POINTS}
+FULL = {"sqlite": [*POINTS, "apply_pending"]}
 """The backends that go through every crash point (the others: random kills and :data:`DECIDING`)."""
 
 
