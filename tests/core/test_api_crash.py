@@ -74,6 +74,7 @@ def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | No
     return ProcessGroup(args, tmp / f"{name}.out", env, module="tests.core.payments_driver")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "postgres", "postgres-staged", "postgres-2pc", "delta"])
 def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_path: Path, backend: str,
                                                               request: pytest.FixtureRequest) -> None:

@@ -74,6 +74,7 @@ def _judge(tmp: Path, bootstrap: str) -> tuple[Any, Any, Any]:
     return exp, judge_sqlite(tmp / "counts.db", exp), records
 
 
+@pytest.mark.slow
 def test_kafka_crash_points_and_random_kills_leave_exact_counts(broker: Any, tmp_path: Path) -> None:
     seed = int(time.time()) % 10_000
     rng = random.Random(seed)

@@ -44,6 +44,7 @@ def _feeder(log_dir: Path, cfg: GeneratorConfig, pace_s: float) -> threading.Thr
     return th
 
 
+@pytest.mark.slow
 def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: Path) -> None:
     seed = int(time.time()) % 10_000
     rng = random.Random(seed)

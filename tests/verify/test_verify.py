@@ -81,6 +81,7 @@ def stale_killed(tmp_path: Path) -> Iterator[Path]:
         kill_stale(tmp_path / "work")
 
 
+@pytest.mark.slow
 def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path: Path,
                                                                        stale_killed: Path) -> None:
     """Every fault kind once (sqlite); verify itself is SIGKILLed twice and resumed: after all of
@@ -126,6 +127,7 @@ def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path:
     assert f"report written to {tmp_path / 'report.html'}" in out
 
 
+@pytest.mark.slow
 def test_postgres_two_phase_sink_under_the_crash_points(tmp_path: Path,
                                                          request: pytest.FixtureRequest) -> None:
     # the full seven-kind run against each Postgres sink is a documented command (RELIABILITY.md)
@@ -225,6 +227,7 @@ def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> Non
     assert message in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sink", ["postgres-2pc"])  # executor-side writes: the interesting case
 def test_executor_kill_on_a_multi_process_cluster(tmp_path: Path, sink: str,
                                                    request: pytest.FixtureRequest) -> None:
@@ -242,6 +245,7 @@ INGEST_FAULTS = ["receiver_kill", "receiver_crash_after_stage", "receiver_crash_
                  "receiver_crash_after_publish", "sender_kill", "dropped_acks"]
 
 
+@pytest.mark.slow
 def test_end_to_end_through_senders_and_the_receiver(tmp_path: Path) -> None:
     faults = ["crash_after_sink_commit", *INGEST_FAULTS, "producer_duplicates", "late_events"]
     rc, out, rep = _verify(tmp_path, "--ingest", "--rounds", "6", "--seed", "5", "--events-per-round",

@@ -28,6 +28,7 @@ def _rounds_ok(rep: dict[str, object]) -> list[dict[str, object]]:
     return rounds
 
 
+@pytest.mark.slow
 def test_kafka_source_under_crash_points_and_kills(tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "5", "--seed", "18", "--events-per-round", "2000",
                            "--faults", "kill_random,crash_inside_sink_txn,crash_after_sink_commit,"
@@ -51,6 +52,7 @@ def test_kafka_negative_control_is_caught(tmp_path: Path) -> None:
     assert verdict["duplicated"] > 0
 
 
+@pytest.mark.slow
 def test_standalone_cluster_with_a_worker_kill(tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "3", "--seed", "5", "--events-per-round", "4000",
                            "--cluster", "standalone", "--faults", "worker_kill,kill_random", timeout=1200)
