@@ -4,9 +4,11 @@ One pipeline, many driver lives: killed at random moments after a commit, then a
 points of the sink protocol in turn, while a feeder keeps writing payment files; a last life
 drains. SQLite goes through every point (also ``apply_pending`` of its staged path); the
 PostgreSQL (driver, staged, two-phase) and Delta sinks through the two that decide between a
-replay and a loss (inside the transaction, after the commit) — their other points run in
-``tests/sinks/test_contract_example51.py`` and in the verify tests (``tests/verify/test_verify.py``:
-every crash point of the two-phase and Delta sinks), so the matrix does not repeat them here.
+replay and a loss (inside the transaction, after the commit). ``before_sink_write`` (before a
+sink touched anything) and ``after_commit_log`` (after it returned and Spark logged the batch) do
+not depend on the sink and run with SQLite; ``ambiguous_commit`` of the two-phase and Delta
+sinks runs in the verify tests (``tests/verify/test_verify.py``), inside/after of every
+PostgreSQL protocol also in ``tests/sinks/test_contract_example51.py``.
 The tables must equal a Spark batch recomputation of all the files, exactly, and every batch
 must have exactly one marker.
 Negative controls: the same crash against the naive sink (no marker check) duplicates, against
