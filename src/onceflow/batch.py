@@ -78,7 +78,6 @@ class _Attempt:
     df: DataFrame
     counted: Future[tuple[BatchStats | None, ckpt.BatchInput | None]]
     observation: Any
-    observed: DataFrame
     frames: dict[str, Any]
     """Table -> DataFrame or Arrow table (step 3); cached DataFrames for an executor-side sink (4)."""
     kept: Persisted | None
@@ -196,7 +195,7 @@ class BatchWriter:
             kept = self.o.stable.load(batch_id, self._qid, df.sparkSession)
             if kept is not None:
                 frames.update(kept.tables)
-        attempt = _Attempt(batch_id, df, counted, observation, observed, frames, kept)
+        attempt = _Attempt(batch_id, df, counted, observation, frames, kept)
         if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
             attempt.cached.append(observed.persist())
         return attempt

@@ -39,7 +39,6 @@ CREATE TABLE IF NOT EXISTS onceflow_decisions(
     decided_ms bigint NOT NULL, PRIMARY KEY(sink_id, batch_id));
 """
 
-MARKER_COLUMNS = marker.METRICS
 
 
 def check_sink_id(sink_id: str) -> str:
@@ -136,12 +135,13 @@ def insert_marker(conn: Any, sink_id: str, batch_id: int, metrics: dict[str, int
         conn: A connection inside the batch's transaction.
         sink_id: The sink.
         batch_id: The micro-batch.
-        metrics: Values for :data:`MARKER_COLUMNS` (missing ones are 0).
+        metrics: Values for :data:`onceflow.sinks.marker.METRICS` (missing ones are 0).
     """
-    values = [int(metrics.get(c, 0)) for c in MARKER_COLUMNS]
+    values = [int(metrics.get(c, 0)) for c in marker.METRICS]
+    places = ", ".join(["%s"] * (3 + len(values)))
     conn.execute(
-        f"INSERT INTO {marker.TABLE}(sink_id, batch_id, committed_ms, {', '.join(MARKER_COLUMNS)}) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (sink_id, batch_id) DO NOTHING",
+        f"INSERT INTO {marker.TABLE}(sink_id, batch_id, committed_ms, {', '.join(marker.METRICS)}) "
+        f"VALUES ({places}) ON CONFLICT (sink_id, batch_id) DO NOTHING",
         (sink_id, batch_id, int(time.time() * 1000), *values),
     )
 

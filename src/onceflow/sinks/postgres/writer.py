@@ -99,7 +99,7 @@ class TargetSpec:
         sink_id: Marker namespace (default: the table name).
         query_id: The checkpoint's query id to bind to ('' when unknown).
         batch_id: Batch writes only: the micro-batch id (-1 for streaming writes).
-        metrics: Extra marker metrics (see :data:`onceflow.sinks.postgres.sql.MARKER_COLUMNS`).
+        metrics: Extra marker metrics (see :data:`onceflow.sinks.marker.METRICS`).
     """
 
     dsn: str
