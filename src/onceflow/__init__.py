@@ -9,8 +9,9 @@ The names a user needs::
                                   per_batch=to_revenue)
 """
 
-from onceflow.api import OnceQuery, deduplicate, delta, http, postgres, sqlite, write_stream
+from onceflow.api import deduplicate, delta, http, postgres, sqlite, write_stream
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
+from onceflow.query import OnceQuery
 from onceflow.sources.kafka import read_kafka
 from onceflow.sources.log import EventLog
 from onceflow.tables import Table

@@ -19,15 +19,16 @@ the sink's commit protocol in :mod:`onceflow.sinks.base`.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow.batch import BatchWriter, PerBatch, WriterOptions
+from onceflow import startup
+from onceflow.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id
 from onceflow.durations import parse_duration
-from onceflow.errors import ConfigError, refuse_unknown
+from onceflow.errors import ConfigError, from_spark, refuse_unknown
 from onceflow.faults import CrashPoint, armed, commit_log_listener
+from onceflow.query import OnceQuery
 from onceflow.sinks.base import TablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.stable import StableOutputs
@@ -152,59 +153,6 @@ def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: boo
                            retries=retries, timeout_s=timeout_s, headers=headers)
 
 
-class OnceQuery:
-    """A running exactly-once query: Spark's ``StreamingQuery`` plus onceflow's errors.
-
-    Attributes:
-        query: Spark's ``StreamingQuery`` (progress, status, id).
-        sink: The sink the query writes to.
-    """
-
-    def __init__(self, query: Any, writer: BatchWriter, sink: TablesSink, listener: Any) -> None:
-        self.query, self._writer, self.sink, self._listener = query, writer, sink, listener
-
-    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
-        """Wait for the query to end (``once``: when everything available is written).
-
-        Raises:
-            OnceflowError: What failed inside a batch (the original error, not Spark's wrapper).
-        """
-        try:
-            return self.query.awaitTermination(timeout)  # type: ignore[no-any-return]
-        except KeyboardInterrupt:
-            print("onceflow: stopping after the current batch ...", file=sys.stderr)
-            self.stop()
-            return True
-        except Exception:
-            if self._writer.error is not None:
-                raise self._writer.error from None
-            raise
-        finally:
-            if not self.query.isActive:
-                self._cleanup()
-
-    def stop(self) -> None:
-        """Stop after the current batch."""
-        self.query.stop()
-        self._cleanup()
-
-    def _cleanup(self) -> None:
-        if self._listener is not None:
-            self.query.sparkSession.streams.removeListener(self._listener)
-            self._listener = None
-        self._writer.close()
-
-    @property
-    def lastProgress(self) -> Any:  # noqa: N802
-        """Spark's last progress report."""
-        return self.query.lastProgress
-
-    @property
-    def isActive(self) -> bool:  # noqa: N802
-        """Whether the query runs."""
-        return bool(self.query.isActive)
-
-
 def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  tables: Mapping[str, Table] | None = None, per_batch: PerBatch | None = None, *,
                  once: bool = False,
@@ -212,7 +160,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  on_batch: Callable[[dict[str, Any]], None] | None = None,
                  check_files: Callable[[list[Path]], object] | None = None, late: str | None = None,
                  stable: bool | Sequence[str] = False,
-                 count_rows: Callable[[dict[str, Any]], int] | None = None, **unknown: Any) -> OnceQuery:
+                 count_rows: Callable[[dict[str, Any]], int] | None = None, output_mode: str = "append",
+                 **unknown: Any) -> OnceQuery:
     """Start a query that writes every micro-batch to ``tables`` exactly once.
 
     Args:
@@ -245,6 +194,11 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             instead of computing again; or a list of the table names to keep stable. Needed when
             ``per_batch`` is not deterministic (clock, random numbers, a lookup whose answer
             changes) and the sink has side effects (e.g. :func:`http`).
+        output_mode: Spark's output mode: ``append`` (default: rows once, when final — an
+            event-time aggregation writes a window once the watermark passes its end),
+            ``update`` (each batch the changed aggregate rows: upsert them by their key; exact
+            at every batch boundary, nothing left behind when the input ends) or ``complete``
+            (each batch every aggregate row). See :mod:`onceflow.startup`.
         count_rows: How many rows the batch had (after deduplication and late drops), computed
             from what ``per_batch`` returned (``{table: DataFrame or pyarrow.Table}``; Arrow
             tables for driver-side sinks) — for outputs that carry the count already, e.g. ``lambda out:
@@ -257,12 +211,15 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         The running query; :meth:`OnceQuery.awaitTermination` raises onceflow's errors.
 
     Raises:
-        ConfigError: Bad tables, a DataFrame that is not streaming, or an unknown keyword
-            (naming the nearest valid one, e.g. ``tabels`` -> ``tables``).
+        ConfigError: Bad tables, a DataFrame that is not streaming, an unknown keyword (naming
+            the nearest valid one, e.g. ``tabels`` -> ``tables``), an output mode that does not
+            fit the tables or the query, a table whose key or merged columns the output lacks,
+            or an existing table that does not fit (checked before the query starts).
+        PostgresError: The sink's database cannot be reached (e.g. a wrong password).
     """
     refuse_unknown(set(unknown), {"df", "sink", "checkpoint", "tables", "per_batch", "once", "trigger",
                                   "event_time", "on_batch", "check_files", "late", "stable",
-                                  "count_rows"},
+                                  "count_rows", "output_mode"},
                    "onceflow.write_stream")
     specs = check_specs(tables or {})
     if not df.isStreaming:
@@ -290,6 +247,13 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         keep = StableOutputs(path, names)
     if count_rows is not None and not callable(count_rows):
         raise ConfigError("count_rows must be a function {table: rows} -> int")
+    startup.check_output_mode(output_mode, specs, late)
+    outputs = {n: s for n, s in specs.items() if n != late}
+    with_id = per_batch is not None and takes_batch_id(per_batch)
+    schemas = startup.output_schemas(df, per_batch, with_id, outputs)
+    startup.check_columns_of(schemas, outputs)
+    sink.check(specs, schemas)
+    startup.print_note(startup.append_note(df, output_mode))
     options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows)
     writer = BatchWriter(sink, path, options, df.sparkSession)
     listener = None
@@ -297,6 +261,21 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:
         listener = commit_log_listener()
         df.sparkSession.streams.addListener(listener)
-    stream = df.writeStream.foreachBatch(writer).option("checkpointLocation", str(path))
+    stream = (df.writeStream.foreachBatch(writer).outputMode(output_mode)
+              .option("checkpointLocation", str(path)))
     stream = stream.trigger(availableNow=True) if once else stream.trigger(processingTime=trigger)
-    return OnceQuery(stream.start(), writer, sink, listener)
+    try:
+        started = stream.start()
+    except Exception as exc:  # e.g. Spark refuses the output mode for this query
+        if listener is not None:
+            df.sparkSession.streams.removeListener(listener)
+        raise _start_error(exc) from None
+    return OnceQuery(started, writer, sink, listener)
+
+
+def _start_error(exc: Exception) -> Exception:
+    """What Spark refused at ``start()``, as the onceflow error (its first line, without the plan)."""
+    found = from_spark(exc)
+    if found is not exc or not type(exc).__name__.endswith("AnalysisException"):
+        return found  # type: ignore[return-value]
+    return ConfigError(f"Spark refuses to start this query: {str(exc).splitlines()[0]}")

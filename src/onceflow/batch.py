@@ -7,9 +7,11 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
    checkpoint's query id (a database written by another checkpoint is refused: batch ids restart
    at 0 there); delete the stable copies of batches Spark's commit log has.
 2. **Count** (:meth:`BatchWriter._count`, in a thread beside Spark's own work): N's input files and
-   late watermark from Spark's checkpoint, its input rows and late drops (Parquet file sources).
-   Other sources (Kafka, ...): Spark's metrics of N's plan once step 4 ran it
-   (:func:`onceflow.checkpoint.plan_counts`).
+   late watermark from Spark's checkpoint, their rows and (when the event-time column is in
+   them) late rows, for Parquet file sources. After step 4 ran N's plan, Spark's metrics of it
+   (:func:`onceflow.checkpoint.plan_counts`) give the late drops and the duplicates a
+   deduplication dropped, and the input rows of other sources (Kafka, ...); a count onceflow
+   cannot know is None (NULL in the marker), never a difference (:meth:`BatchWriter._stats`).
 3. **Prepare** (:meth:`BatchWriter._prepare`): run ``per_batch`` on N's DataFrame (lazily: no job
    yet). ``per_batch`` may run more than once for N (after a crash): it must be deterministic given
    N's rows, which Spark guarantees for the rows themselves. With ``stable=``, a copy of N's output
@@ -30,14 +32,14 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
    marker in one transaction, or skipped when N's marker is there. Any error here fails the query
    before Spark writes ``commits/N``; :meth:`onceflow.OnceQuery.awaitTermination` raises it as the
    onceflow error it is. With ``stable=``, N's persisted copy is deleted once the sink committed N.
-6. **Report**: ``on_batch`` gets N's numbers. When the query ends, :meth:`BatchWriter.close` waits
-   until the sink applied every batch it accepted.
+6. **Report**: ``on_batch`` gets N's numbers (a replay wrote 0 rows). When the query ends,
+   :meth:`BatchWriter.close` waits until the sink applied every batch it accepted.
 """
 
 from __future__ import annotations
 
 import inspect
-import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,6 +58,14 @@ from onceflow.tables import Table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+def _quiet(df: DataFrame) -> None:
+    """Keep the stop a user asked for out of the logs (Spark logs a query ended by an exception)."""
+    import logging
+
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    df.sparkSession.sparkContext.setLogLevel("OFF")
+
+
 PerBatch = Callable[..., "Mapping[str, DataFrame | pa.Table] | DataFrame | pa.Table"]
 """``per_batch(df)`` or ``per_batch(df, batch_id)`` (as ``foreachBatch`` functions take them)."""
 
@@ -70,13 +80,21 @@ def takes_batch_id(fn: Callable[..., Any]) -> bool:
     return len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
 
 
+@dataclass(frozen=True)
+class _FileCounts:
+    """A file source batch's rows and late rows, counted from its files (None: not countable)."""
+
+    rows: int
+    late: int | None
+
+
 @dataclass
 class _Attempt:
     """One attempt of batch N as it moves through the steps."""
 
     batch_id: int
     df: DataFrame
-    counted: Future[tuple[BatchStats | None, ckpt.BatchInput | None]]
+    counted: Future[tuple[_FileCounts | None, ckpt.BatchInput | None]]
     observation: Any
     frames: dict[str, Any]
     """Table -> DataFrame or Arrow table (step 3); cached DataFrames for an executor-side sink (4)."""
@@ -85,7 +103,9 @@ class _Attempt:
     outputs: dict[str, Any] = field(default_factory=dict)
     """Table -> Arrow table (driver-side sink), or None (executor-side: the frames are written)."""
     rows_out: int = 0
-    stats: BatchStats = BatchStats(0, 0, 0)
+    stats: BatchStats = BatchStats(None, None, 0)
+    written: dict[str, int] = field(default_factory=dict)
+    """Rows per table the batch writes (counted before the sink's commit)."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,9 @@ class BatchWriter:
 
     error: BaseException | None = None
 
+    class Stopped(Exception):  # noqa: N818 - not an error: the user asked the query to stop
+        """Raised at the start of a batch after :meth:`request_stop`: nothing of it was written."""
+
     def __init__(self, sink: TablesSink, checkpoint: Path, options: WriterOptions, spark: Any) -> None:
         self.sink, self.checkpoint, self.o = sink, checkpoint, options
         self.spark = spark  # the query's own session (foreachBatch gets a clone without it)
@@ -120,12 +143,19 @@ class BatchWriter:
         self._with_id = options.per_batch is not None and takes_batch_id(options.per_batch)
         self._executor_side = isinstance(sink, ExecutorSink)
         self._qid = ""
-        self._warned = False
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
+        self._stop = threading.Event()
+
+    def request_stop(self) -> None:
+        """Refuse the next batch before anything of it is written (a clean stop between batches)."""
+        self._stop.set()
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """Write batch ``batch_id``; remember what it raised, then raise it."""
         try:
+            if self._stop.is_set():  # the query stops here; Spark runs this batch again at the next start
+                _quiet(df)
+                raise BatchWriter.Stopped(f"stopped before batch {batch_id}")
             self._write(df, batch_id)
         except BaseException as exc:
             self.error = exc
@@ -142,12 +172,11 @@ class BatchWriter:
             for f in attempt.cached:
                 f.unpersist()
         if self.o.on_batch is not None:  # 6
-            stats, rows_out = attempt.stats, attempt.rows_out
+            stats = attempt.stats
             self.o.on_batch({"batch_id": batch_id, "committed": committed, "input_rows": stats.input_rows,
-                             "late_dropped": stats.late_dropped, "rows_out": rows_out,
-                             "duplicates_dropped": stats.duplicates_dropped(rows_out),
-                             "rows_written": {n: t.num_rows if t is not None else None
-                                              for n, t in attempt.outputs.items()},
+                             "late_dropped": stats.late_dropped, "rows_out": attempt.rows_out,
+                             "duplicates_dropped": stats.duplicates,
+                             "rows_written": {n: k if committed else 0 for n, k in attempt.written.items()},
                              "seconds": time.perf_counter() - started})
 
     def _bind(self) -> None:
@@ -162,8 +191,8 @@ class BatchWriter:
             self.o.stable.cleanup(ckpt.committed_batches(self.checkpoint))
         self._qid = qid
 
-    def _count(self, batch_id: int) -> tuple[BatchStats | None, ckpt.BatchInput | None]:
-        """Step 2: N's input files, rows and late drops; None when they cannot be counted."""
+    def _count(self, batch_id: int) -> tuple[_FileCounts | None, ckpt.BatchInput | None]:
+        """Step 2: N's input files, and their rows and late rows (None: not countable from files)."""
         if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count
             return None, None
         batch = ckpt.batch_input(self.checkpoint, batch_id)
@@ -171,13 +200,12 @@ class BatchWriter:
             self.o.check_files(batch.files)
         try:
             rows, late = ckpt.count_input(batch, self.o.event_time)
-        except UncountableInputError as exc:  # the batch is fine; only its counts are unknown
-            if not self._warned:
-                print(f"onceflow: warning: input rows and late drops are not counted for this query "
-                      f"({exc}); the markers record the batch's own rows and 0 late", file=sys.stderr)
-                self._warned = True
-            return None, batch
-        return BatchStats(rows, late, batch.late_watermark_ms), batch
+            return _FileCounts(rows, late if self.o.event_time else None), batch
+        except UncountableInputError:  # not Parquet, or the event time is derived: ask Spark's plan
+            try:
+                return _FileCounts(ckpt.count_input(batch, None)[0], None), batch
+            except UncountableInputError:
+                return None, batch
 
     def _prepare(self, df: DataFrame, batch_id: int) -> _Attempt:
         """Steps 2 and 3: the count started beside, ``per_batch``'s outputs, a stable copy over them."""
@@ -225,8 +253,7 @@ class BatchWriter:
         if self._executor_side:  # the executors write the rows: each frame is computed once
             a.frames = {n: self._frame(a.df, f).persist() for n, f in a.frames.items()}
             a.cached.extend(a.frames.values())
-            for f in a.frames.values():
-                f.count()
+            a.written = {n: f.count() for n, f in a.frames.items()}
             a.rows_out = a.kept.rows_out if a.kept is not None else self._rows_out(a, produced)
             if self.o.stable is not None and a.kept is None:
                 a.frames.update(self.o.stable.save(a.batch_id, self._qid, a.frames, a.rows_out).tables)
@@ -240,17 +267,20 @@ class BatchWriter:
             a.rows_out = a.kept.rows_out if a.kept is not None else self._rows_out(a, a.outputs)
             if self.o.stable is not None and a.kept is None:
                 a.outputs.update(self.o.stable.save(a.batch_id, self._qid, a.outputs, a.rows_out).tables)
+            a.written = {n: t.num_rows for n, t in a.outputs.items()}
         counted, batch = a.counted.result()
-        a.stats = counted or self._plan_stats(a.batch_id, a.kept is None, a.rows_out)
+        a.stats = self._stats(a, counted)
         late = self.o.late
-        if late is not None and counted is not None and batch is not None and counted.late_dropped:
-            rows = self._late_rows(a.df, counted, batch)
+        if late is not None and counted is not None and counted.late and batch is not None:
+            rows = self._late_rows(a.df, batch)
             if self._executor_side:
                 a.frames[late] = rows.persist()
                 a.cached.append(a.frames[late])
                 a.outputs[late] = None
+                a.written[late] = a.frames[late].count()
             else:
                 a.outputs[late] = rows.toArrow()
+                a.written[late] = a.outputs[late].num_rows
 
     def _commit(self, a: _Attempt) -> bool:
         """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""
@@ -262,7 +292,7 @@ class BatchWriter:
             self.o.stable.drop(a.batch_id)
         return committed
 
-    def _late_rows(self, df: DataFrame, stats: BatchStats, batch: ckpt.BatchInput) -> DataFrame:
+    def _late_rows(self, df: DataFrame, batch: ckpt.BatchInput) -> DataFrame:
         """The input rows of N that the watermark dropped, as they are in N's files (step 4).
 
         Plus ``missed_watermark`` (the watermark they were behind); one row per id when the
@@ -270,24 +300,32 @@ class BatchWriter:
         """
         from pyspark.sql import functions as F
 
-        wm = stats.late_watermark_ms
+        wm = batch.late_watermark_ms
         rows = (df.sparkSession.read.parquet(*[str(f) for f in batch.files])
                 .where(F.unix_micros(F.col(str(self.o.event_time))) <= F.lit(wm * 1000))
                 .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
         return rows.dropDuplicates(self.o.ids) if self.o.ids else rows
 
-    def _plan_stats(self, batch_id: int, computed: bool, rows_out: int) -> BatchStats:
-        """Step 2 for a source without countable files: Spark's metrics of the batch's plan.
+    def _stats(self, a: _Attempt, files: _FileCounts | None) -> BatchStats:
+        """Step 4's end: N's input rows, late drops and duplicates; None where they are unknown.
 
-        Only when this batch's outputs were computed here (not loaded from a stable copy);
-        otherwise, or when the plan read fewer rows than the batch produced (it did not run
-        all of it), the batch's own rows and 0 late (:func:`onceflow.checkpoint.plan_counts`).
+        From N's files (rows; late rows by Spark's rule when the event-time column is in them)
+        and from Spark's metrics of N's plan (:func:`onceflow.checkpoint.plan_counts`), used
+        only when this attempt ran the plan exactly once: its scans read what the files hold,
+        or (other sources) its top produced the batch's rows. A batch whose outputs came from
+        a stable copy did not run its plan: what only the plan knows is None.
         """
-        watermark = ckpt.late_watermark_ms(self.checkpoint, batch_id)
-        found = ckpt.plan_counts(self.spark, self._qid) if computed and self._qid and self.spark else None
-        if found is None or found[0] < rows_out:
-            return BatchStats(rows_out, 0, watermark)
-        return BatchStats(found[0], found[1], watermark)
+        watermark = ckpt.late_watermark_ms(self.checkpoint, a.batch_id)
+        plan = None
+        if a.kept is None and self._qid and self.spark is not None:
+            plan = ckpt.plan_counts(self.spark, self._qid)
+        if plan is not None:
+            once = (plan.input_rows == files.rows if files is not None
+                    else plan.root_rows is None or plan.root_rows == a.rows_out)
+            plan = plan if once else None
+        rows = files.rows if files is not None else plan.input_rows if plan is not None else None
+        late = plan.late_dropped if plan is not None else files.late if files is not None else None
+        return BatchStats(rows, late, watermark, plan.duplicates if plan is not None else None)
 
     @staticmethod
     def _frame(df: DataFrame, value: Any) -> DataFrame:

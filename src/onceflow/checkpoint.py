@@ -301,25 +301,42 @@ def count_input(batch: BatchInput, event_time: str | None) -> tuple[int, int]:
     return rows, late
 
 
-def _metric(metrics: Any, name: str) -> int:
+def _metric(metrics: Any, name: str) -> int | None:
     found = metrics.get(name)
-    return int(found.get().value()) if found.isDefined() else 0
+    return int(found.get().value()) if found.isDefined() else None
 
 
-def plan_counts(spark: Any, query_id: str) -> tuple[int, int] | None:
-    """Rows read and rows dropped as late by the current batch of the query ``query_id``.
+@dataclass(frozen=True)
+class PlanCounts:
+    """What the plan Spark executed for a batch counted (summed over every run of the plan).
 
-    For sources whose input cannot be re-counted from files (Kafka, any Python data source,
-    ``rate``...), read inside ``foreachBatch`` from the plan Spark executed for the batch —
-    the metrics Spark's progress reports are built from:
+    Attributes:
+        input_rows: Rows its scans read.
+        late_dropped: Rows its stateful operators dropped as late.
+        duplicates: Rows its deduplications dropped (None: the plan has no deduplication).
+        root_rows: Rows its topmost counting operator produced (None: none counts).
+    """
+
+    input_rows: int
+    late_dropped: int
+    duplicates: int | None
+    root_rows: int | None
+
+
+def plan_counts(spark: Any, query_id: str) -> PlanCounts | None:
+    """What the current batch of the query ``query_id`` read, dropped as late and as duplicates.
+
+    Read inside ``foreachBatch`` from the plan Spark executed for the batch — the metrics
+    Spark's progress reports are built from:
 
     1. ``foreachBatch`` hands over a DataFrame over the RDD of the batch's physical plan (the
        query's ``lastExecution``); whatever ``per_batch`` computes from it runs that plan.
     2. After it ran, every leaf of that plan (a source's scan) holds ``numOutputRows``: the
        rows the batch read; every stateful operator holds ``numRowsDroppedByWatermark``: the
-       rows it dropped as late.
-    3. The metrics add up over executions: a plan computed twice would count twice, so this is
-       used only when onceflow computed the batch's outputs once, never for a batch whose
+       rows it dropped as late; a deduplication holds ``numDroppedDuplicateRows``.
+    3. The metrics add up over executions: a plan computed twice counts twice, so the caller
+       uses them only when it can tell the plan ran once (the scans read what the batch's
+       files hold, or the top of the plan produced the batch's rows), never for a batch whose
        outputs came from a persisted stable copy (the plan did not run).
 
     Args:
@@ -327,8 +344,7 @@ def plan_counts(spark: Any, query_id: str) -> tuple[int, int] | None:
         query_id: The query's id (stable across restarts; the checkpoint's ``metadata``).
 
     Returns:
-        ``(input rows, late rows)``, or None when the query or its plan is not reachable
-        (then the caller records what it knows otherwise).
+        The counts, or None when the query or its plan is not reachable.
     """
     try:
         query = spark.streams.get(query_id)
@@ -338,13 +354,21 @@ def plan_counts(spark: Any, query_id: str) -> tuple[int, int] | None:
     except Exception:  # py4j: another Spark build, a query stopping
         return None
     rows = late = 0
+    dups: int | None = None
+    root: int | None = None
     todo = [plan]
     while todo:
         node = todo.pop()
         metrics, children = node.metrics(), node.children()
+        out = _metric(metrics, "numOutputRows")
+        if root is None:
+            root = out
         n = children.size()
         if n == 0:
-            rows += _metric(metrics, "numOutputRows")
-        late += _metric(metrics, "numRowsDroppedByWatermark")
-        todo.extend(children.apply(i) for i in range(n))
-    return rows, late
+            rows += out or 0
+        late += _metric(metrics, "numRowsDroppedByWatermark") or 0
+        dropped = _metric(metrics, "numDroppedDuplicateRows")
+        if dropped is not None:
+            dups = (dups or 0) + dropped
+        todo.extend(children.apply(i) for i in reversed(range(n)))
+    return PlanCounts(rows, late, dups, root)

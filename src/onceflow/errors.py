@@ -8,6 +8,8 @@ what was expected, and what to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class OnceflowError(Exception):
     """Root of all onceflow errors."""
@@ -128,6 +130,19 @@ class SenderRefusedError(OnceflowError, PermissionError):
     """The ingest receiver refused this sender (401/403); its events stay in the outbox."""
 
 
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The valid name closest to a misspelt ``name``, or None when none is close.
+
+    Args:
+        name: What was given.
+        known: The valid names.
+    """
+    import difflib
+
+    near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return near[0] if near else None
+
+
 def refuse_unknown(given: set[str], known: set[str], where: str) -> None:
     """Refuse option names ``where`` does not know, naming the nearest valid one.
 
@@ -139,14 +154,12 @@ def refuse_unknown(given: set[str], known: set[str], where: str) -> None:
     Raises:
         ConfigError: Naming every unknown option and its nearest valid name.
     """
-    import difflib
-
     bad = sorted(set(given) - known)
     if bad:
         hints = []
         for name in bad:
-            near = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
-            hints.append(f"{name!r}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+            near = nearest(name, known)
+            hints.append(f"{name!r}" + (f" (did you mean {near!r}?)" if near else ""))
         raise ConfigError(f"unknown option(s) for {where}: {', '.join(hints)}; valid options: "
                           f"{', '.join(sorted(known))}")
 

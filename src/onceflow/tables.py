@@ -4,12 +4,17 @@ A :class:`Table` says how each micro-batch's rows reach one table:
 
 * ``append`` — every row of every batch, exactly once (the batch marker makes a replay a no-op);
 * ``upsert`` — by ``key``: a row replaces the stored row with the same key;
-* ``add`` — by ``key``: the ``add`` columns are added to the stored values (per-batch deltas,
-  e.g. counts or sums per window), the other columns replaced.
+* ``merge`` — by ``key``: per-batch partial aggregates merged into the stored values: the
+  ``add`` columns are added (counts, sums), the ``max`` columns keep the greater and the ``min``
+  columns the smaller value; the other columns are replaced. Count, sum, min, max and an
+  average (a sum and a count) per key or window, exactly, without Spark's aggregation state.
+  A null in a merged column is ignored, as SQL's aggregates ignore it (``add`` of a null
+  leaves the stored value; a null stored value takes the batch's value). ``add`` is the old
+  name of this mode and is still accepted.
 
 A batch is checked against its specs *before* anything is written (:func:`check_batch`): key
-columns and ``add`` columns without nulls, ``add`` columns numeric, no key twice within one
-batch for ``upsert``/``add`` (which row would win is undefined). A batch that fails is refused
+columns without nulls, ``add`` columns numeric, no key twice within one batch for
+``upsert``/``merge`` (which row would win is undefined). A batch that fails is refused
 with a :class:`onceflow.errors.BatchRejectedError` naming the table, the column and the first bad
 row, so the query stops before Spark's commit log and nothing of the batch is written.
 """
@@ -25,7 +30,11 @@ import pyarrow.compute as pc
 
 from onceflow.errors import BatchRejectedError, ConfigError
 
-MODES = ("append", "upsert", "add")
+MODES = ("append", "upsert", "merge")
+"""The write modes (``add`` is accepted as the old name of ``merge``)."""
+
+MERGES = ("add", "max", "min")
+"""How a ``merge`` table combines a column's stored value with the batch's."""
 
 
 def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -40,37 +49,61 @@ class Table:
 
     Args:
         key: Key column(s) (the table's primary key when onceflow creates it); needed by
-            ``upsert`` and ``add``.
-        add: Column(s) added to the stored value instead of replaced (mode ``add``).
-        mode: ``append``, ``upsert`` or ``add``; inferred when omitted (``add`` given:
-            ``add``; ``key`` given: ``upsert``; else ``append``).
+            ``upsert`` and ``merge``.
+        add: Column(s) added to the stored value (mode ``merge``), e.g. counts and sums.
+        max: Column(s) that keep the greater of the stored and the batch's value (``merge``).
+        min: Column(s) that keep the smaller of the stored and the batch's value (``merge``).
+        mode: ``append``, ``upsert`` or ``merge`` (``add`` is accepted for ``merge``); inferred
+            when omitted (``add``/``max``/``min`` given: ``merge``; ``key`` given: ``upsert``;
+            else ``append``).
 
     Raises:
-        ConfigError: An unknown mode, or a mode without the columns it needs.
+        ConfigError: An unknown mode, a mode without the columns it needs, or a column named
+            twice.
     """
 
     key: tuple[str, ...] = ()
     add: tuple[str, ...] = ()
+    max: tuple[str, ...] = ()
+    min: tuple[str, ...] = ()
     mode: str = ""
 
     def __init__(self, key: str | Sequence[str] | None = None, add: str | Sequence[str] | None = None,
-                 mode: str | None = None) -> None:
-        keys, adds = _names(key), _names(add)
-        chosen = mode or ("add" if adds else "upsert" if keys else "append")
+                 mode: str | None = None, *, max: str | Sequence[str] | None = None,  # noqa: A002
+                 min: str | Sequence[str] | None = None) -> None:  # noqa: A002
+        keys, adds, maxes, mins = _names(key), _names(add), _names(max), _names(min)
+        merged = (*adds, *maxes, *mins)
+        chosen = "merge" if mode == "add" else mode or ("merge" if merged else "upsert" if keys else "append")
         if chosen not in MODES:
             raise ConfigError(f"unknown table mode {chosen!r}; use one of {MODES}")
-        if chosen in ("upsert", "add") and not keys:
+        if chosen in ("upsert", "merge") and not keys:
             raise ConfigError(f"mode {chosen!r} needs key=[...] (the columns that identify a row)")
-        if chosen == "add" and not adds:
-            raise ConfigError("mode 'add' needs add=[...] (the numeric columns to add up)")
-        if chosen != "add" and adds:
-            raise ConfigError(f"add=[...] is for mode 'add', not {chosen!r}")
-        overlap = set(keys) & set(adds)
+        if chosen == "merge" and not merged:
+            raise ConfigError("mode 'merge' needs add=[...], max=[...] or min=[...] (the columns to merge)")
+        if chosen != "merge" and merged:
+            raise ConfigError(f"add=/max=/min= are for mode 'merge', not {chosen!r}")
+        overlap = set(keys) & set(merged)
         if overlap:
-            raise ConfigError(f"columns {sorted(overlap)} cannot be both key and add")
+            raise ConfigError(f"columns {sorted(overlap)} cannot be both key and merged (add/max/min)")
+        twice = sorted({c for c in merged if merged.count(c) > 1})
+        if twice:
+            raise ConfigError(f"columns {twice} are named in more than one of add=, max=, min=")
         object.__setattr__(self, "key", keys)
         object.__setattr__(self, "add", adds)
+        object.__setattr__(self, "max", maxes)
+        object.__setattr__(self, "min", mins)
         object.__setattr__(self, "mode", chosen)
+
+    @property
+    def merged(self) -> dict[str, str]:
+        """Merged column -> how (``add``, ``max`` or ``min``), for a ``merge`` table."""
+        return {**dict.fromkeys(self.add, "add"), **dict.fromkeys(self.max, "max"),
+                **dict.fromkeys(self.min, "min")}
+
+    def describe(self) -> dict[str, Any]:
+        """The spec as plain JSON (``Table(**spec.describe())`` makes it again)."""
+        return {"key": list(self.key), "add": list(self.add), "max": list(self.max), "min": list(self.min),
+                "mode": self.mode}
 
 
 def check_specs(tables: Mapping[str, Table]) -> dict[str, Table]:
@@ -111,18 +144,17 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
         rows: The batch's rows for it.
 
     Raises:
-        BatchRejectedError: A missing column, a null key or add value, a non-numeric add
-            column, or a key twice in the batch; naming table, column and first bad row.
+        BatchRejectedError: A missing column, a null key, a non-numeric add column, or a key
+            twice in the batch; naming table, column and first bad row.
     """
-    missing = [c for c in (*spec.key, *spec.add) if c not in rows.column_names]
+    missing = [c for c in (*spec.key, *spec.merged) if c not in rows.column_names]
     if missing:
         raise BatchRejectedError(f"table {name!r}: the batch has no column(s) {missing} (its columns: "
                                  f"{rows.column_names})")
-    for col in (*spec.key, *spec.add):
+    for col in spec.key:
         bad = _first(rows.column(col).is_null())
         if bad is not None:
-            what = "key" if col in spec.key else "add"
-            raise BatchRejectedError(f"table {name!r}: {what} column {col!r} is null in row {bad} of batch "
+            raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row {bad} of batch "
                                      f"({_row(rows, bad)}); nothing of the batch was written — fix the input "
                                      "or the transformation, then restart the query")
     for col in spec.add:
@@ -137,6 +169,58 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
             key = _row(counts.select(list(spec.key)), dup)
             raise BatchRejectedError(f"table {name!r}: key {key} appears more than once in one batch; "
                                      f"aggregate per key before writing (mode {spec.mode!r})")
+
+
+def check_columns(name: str, spec: Table, schema: pa.Schema) -> None:
+    """Check an output's columns against its spec before the query starts.
+
+    Args:
+        name: The table's name (for the message).
+        spec: Its specification.
+        schema: The columns the output will have (from the stream's schema).
+
+    Raises:
+        ConfigError: A key or merged column the output does not have, or a non-numeric ``add``
+            column.
+    """
+    missing = [c for c in (*spec.key, *spec.merged) if c not in schema.names]
+    if missing:
+        raise ConfigError(f"table {name!r}: its spec names column(s) {missing} that the query's output "
+                          f"for it does not have (it has {schema.names}); fix the Table(...) or the "
+                          "transformation")
+    for col in spec.add:
+        typ = schema.field(col).type
+        if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)):
+            raise ConfigError(f"table {name!r}: add column {col!r} must be numeric, it is {typ}")
+
+
+def check_existing(where: str, name: str, spec: Table, columns: Sequence[str], have: Sequence[str],
+                   pk: Sequence[str] | None) -> None:
+    """Check a table that exists in the sink against its spec and the columns it will get.
+
+    Args:
+        where: The sink's location (for the message).
+        name: The table.
+        spec: Its spec.
+        columns: The columns the batches will have (or at least the key and merged ones).
+        have: The table's columns.
+        pk: Its primary key columns (None: the backend has none).
+
+    Raises:
+        ConfigError: A column the table lacks, or a primary key other than the spec's key.
+    """
+    missing = [c for c in columns if c not in have]
+    if missing:
+        raise ConfigError(f"table {name!r} in {where} has no column(s) {missing} that the batch has "
+                          f"(it has {sorted(have)}); add them or write to another table")
+    if pk is not None and spec.key and set(pk) != set(spec.key):
+        raise ConfigError(f"table {name!r} in {where} has primary key {list(pk)}, but its spec says "
+                          f"key={list(spec.key)}; {spec.mode} needs them to be the same")
+
+
+def expected_columns(name: str, spec: Table, schemas: Mapping[str, pa.Schema]) -> list[str]:
+    """The columns a table's batches will have: its output's, else at least the key and merged ones."""
+    return list(schemas[name].names) if name in schemas else [*spec.key, *spec.merged]
 
 
 def check_outputs(outputs: Mapping[str, Any], specs: Mapping[str, Table], rows: bool = True) -> None:

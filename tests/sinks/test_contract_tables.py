@@ -22,7 +22,7 @@ from onceflow.sinks.base import BatchStats
 from onceflow.tables import Table
 from onceflow.verify.sinks import NaiveDeltaSink, NaivePostgresSink, NaiveSQLiteSink
 
-STATS = BatchStats(10, 1, 0)
+STATS = BatchStats(10, 1, 0, duplicates=7)
 SPECS = {"revenue": Table(key=["account", "window_start"], add=["amount"]), "payments": Table(),
          "latest": Table(key="account")}
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -202,4 +202,40 @@ def test_the_naive_control_writes_a_replay_twice(backend: Backend) -> None:
     for _ in range(2):
         sink.commit_tables(0, one, {"payments": backend.specs["payments"]}, STATS, 1)
     assert backend.writes("payments") == 2
+    sink.close()
+
+
+def _merged_expected(batches: list[list[tuple[str, Any, Any, Any]]]) -> list[tuple[Any, ...]]:
+    """Per key: the sum, max and min over every batch with nulls ignored (an independent fold)."""
+    seen: dict[str, list[list[Any]]] = {}
+    for rows in batches:
+        for key, n, hi, lo in rows:
+            cols = seen.setdefault(key, [[], [], []])
+            for values, v in zip(cols, (n, hi, lo), strict=True):
+                if v is not None:
+                    values.append(v)
+    return sorted((k, sum(n) if n else None, max(hi) if hi else None, min(lo) if lo else None)
+                  for k, (n, hi, lo) in seen.items())
+
+
+def test_merge_tables_add_max_and_min_across_batches_ignoring_nulls(backend: Backend) -> None:
+    if backend.name == "http":
+        pytest.skip("http: a merge table's rows are per-batch effects, summed by the service")
+    spec = {"stats": Table(key="page", add=["clicks"], max=["worst"], min=["best"])}
+    batches = [[("a", 3, 5.0, 1.0), ("b", 1, None, 2.0)],
+               [("a", 2, 9.0, 0.5), ("b", None, 4.0, None), ("c", 1, 1.0, 1.0)],
+               [("a", 1, 7.0, 3.0), ("c", 4, None, None)]]
+    sink = backend.make()
+    sink.bind("q1")
+    for i, rows in enumerate(batches):
+        table = pa.table({"page": [r[0] for r in rows], "clicks": pa.array([r[1] for r in rows], pa.int64()),
+                          "worst": pa.array([r[2] for r in rows], pa.float64()),
+                          "best": pa.array([r[3] for r in rows], pa.float64())})
+        assert sink.commit_tables(i, {"stats": table}, spec, STATS, len(rows))
+        assert not sink.commit_tables(i, {"stats": table}, spec, STATS, len(rows))  # a replay merges nothing
+    sink.flush()
+    got = [tuple(v if v is None or j == 0 else int(v) if j == 1 else float(v) for j, v in enumerate(r))
+           for r in backend.rows("stats", "page, clicks, worst, best")]
+    assert got == _merged_expected(batches)
+    assert got[0] == ("a", 6, 9.0, 0.5) and got[1] == ("b", 1, 4.0, 2.0)
     sink.close()

@@ -120,13 +120,39 @@ def test_upsert_replace_and_add(pg_dsn: str) -> None:
         assert conn.execute("SELECT v, note FROM u WHERE k = 'x'").fetchone() == (5, "z")
 
 
+@pytest.mark.parametrize("protocol", ["staged", "2pc"])
+def test_max_and_min_merge_across_tasks_and_batches_ignoring_nulls(pg_dsn: str, protocol: str) -> None:
+    schema = StructType([StructField("k", StringType()), StructField("n", LongType()),
+                         StructField("hi", LongType()), StructField("lo", LongType())])
+    tasks = [  # per batch: two tasks' rows; the same key in both tasks of a batch
+        [{"k": ["x", "y"], "n": [1, 1], "hi": [5, None], "lo": [5, None]},
+         {"k": ["x"], "n": [2], "hi": [7], "lo": [3]}],
+        [{"k": ["x", "y"], "n": [None, 4], "hi": [6, 2], "lo": [None, 9]},
+         {"k": ["y"], "n": [1], "hi": [1], "lo": [8]}],
+    ]
+    for batch, parts in enumerate(tasks):
+        spec = TargetSpec.from_options({"dsn": pg_dsn, "table": f"m_{protocol}", "mode": "upsert", "key": "k",
+                                        "add": "n", "max": "hi", "min": "lo", "protocol": protocol,
+                                        "batch_id": str(batch)}, schema)
+        pg_writer.ensure_tables(spec)
+        if protocol == "2pc":  # outside Spark every task is partition 0: one task, both parts' rows
+            parts = [{c: parts[0][c] + parts[1][c] for c in parts[0]}]
+        msgs = [pg_writer.write_task(spec, [pa.RecordBatch.from_pydict(t)]).to_json() for t in parts]
+        assert pg_writer.commit(spec, batch, msgs)
+        assert not pg_writer.commit(spec, batch, msgs)  # a replay merges nothing
+    with pg.session(pg_dsn) as conn:
+        got = sorted(conn.execute(f"SELECT k, n, hi, lo FROM m_{protocol}").fetchall())
+    # x: n 1+2 (+null), hi max(5,7,6), lo min(5,3,null); y: n 1+4+1, hi max(null,2,1), lo min(null,9,8)
+    assert got == [("x", 3, 7, 3), ("y", 6, 2, 8)]
+
+
 @pytest.mark.parametrize(("options", "message"), [
     ({}, "needs option 'table'"),
     ({"table": "t", "mode": "upsert"}, "needs option 'key'"),
     ({"table": "t", "key": "nope"}, r"option 'key' names columns \['nope'\]"),
     ({"table": "t", "protocol": "3pc"}, "'staged' or '2pc'"),
     ({"table": "t", "sink_id": "a:b"}, "sink id 'a:b' is invalid"),
-    ({"table": "t", "add": "id"}, "'add' is for mode 'upsert'"),
+    ({"table": "t", "add": "id"}, "'add', 'max' and 'min' are for mode 'upsert'"),
     ({"table": "t", "protocl": "2pc"}, r"unknown option\(s\) .*'protocl' \(did you mean 'protocol'\?\)"),
     ({"table": "t", "sinkid": "s"}, r"'sinkid' \(did you mean 'sink_id'\?\)"),
     ({"table": "t", "Protocl": "2pc"}, "did you mean 'protocol'"),  # keys arrive case-insensitive

@@ -15,7 +15,7 @@ from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 from onceflow.verify.sinks import NaiveSQLiteSink
 
-STATS = BatchStats(10, 1, 0)
+STATS = BatchStats(10, 1, 0, duplicates=7)
 SPECS = {"revenue": Table(key=["account", "window_start"], add=["amount"]),
          "payments": Table(),
          "latest": Table(key="account")}
@@ -63,9 +63,9 @@ def test_modes_and_replays(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("rows", "column", "row"), [
     ([("a", 0, 1.0), (None, 5, 2.0)], "account", 1),
-    ([("a", 0, None), ("b", 5, 2.0)], "amount", 0),
+    ([("a", 0, 1.0), ("b", 5, 2.0), ("c", 5, 2.0), (None, 5, 2.0)], "account", 3),
 ])
-def test_a_null_key_or_add_value_refuses_the_whole_batch(tmp_path: Path, rows: list, column: str,
+def test_a_null_key_refuses_the_whole_batch(tmp_path: Path, rows: list, column: str,
                                                         row: int) -> None:
     sink = SQLiteTablesSink(tmp_path / "app.db")
     sink.bind("q1")
@@ -121,13 +121,17 @@ def test_negative_controls_write_twice_or_lose(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    ({"mode": "merge"}, "unknown table mode"),
+    ({"mode": "sum"}, "unknown table mode"),
     ({"mode": "upsert"}, "needs key"),
-    ({"key": "k", "mode": "add"}, "needs add"),
-    ({"add": "n", "mode": "append"}, "is for mode 'add'"),
-    ({"key": "k", "add": "k"}, "both key and add"),
+    ({"key": "k", "mode": "add"}, r"needs add=\[...\], max="),
+    ({"key": "k", "add": "n", "max": "n"}, "more than one of add=, max=, min="),
+    ({"max": "n"}, "needs key"),
+    ({"add": "n", "mode": "append"}, "are for mode .merge."),
+    ({"key": "k", "add": "k"}, "both key and merged"),
 ])
 def test_table_specs_are_checked_when_made(kw: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         Table(**kw)
-    assert Table(key="k", add=["n"]).mode == "add" and Table(key=["k"]).mode == "upsert"
+    assert Table(key="k", add=["n"]).mode == "merge" and Table(key=["k"]).mode == "upsert"
+    assert Table(key="k", add="n", mode="add").mode == "merge"  # the old name of the mode
+    assert Table(key="k", max="hi", min=["lo"]).merged == {"hi": "max", "lo": "min"}

@@ -62,12 +62,16 @@ def print_batch(info: dict[str, Any]) -> None:
     if not info["committed"]:
         click.echo(f"batch {info['batch_id']}: already committed earlier, skipped (replay)")
         return
-    rate = info["input_rows"] / info["seconds"] if info["seconds"] > 0 else 0.0
-    written = ", ".join(f"{n} {r}" for n, r in info["rows_written"].items() if r is not None)
+    rate = (info["input_rows"] or 0) / info["seconds"] if info["seconds"] > 0 else 0.0
+    written = ", ".join(f"{n} {r}" for n, r in info["rows_written"].items())
+
+    def known(key: str) -> str:
+        return "?" if info[key] is None else str(info[key])
+
     click.echo(
-        f"batch {info['batch_id']} committed: {info['input_rows']} rows, "
-        f"{info['duplicates_dropped']} duplicates, {info['late_dropped']} late, "
-        f"rows written: {written or 'by the executors'} ({rate:,.0f} rows/s)"
+        f"batch {info['batch_id']} committed: {known('input_rows')} rows, "
+        f"{known('duplicates_dropped')} duplicates, {known('late_dropped')} late, "
+        f"rows written: {written or 'none'} ({rate:,.0f} rows/s)"
     )
 
 
@@ -92,9 +96,9 @@ class Totals:
             self.batches_replayed += 1
             return
         self.batches_committed += 1
-        self.input_rows += info["input_rows"]
-        self.late_dropped += info["late_dropped"]
-        self.duplicates_dropped += info["duplicates_dropped"]
+        self.input_rows += info["input_rows"] or 0  # None: not known for this batch
+        self.late_dropped += info["late_dropped"] or 0
+        self.duplicates_dropped += info["duplicates_dropped"] or 0
         self.events_counted += info["rows_out"]
 
     @property

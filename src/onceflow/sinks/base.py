@@ -75,6 +75,21 @@ class Sink(Protocol):
         :class:`onceflow.errors.CheckpointMismatchError`.
         """
 
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+        """Before the query starts: connect, and check the tables that exist against the specs.
+
+        Runs on the driver, once per :func:`onceflow.write_stream` (a wrong password or an
+        unreachable server fails here, not at the first batch); reads only — it creates none
+        of the user's tables (the first batch does, from its rows).
+
+        Args:
+            specs: Table name -> spec.
+            schemas: Table name -> the columns its output will have, where known.
+
+        Raises:
+            ConfigError: An existing table lacks a column, or has another primary key.
+        """
+
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows (:mod:`onceflow.sinks.marker`), by batch id.
 

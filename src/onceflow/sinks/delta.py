@@ -44,7 +44,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table, check_outputs
+from onceflow.tables import Table, check_existing, check_outputs, expected_columns
 
 RETRIES = 5
 """Commits tried per table when a concurrent writer wins (step 3)."""
@@ -61,6 +61,16 @@ def _require() -> Any:
 
 def _q(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
+
+
+def _merge(column: str, how: str) -> str:
+    """A merged column's value after the batch, in a MERGE (nulls ignored, as SQL's aggregates do)."""
+    old, new = f"t.{_q(column)}", f"s.{_q(column)}"
+    if how == "add":
+        both = f"{old} + {new}"
+    else:
+        both = f"CASE WHEN {new} {'>' if how == 'max' else '<'} {old} THEN {new} ELSE {old} END"
+    return f"CASE WHEN {new} IS NULL THEN {old} WHEN {old} IS NULL THEN {new} ELSE {both} END"
 
 
 class DeltaTablesSink:
@@ -133,7 +143,8 @@ class DeltaTablesSink:
                     dl.write_deltalake(table, rows, mode="append", commit_properties=props)
                 else:
                     on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in spec.key)
-                    updates = {_q(c): (f"t.{_q(c)} + s.{_q(c)}" if c in spec.add else f"s.{_q(c)}")
+                    merged = spec.merged
+                    updates = {_q(c): _merge(c, merged[c]) if c in merged else f"s.{_q(c)}"
                                for c in rows.column_names if c not in spec.key}
                     merger = table.merge(rows, predicate=on, source_alias="s", target_alias="t",
                                          commit_properties=props)
@@ -145,6 +156,15 @@ class DeltaTablesSink:
                 continue  # a concurrent commit won: reload, decide again
         raise OnceflowError(f"batch {batch_id} could not be committed to {path}: {RETRIES} concurrent "
                             "commits won")
+
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+        """Check the Delta tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        for name, spec in specs.items():
+            path = str(self.root / name)
+            if self.dl.DeltaTable.is_deltatable(path):
+                have = [f.name for f in self.dl.DeltaTable(path).schema().fields]
+                cols = expected_columns(name, spec, schemas)
+                check_existing(f"Delta ({path})", name, spec, cols, have, None)
 
     def _committed(self, table: Any, batch_id: int) -> bool:
         """Step 2's check: whether ``table``'s app transaction of this sink reached ``batch_id``."""

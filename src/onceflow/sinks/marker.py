@@ -7,17 +7,28 @@ onceflow_batches`` shows a user. Its columns, the same in every backend (SQLite 
 PostgreSQL tables, the ledger of the HTTP sink, the commit metadata of a Delta table):
 
 ========================  ==================================================================
-``sink_id``               the marker namespace (``<sink_id>.<table>`` for executor-side sinks)
+``sink_id``               the marker namespace (the sink's ``sink_id``)
 ``batch_id``              Spark's micro-batch id
 ``committed_ms``          when the commit happened (epoch ms)
-``input_rows``            rows of the batch's input (files, or Spark's plan for Kafka)
-``late_dropped``          input rows the watermark dropped
-``duplicates_dropped``    ``max(input_rows - late_dropped - events_counted, 0)``
-``events_counted``        rows of the batch's DataFrame, after deduplication and late drops
+``input_rows``            rows the batch read from its source (the Parquet files' row counts;
+                          for other sources Spark's scan metrics of the batch's plan)
+``late_dropped``          input rows the watermark dropped (Spark's late rule over the files'
+                          event times; else Spark's ``numRowsDroppedByWatermark``)
+``duplicates_dropped``    rows a deduplication dropped (Spark's ``numDroppedDuplicateRows``);
+                          NULL when the query has no deduplication
+``events_counted``        rows of the query's DataFrame in the batch (what ``per_batch`` got:
+                          after deduplication and late drops, after a streaming aggregation)
 ``rows_written``          rows written to the tables, over all of them
 ``late_watermark_ms``     the watermark the late rows were behind
 ``tables``                rows written per table (JSON ``{table: rows}``)
 ========================  ==================================================================
+
+A value onceflow cannot know for a batch is NULL, never 0 or a difference: the input of a
+batch whose outputs came from a stable copy (its plan did not run), of a plan Spark ran more
+than once, or of a source without scan metrics. The executor-side PostgreSQL sinks commit each
+table under its own marker ``<sink_id>.<table>`` (``tables`` NULL) and then add the batch's row
+under ``sink_id``, so ``SELECT * FROM onceflow_batches WHERE sink_id = 'default'`` reads the
+history of every sink and protocol alike.
 """
 
 from __future__ import annotations
@@ -43,41 +54,37 @@ METRICS = ("input_rows", "late_dropped", "duplicates_dropped", "events_counted",
 def create_table_sql(integer: str, text: str) -> str:
     """The marker table's ``CREATE TABLE IF NOT EXISTS``, in a backend's column types.
 
+    The metrics are nullable (a value onceflow cannot know is NULL).
+
     Args:
         integer: The 64-bit integer type (``INTEGER`` in SQLite, ``bigint`` in PostgreSQL).
         text: The text type.
     """
-    metrics = ", ".join(f"{c} {integer} NOT NULL" for c in METRICS)
+    metrics = ", ".join(f"{c} {integer}" for c in METRICS)
     return (f"CREATE TABLE IF NOT EXISTS {TABLE}(sink_id {text} NOT NULL, batch_id {integer} NOT NULL, "
             f"committed_ms {integer} NOT NULL, {metrics}, tables {text}, PRIMARY KEY(sink_id, batch_id));")
 
 
 @dataclass(frozen=True)
 class BatchStats:
-    """What one micro-batch read and dropped (computed from the checkpoint).
+    """What one micro-batch read and dropped; None where onceflow cannot know it.
 
     Attributes:
-        input_rows: Rows in the batch's input.
+        input_rows: Rows the batch read from its source.
         late_dropped: Rows Spark's late rule dropped.
         late_watermark_ms: The watermark those rows were behind.
+        duplicates: Rows a deduplication dropped (None: the query has none, or it is unknown).
     """
 
-    input_rows: int
-    late_dropped: int
+    input_rows: int | None
+    late_dropped: int | None
     late_watermark_ms: int
+    duplicates: int | None = None
 
-    def duplicates_dropped(self, rows_out: int) -> int:
-        """Input rows deduplication removed: the input less the late rows and the rows the batch had.
-
-        Args:
-            rows_out: Rows of the batch's DataFrame (after deduplication and late drops).
-        """
-        return max(self.input_rows - self.late_dropped - rows_out, 0)
-
-    def metrics(self, rows_out: int) -> dict[str, int]:
+    def metrics(self, rows_out: int) -> dict[str, int | None]:
         """The marker's metric columns for a batch that had ``rows_out`` rows (all but the writes)."""
         return {"input_rows": self.input_rows, "late_dropped": self.late_dropped,
-                "duplicates_dropped": self.duplicates_dropped(rows_out), "events_counted": rows_out,
+                "duplicates_dropped": self.duplicates, "events_counted": rows_out,
                 "late_watermark_ms": self.late_watermark_ms}
 
 
@@ -88,7 +95,7 @@ def marker_row(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,
     Args:
         sink_id: The marker namespace.
         batch_id: Spark's micro-batch id.
-        stats: The batch's input rows and late drops.
+        stats: The batch's input rows, late drops and duplicates.
         rows_out: Rows of the batch's DataFrame.
         written: Rows written per table.
     """

@@ -24,7 +24,9 @@ Options: ``kafka.bootstrap.servers`` (required); ``subscribe`` (comma-separated 
 ``maxOffsetsPerTrigger`` (offsets per micro-batch, shared among partitions by their backlog);
 ``maxRecordsPerTask`` (ranges longer than this are split into several tasks, default
 100000); ``failOnDataLoss`` (default true); ``idHeader`` / ``idField``; ``readTimeoutMs``
-(longest wait for a planned record, default 120000); every other ``kafka.<name>`` is passed
+(longest wait for a planned record, default 120000); ``allowMissingTopics`` (default false:
+a ``subscribe`` topic the brokers do not have stops the query when it starts, with the
+nearest existing name; true: it is read once it exists); every other ``kafka.<name>`` is passed
 to the consumer as librdkafka setting ``<name>`` (security: ``kafka.security.protocol``,
 ``kafka.sasl.mechanism``, ``kafka.ssl.ca.location``, ...). ``kafka.enable.auto.commit`` and
 ``kafka.auto.offset.reset`` are refused: offsets are the checkpoint's business. librdkafka
@@ -71,7 +73,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, refuse_unknown
+from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, nearest, refuse_unknown
 from onceflow.sources.kafka_read import SCHEMA_DDL, OffsetRange, ReadSpec, read_range
 
 NAME = "onceflow_kafka"
@@ -80,7 +82,7 @@ _log = logging.getLogger("onceflow.kafka")
 
 _OPTIONS = {"kafka.bootstrap.servers", "subscribe", "subscribepattern", "startingoffsets",
             "maxoffsetspertrigger", "maxrecordspertask", "failondataloss", "idheader", "idfield",
-            "readtimeoutms", "includeheaders"}
+            "readtimeoutms", "includeheaders", "allowmissingtopics"}
 _REFUSED = {"kafka.enable.auto.commit": "Spark's checkpoint records what was read",
             "kafka.auto.offset.reset": "startingOffsets chooses where a new query starts; later "
                                        "offsets come from the checkpoint",
@@ -100,6 +102,7 @@ class KafkaOptions:
     starting: str
     max_per_trigger: int | None
     max_per_task: int
+    allow_missing: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> KafkaOptions:
@@ -140,7 +143,19 @@ class KafkaOptions:
         per_trigger = opts.get("maxoffsetspertrigger")
         return cls(spec, topics, pattern, starting,
                    _positive(opts, "maxoffsetspertrigger", 1) if per_trigger else None,
-                   _positive(opts, "maxrecordspertask", 100_000))
+                   _positive(opts, "maxrecordspertask", 100_000),
+                   _boolean(opts, "allowmissingtopics", False))
+
+
+def missing_topics_message(missing: list[str], existing: list[str], servers: str) -> str:
+    """Why a query refuses to start on topics the brokers do not have, and what to do."""
+    visible = sorted(t for t in existing if not t.startswith("__"))
+    hints = []
+    for topic in missing:
+        near = nearest(topic, visible)
+        hints.append(f"{topic!r}" + (f" (did you mean {near!r}?)" if near else ""))
+    return (f"{NAME}: no topic {', '.join(hints)} on {servers} (it has {visible[:20]}); fix subscribe=, "
+            "create the topic, or pass allow_missing_topics=True (option allowMissingTopics) to wait for it")
 
 
 def _boolean(opts: Mapping[str, str], name: str, default: bool) -> bool:
@@ -216,6 +231,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.options
         names = [t for t in meta.topics if (t in opts.topics if opts.pattern is None
                                             else re.fullmatch(opts.pattern, t) and not t.startswith("__"))]
+        missing = [t for t in opts.topics if t not in meta.topics]
+        if missing and not opts.allow_missing:
+            raise ConfigError(missing_topics_message(missing, list(meta.topics),
+                                                     opts.spec.consumer["bootstrap.servers"]))
         return sorted((t, p) for t in names for p in meta.topics[t].partitions)
 
     def _watermarks(self, tp: TP) -> tuple[int, int]:
@@ -367,7 +386,8 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
                subscribe_pattern: str | None = None, starting_offsets: str | Mapping[str, Any] = "earliest",
                max_offsets_per_trigger: int | None = None, id_header: str | None = None,
                id_field: str | None = None, fail_on_data_loss: bool = True,
-               options: Mapping[str, str] | None = None) -> Any:
+               allow_missing_topics: bool = False, options: Mapping[str, str] | None = None,
+               **unknown: Any) -> Any:
     """A Kafka stream as a DataFrame (``onceflow_kafka``, registered with the session if needed).
 
     Args:
@@ -381,18 +401,28 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
         id_field: Top-level field of a JSON value carrying the producer's record id.
         fail_on_data_loss: Offsets deleted before they were read stop the query (else skipped,
             counted and logged).
+        allow_missing_topics: A ``subscribe`` topic the brokers do not have is waited for (read
+            once it exists) instead of refused when the query starts.
         options: More source options, e.g. ``{"kafka.security.protocol": "SASL_SSL"}``.
+        **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
         The streaming DataFrame (columns in the module docstring).
 
     Raises:
-        ConfigError: confluent-kafka is missing (``pip install 'onceflow[kafka]'``), or a bad option.
+        ConfigError: confluent-kafka is missing (``pip install 'onceflow[kafka]'``), an unknown
+            keyword or a bad option. A topic the brokers do not have is refused when the query
+            starts (:meth:`onceflow.OnceQuery.awaitTermination` raises this error).
     """
+    refuse_unknown(set(unknown), {"spark", "bootstrap_servers", "subscribe", "subscribe_pattern",
+                                  "starting_offsets", "max_offsets_per_trigger", "id_header", "id_field",
+                                  "fail_on_data_loss", "allow_missing_topics", "options"},
+                   "onceflow.read_kafka")
     require_client()
     register(spark)
     given: dict[str, str] = {"kafka.bootstrap.servers": bootstrap_servers,
                              "failOnDataLoss": str(fail_on_data_loss).lower(),
+                             "allowMissingTopics": str(allow_missing_topics).lower(),
                              "startingOffsets": starting_offsets if isinstance(starting_offsets, str)
                              else json.dumps(starting_offsets)}
     if subscribe is not None:

@@ -106,9 +106,9 @@ def _json(value: Any) -> str:
 
 
 def effects_of(sink_id: str, table: str, spec: Table, rows: pa.Table, batch_id: int) -> list[Effect]:
-    """One table's effects: key from the key columns (and batch, for ``add``); payload = the row."""
+    """One table's effects: key from the key columns (and batch, for ``merge``); payload = the row."""
     out = []
-    tail = [batch_id] if spec.mode == "add" else []
+    tail = [batch_id] if spec.mode == "merge" else []
     for row in rows.to_pylist():
         key = effect_key(sink_id, table, [*(row[k] for k in spec.key), *tail])
         out.append(Effect(key, json.dumps(row, sort_keys=True, separators=(",", ":"), default=_json)))
@@ -252,10 +252,7 @@ class HttpEffectsSink:
             BatchRejectedError: The rows do not fit the specs.
         """
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
-        for name in outputs:
-            if name in specs and not specs[name].key:
-                raise ConfigError(f"table {name!r}: the HTTP sink needs key=[...] — the columns that name "
-                                  "an effect (its idempotency key)")
+        self._keys({n: specs[n] for n in outputs if n in specs})
         check_outputs(outputs, specs)
         return [e for name, rows in outputs.items()
                 for e in effects_of(self.sink_id, name, specs[name], rows, batch_id)]
@@ -373,6 +370,23 @@ class HttpEffectsSink:
     def effect_batches(self) -> list[dict[str, Any]]:
         """Per-batch metrics: attempted calls, applied / replayed answers, confirmed in the ledger."""
         return self.ledger.batches()
+
+    @staticmethod
+    def _keys(specs: Mapping[str, Table]) -> None:
+        """Every table has a key (it names the table's effects).
+
+        Raises:
+            ConfigError: A table without ``key``.
+        """
+        for name, spec in specs.items():
+            if not spec.key:
+                raise ConfigError(f"table {name!r}: the HTTP sink needs key=[...] — the columns that name "
+                                  "an effect (its idempotency key)")
+
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+        """Open the ledger; every table needs a key (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        self._keys(specs)
+        self.ledger.batches()
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows, by batch id."""

@@ -128,7 +128,8 @@ def register(spark: Any) -> None:
 
 
 def write_frame(frame: Any, *, dsn: str, table: str, sink_id: str, mode: str, key: str, add: str,
-                protocol: str, batch_id: int, query_id: str, metrics: str) -> None:
+                max: str, min: str, protocol: str, batch_id: int, query_id: str,  # noqa: A002
+                metrics: str) -> None:
     """Write one micro-batch's DataFrame to ``table`` through ``onceflow_postgres``, exactly once.
 
     The options are those of the module; an onceflow error raised in Spark's Python workers
@@ -139,6 +140,7 @@ def write_frame(frame: Any, *, dsn: str, table: str, sink_id: str, mode: str, ke
         (frame.write.format(NAME).mode("append")
          .option("dsn", dsn).option("table", table).option("sink_id", sink_id)
          .option("mode", mode).option("key", key).option("add", add)
+         .option("max", max).option("min", min)
          .option("protocol", protocol).option("batch_id", batch_id)
          .option("query_id", query_id).option("metrics", metrics)
          .save())

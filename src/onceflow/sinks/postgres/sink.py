@@ -36,7 +36,7 @@ from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
-from onceflow.tables import Table, check_outputs
+from onceflow.tables import Table, check_existing, check_outputs
 
 _MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
 
@@ -104,10 +104,8 @@ class PostgresTablesSink:
         cols = tuple(schema.names)
         if self._checked.get(name) == (spec, cols):
             return
-        have = [r[0] for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = %s", (name,))]
-        if not have:
+        found = pg.existing_table(conn, name)
+        if found is None:
             body = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(pg_type(schema.field(c).type)))
                     for c in cols]
             if spec.key:
@@ -116,17 +114,11 @@ class PostgresTablesSink:
             conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(name),
                                                                 sql.SQL(", ").join(body)))
             return
-        missing = [c for c in cols if c not in have]
-        if missing:
-            raise ConfigError(f"table {name!r} in PostgreSQL has no column(s) {missing} that the batch has "
-                              f"(it has {sorted(have)}); add them or write to another table")
-        pk = {r[0] for r in conn.execute(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
-            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary",
-            (name,))}
-        if spec.key and pk != set(spec.key):
-            raise ConfigError(f"table {name!r} in PostgreSQL has primary key {sorted(pk)}, but its spec says "
-                              f"key={list(spec.key)}; {spec.mode} needs them to be the same")
+        check_existing("PostgreSQL", name, spec, cols, *found)
+
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+        """Connect; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        pg.check_tables(self.conn, specs, schemas)
 
     def _write(self, conn: Any, name: str, spec: Table, rows: pa.Table) -> int:
         from psycopg import sql
@@ -141,8 +133,9 @@ class PostgresTablesSink:
         insert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, collist, collist, tmp)
         if spec.mode != "append":
             rest = [c for c in cols if c not in spec.key]
-            sets = [sql.SQL("{0} = {1}.{0} + EXCLUDED.{0}").format(sql.Identifier(c), target) if c in spec.add
-                    else sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest]
+            merged = spec.merged
+            sets = [sql.SQL("{} = ").format(sql.Identifier(c)) + pg.merge_expr(c, merged[c], target)
+                    if c in merged else sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest]
             conflict = sql.SQL(" ON CONFLICT ({})").format(sql.SQL(", ").join(map(sql.Identifier, spec.key)))
             insert = insert + conflict + (sql.SQL(" DO UPDATE SET ") + sql.SQL(", ").join(sets) if sets
                                           else sql.SQL(" DO NOTHING"))
@@ -217,8 +210,10 @@ class PostgresFramesSink:
     ``staged`` or ``2pc`` protocol of :mod:`onceflow.sinks.postgres.writer`, under the sink id
     ``<sink_id>.<table>``: each table gets each batch exactly once, by its own marker (a crash
     between two tables' commits leaves one a batch ahead until the re-run writes the other).
-    Before anything is written the batch is checked with Spark (null keys or ``add`` values,
-    a key twice): :class:`onceflow.errors.BatchRejectedError` with the first bad row.
+    Once every table committed, the batch's own row is added under ``sink_id`` (with the
+    rows each table's marker recorded): the same history as every other sink's.
+    Before anything is written the batch is checked with Spark (null keys, a key twice):
+    :class:`onceflow.errors.BatchRejectedError` with the first bad row.
 
     Args:
         dsn: Connection string (else ``$ONCEFLOW_PG_DSN``).
@@ -253,10 +248,10 @@ class PostgresFramesSink:
     def _check(name: str, spec: Table, frame: Any) -> None:
         from pyspark.sql import functions as F
 
-        missing = [c for c in (*spec.key, *spec.add) if c not in frame.columns]
+        missing = [c for c in (*spec.key, *spec.merged) if c not in frame.columns]
         if missing:
             raise BatchRejectedError(f"table {name!r}: the batch has no column(s) {missing}")
-        cols = [*spec.key, *spec.add]
+        cols = list(spec.key)
         if cols:
             cond = F.col(cols[0]).isNull()
             for c in cols[1:]:
@@ -264,8 +259,7 @@ class PostgresFramesSink:
             bad = frame.where(cond).limit(1).collect()
             if bad:
                 col = next(c for c in cols if bad[0][c] is None)
-                what = "key" if col in spec.key else "add"
-                raise BatchRejectedError(f"table {name!r}: {what} column {col!r} is null in row "
+                raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row "
                                          f"{bad[0].asDict()}; nothing of the batch was written")
         if spec.key:
             dup = frame.groupBy(*spec.key).count().where("count > 1").limit(1).collect()
@@ -294,9 +288,34 @@ class PostgresFramesSink:
             spec = specs[name]
             write_frame(frame, dsn=self.dsn, table=name, sink_id=f"{self.sink_id}.{name}",
                         mode="append" if spec.mode == "append" else "upsert", key=",".join(spec.key),
-                        add=",".join(spec.add), protocol=self.protocol, batch_id=batch_id,
+                        add=",".join(spec.add), max=",".join(spec.max), min=",".join(spec.min),
+                        protocol=self.protocol, batch_id=batch_id,
                         query_id=self.query_id, metrics=metrics)
+        self._summarize(batch_id, list(frames), stats, rows_out)
         return not replay
+
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+        """Connect; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        with pg.session(self.dsn) as conn:
+            pg.check_tables(conn, specs, schemas)
+
+    def _summarize(self, batch_id: int, tables: list[str], stats: BatchStats, rows_out: int) -> None:
+        """The batch's row under ``sink_id``, from its tables' markers (after every table committed).
+
+        Idempotent: the rows written per table are those each table's marker recorded when it
+        committed, whichever attempt adds the row; a replay adds nothing new.
+        """
+        ids = {f"{self.sink_id}.{t}": t for t in tables}
+        with pg.session(self.dsn) as conn, conn.transaction():
+            pg.lock_sink(conn, self.sink_id)
+            if pg.has_marker(conn, self.sink_id, batch_id):
+                return
+            found = conn.execute("SELECT sink_id, rows_written FROM onceflow_batches WHERE sink_id = ANY(%s) "
+                                 "AND batch_id = %s", (list(ids), batch_id)).fetchall()
+            written = {ids[sid]: int(n or 0) for sid, n in found}
+            row = marker.marker_row(self.sink_id, batch_id, stats, rows_out,
+                                    {t: written.get(t, 0) for t in tables})
+            conn.execute(_MARKER, row)
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
@@ -310,17 +329,8 @@ class PostgresFramesSink:
                                   stats, rows_out)
 
     def batches(self) -> list[dict[str, Any]]:
-        """The markers of this sink's tables (``<sink_id>.<table>``), one per batch id."""
-        from psycopg.rows import dict_row
-
-        with pg.session(self.dsn) as conn:
-            rows = conn.cursor(row_factory=dict_row).execute(
-                "SELECT * FROM onceflow_batches WHERE starts_with(sink_id, %s) ORDER BY batch_id, sink_id",
-                (f"{self.sink_id}.",)).fetchall()
-        found: dict[int, dict[str, Any]] = {}
-        for r in rows:
-            found.setdefault(int(r["batch_id"]), dict(r))
-        return [found[b] for b in sorted(found)]
+        """This sink's batch rows (under ``sink_id``, added once every table committed), by batch id."""
+        return pg.read_batches(self.dsn, self.sink_id)
 
     def flush(self) -> None:
         """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""

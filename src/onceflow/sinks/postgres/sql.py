@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, PostgresError
 from onceflow.sinks import marker
 from onceflow.sinks.postgres.conn import DSN_ENV, connect, redact, resolve_dsn, scrub
+from onceflow.tables import Table, check_existing, expected_columns
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["DSN_ENV", "PostgresError", "connect", "redact", "resolve_dsn", "scrub"]
 
@@ -69,6 +73,11 @@ def ensure_meta(conn: Any) -> None:
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow:ddl'))")
         conn.execute(META_DDL)
+        strict = conn.execute(  # an older onceflow made the metrics NOT NULL: now NULL is "unknown"
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'onceflow_batches'::regclass "
+            "AND attnotnull AND attname = ANY(%s)", (list(marker.METRICS),)).fetchall()
+        for (col,) in strict:
+            conn.execute(f"ALTER TABLE onceflow_batches ALTER COLUMN {col} DROP NOT NULL")  # a METRICS name
 
 
 def lock_sink(conn: Any, sink_id: str) -> None:
@@ -128,22 +137,71 @@ def has_marker(conn: Any, sink_id: str, batch_id: int) -> bool:
     ).fetchone() is not None
 
 
-def insert_marker(conn: Any, sink_id: str, batch_id: int, metrics: dict[str, int]) -> None:
+def insert_marker(conn: Any, sink_id: str, batch_id: int, metrics: dict[str, int | None]) -> None:
     """Insert the marker of a committed batch (inside the batch's transaction).
 
     Args:
         conn: A connection inside the batch's transaction.
         sink_id: The sink.
         batch_id: The micro-batch.
-        metrics: Values for :data:`onceflow.sinks.marker.METRICS` (missing ones are 0).
+        metrics: Values for :data:`onceflow.sinks.marker.METRICS` (missing ones are NULL).
     """
-    values = [int(metrics.get(c, 0)) for c in marker.METRICS]
+    values = [metrics.get(c) for c in marker.METRICS]
     places = ", ".join(["%s"] * (3 + len(values)))
     conn.execute(
         f"INSERT INTO {marker.TABLE}(sink_id, batch_id, committed_ms, {', '.join(marker.METRICS)}) "
         f"VALUES ({places}) ON CONFLICT (sink_id, batch_id) DO NOTHING",
         (sink_id, batch_id, int(time.time() * 1000), *values),
     )
+
+
+def existing_table(conn: Any, name: str) -> tuple[list[str], list[str]] | None:
+    """A table of the current schema: its columns and primary key columns; None if it does not exist.
+
+    Args:
+        conn: A connection.
+        name: The table's name (as given in ``tables=``).
+    """
+    have = [r[0] for r in conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
+        "AND table_name = %s", (name,))]
+    if not have:
+        return None
+    pk = [r[0] for r in conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = to_regclass(%s) AND i.indisprimary", (name,))]
+    return have, pk
+
+
+def check_tables(conn: Any, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+    """The start-up check of a PostgreSQL sink: every table that exists fits its spec and columns.
+
+    Raises:
+        ConfigError: See :func:`onceflow.tables.check_existing`.
+    """
+    for name, spec in specs.items():
+        found = existing_table(conn, name)
+        if found is not None:
+            check_existing("PostgreSQL", name, spec, expected_columns(name, spec, schemas), *found)
+
+
+def merge_expr(column: str, how: str, target: Any) -> Any:
+    """The stored value of a merged column after a batch, in an ``ON CONFLICT DO UPDATE``.
+
+    Nulls are ignored as SQL's aggregates ignore them (``GREATEST``/``LEAST`` already do).
+
+    Args:
+        column: The column.
+        how: ``add``, ``max`` or ``min``.
+        target: The target table's identifier (the stored row's qualifier).
+    """
+    from psycopg import sql
+
+    old = sql.SQL("{}.{}").format(target, sql.Identifier(column))
+    new = sql.SQL("EXCLUDED.{}").format(sql.Identifier(column))
+    if how == "add":
+        return sql.SQL("coalesce({0} + {1}, {0}, {1})").format(old, new)
+    return sql.SQL("GREATEST({}, {})" if how == "max" else "LEAST({}, {})").format(old, new)
 
 
 @contextmanager

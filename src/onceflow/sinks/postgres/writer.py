@@ -77,7 +77,8 @@ _PG_TYPES = {
 }
 
 
-OPTIONS = {"table", "dsn", "mode", "key", "add", "protocol", "sink_id", "batch_id", "metrics", "query_id"}
+OPTIONS = {"table", "dsn", "mode", "key", "add", "max", "min", "protocol", "sink_id", "batch_id", "metrics",
+           "query_id"}
 """The options of ``onceflow_postgres`` (lower-case, as Spark passes them)."""
 SPARK_OPTIONS = {"path", "checkpointlocation", "queryname"}
 """Options Spark itself may pass along to a data source."""
@@ -95,6 +96,8 @@ class TargetSpec:
         key: Key columns (required for upsert; in append mode a repeated key is skipped).
         mode: ``append`` or ``upsert``.
         add: Upsert only: columns added to the stored value instead of replacing it.
+        max: Upsert only: columns that keep the greater of the stored and the new value.
+        min: Upsert only: columns that keep the smaller of the stored and the new value.
         protocol: ``staged`` or ``2pc``.
         sink_id: Marker namespace (default: the table name).
         query_id: The checkpoint's query id to bind to ('' when unknown).
@@ -109,11 +112,13 @@ class TargetSpec:
     key: tuple[str, ...] = ()
     mode: str = "append"
     add: tuple[str, ...] = ()
+    max: tuple[str, ...] = ()
+    min: tuple[str, ...] = ()
     protocol: str = "staged"
     sink_id: str = ""
     query_id: str = ""
     batch_id: int = -1
-    metrics: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, int | None] = field(default_factory=dict)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], schema: Any) -> TargetSpec:
@@ -155,25 +160,28 @@ class TargetSpec:
             raise ConfigError(f"option 'protocol' must be 'staged' or '2pc', got {protocol!r}")
         key = _names(opts.get("key", ""))
         add = _names(opts.get("add", ""))
-        for opt, names in (("key", key), ("add", add)):
+        maxes, mins = _names(opts.get("max", "")), _names(opts.get("min", ""))
+        for opt, names in (("key", key), ("add", add), ("max", maxes), ("min", mins)):
             unknown = [n for n in names if n not in columns]
             if unknown:
                 raise ConfigError(f"option '{opt}' names columns {unknown} not in the DataFrame "
                                   f"(columns: {list(columns)})")
         if mode == "upsert" and not key:
             raise ConfigError("mode 'upsert' needs option 'key' (comma-separated key columns)")
-        if add and mode != "upsert":
-            raise ConfigError("option 'add' is for mode 'upsert' only")
-        if set(add) & set(key):
-            raise ConfigError("a column cannot be both in 'key' and in 'add'")
+        merged = (*add, *maxes, *mins)
+        if merged and mode != "upsert":
+            raise ConfigError("options 'add', 'max' and 'min' are for mode 'upsert' only")
+        if set(merged) & set(key) or len(set(merged)) < len(merged):
+            raise ConfigError("a column can be in only one of 'key', 'add', 'max' and 'min'")
         try:
             batch_id = int(opts.get("batch_id", "-1"))
-            metrics = {k: int(v) for k, v in json.loads(opts.get("metrics", "{}")).items()}
+            raw = json.loads(opts.get("metrics", "{}")).items()
+            metrics = {k: None if v is None else int(v) for k, v in raw}
         except (ValueError, AttributeError) as exc:
             raise ConfigError(f"options 'batch_id'/'metrics' are invalid: {exc}") from None
         return cls(
             dsn=pg.resolve_dsn(opts.get("dsn")), table=table, columns=columns, types=tuple(types),
-            key=key, mode=mode, add=add, protocol=protocol,
+            key=key, mode=mode, add=add, max=maxes, min=mins, protocol=protocol,
             sink_id=pg.check_sink_id(opts.get("sink_id") or table), query_id=opts.get("query_id", ""),
             batch_id=batch_id, metrics=metrics,
         )
@@ -185,6 +193,12 @@ class TargetSpec:
         parts = self.table.split(".")
         parts[-1] += suffix
         return sql.Identifier(*parts)
+
+    @property
+    def merged(self) -> dict[str, str]:
+        """Merged column -> ``add``, ``max`` or ``min``."""
+        return {**dict.fromkeys(self.add, "add"), **dict.fromkeys(self.max, "max"),
+                **dict.fromkeys(self.min, "min")}
 
     @property
     def stage(self) -> Any:
@@ -383,18 +397,19 @@ def _merge_sql(spec: TargetSpec) -> Any:
             spec.ident(), cols, cols, spec.stage, where, tail)
     keys = sql.SQL(", ").join(map(sql.Identifier, spec.key))
     others = [c for c in spec.columns if c not in spec.key]
-    if spec.add:  # pre-aggregate: one row per key, added columns summed
+    merged = spec.merged
+    if merged:  # pre-aggregate: one row per key, merged columns by their aggregate
         select = sql.SQL(", ").join(
             sql.Identifier(c) if c in spec.key
-            else sql.SQL("sum({0})").format(sql.Identifier(c)) if c in spec.add
-            else sql.SQL("max({0})").format(sql.Identifier(c))
+            else sql.SQL("{}({})").format(sql.SQL({"add": "sum", "min": "min"}.get(merged.get(c, ""), "max")),
+                                          sql.Identifier(c))
             for c in spec.columns)
         source = sql.SQL("SELECT {} FROM {} WHERE {} GROUP BY {}").format(select, spec.stage, where, keys)
     else:
         source = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, spec.stage, where)
     sets = sql.SQL(", ").join(
-        sql.SQL("{0} = {1}.{0} + excluded.{0}").format(sql.Identifier(c), spec.ident())
-        if c in spec.add else sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c))
+        sql.SQL("{} = ").format(sql.Identifier(c)) + pg.merge_expr(c, merged[c], spec.ident())
+        if c in merged else sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c))
         for c in others)
     action = sql.SQL("DO UPDATE SET {}").format(sets) if others else sql.SQL("DO NOTHING")
     return sql.SQL("INSERT INTO {} ({}) {} ON CONFLICT ({}) {}").format(
@@ -436,7 +451,7 @@ def commit(spec: TargetSpec, batch_id: int, messages: Iterable[str | None]) -> b
         return _commit_staged(conn, spec, batch_id, tasks)
 
 
-def _metrics(spec: TargetSpec, rows: int) -> dict[str, int]:
+def _metrics(spec: TargetSpec, rows: int) -> dict[str, int | None]:
     return {"rows_written": rows, **spec.metrics}
 
 

@@ -53,7 +53,31 @@ def connect(path: str | Path, schema: str = META_SCHEMA) -> sqlite3.Connection:
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
     conn.executescript(schema)
+    relax_markers(conn)
     return conn
+
+
+def relax_markers(conn: sqlite3.Connection) -> None:
+    """Make the metric columns of a marker table made by an older onceflow nullable (once).
+
+    SQLite cannot drop a ``NOT NULL``: the table is copied into one of the current schema, in
+    one transaction (a crash leaves the old table, and the next open does it again).
+    """
+    info = conn.execute(f"PRAGMA table_info({marker.TABLE})").fetchall()
+    if not any(r[1] in marker.METRICS and r[3] for r in info):
+        return
+    cols = ", ".join(r[1] for r in info if r[1] in marker.COLUMNS)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(f"ALTER TABLE {marker.TABLE} RENAME TO onceflow_batches_old")
+        conn.execute(marker.create_table_sql("INTEGER", "TEXT"))
+        conn.execute(f"INSERT INTO {marker.TABLE}({cols}) SELECT {cols} FROM onceflow_batches_old")
+        conn.execute("DROP TABLE onceflow_batches_old")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
 
 
 def check_sink_id(sink_id: str) -> None:

@@ -79,7 +79,7 @@ import io
 import json
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -92,7 +92,7 @@ from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.sqlite.db import HAS_MARKER, bind_query, check_sink_id, connect
-from onceflow.tables import Table, check_outputs
+from onceflow.tables import Table, check_existing, check_outputs, expected_columns
 
 _MARKER = marker.insert_sql("?", verb="INSERT OR REPLACE")
 _UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
@@ -177,8 +177,7 @@ def _encode(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: 
         with pa.ipc.new_stream(data, rows.schema, options=options) as writer:
             writer.write_table(rows)
         spec = specs[name]
-        parts.append({"name": name, "mode": spec.mode, "key": list(spec.key), "add": list(spec.add),
-                      "bytes": data.tell() - start})
+        parts.append({"name": name, **spec.describe(), "bytes": data.tell() - start})
     meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
             "late_watermark_ms": stats.late_watermark_ms, "rows_out": rows_out}
     return json.dumps(meta), data.getvalue()
@@ -193,9 +192,17 @@ def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str,
         chunk = view[offset:offset + part["bytes"]]
         offset += part["bytes"]
         outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
-        specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"])
+        specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"],
+                                    max=part.get("max") or None, min=part.get("min") or None)
     stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"])
     return outputs, specs, stats, int(meta["rows_out"])
+
+
+def _merge(column: str, how: str) -> str:
+    """The stored value of a merged column after a batch (nulls ignored, as SQL's aggregates do)."""
+    old, new = _quote(column), f"excluded.{_quote(column)}"
+    both = f"{old} + {new}" if how == "add" else f"{how}({old}, {new})"  # scalar max()/min() in SQLite
+    return f"coalesce({both}, {old}, {new})"
 
 
 def _statements(name: str, spec: Table, columns: list[str]) -> str:
@@ -204,8 +211,9 @@ def _statements(name: str, spec: Table, columns: list[str]) -> str:
     if spec.mode == "append":
         return insert
     rest = [c for c in columns if c not in spec.key]
-    sets = [f"{_quote(c)} = {_quote(c)} + excluded.{_quote(c)}" if c in spec.add
-            else f"{_quote(c)} = excluded.{_quote(c)}" for c in rest]
+    merged = spec.merged
+    sets = [f"{_quote(c)} = {_merge(c, merged[c])}" if c in merged else f"{_quote(c)} = excluded.{_quote(c)}"
+            for c in rest]
     conflict = f" ON CONFLICT({', '.join(_quote(k) for k in spec.key)})"
     return insert + (conflict + " DO UPDATE SET " + ", ".join(sets) if sets else conflict + " DO NOTHING")
 
@@ -269,15 +277,19 @@ class SQLiteTablesSink:
         if not info:
             self.conn.execute(_ddl(name, spec, schema))
             return
-        have = {r[1] for r in info}
-        missing = [c for c in cols if c not in have]
-        if missing:
-            raise ConfigError(f"table {name!r} in {self.path} has no column(s) {missing} that the batch "
-                              f"has (it has {sorted(have)}); add them or write to another table")
-        pk = tuple(r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5]))
-        if spec.key and set(pk) != set(spec.key):
-            raise ConfigError(f"table {name!r} in {self.path} has primary key {list(pk)}, but its spec "
-                              f"says key={list(spec.key)}; {spec.mode} needs them to be the same")
+        self._fits(name, spec, cols, info)
+
+    def _fits(self, name: str, spec: Table, cols: Sequence[str], info: list[Any]) -> None:
+        """An existing table (its ``PRAGMA table_info``) has the columns and the key."""
+        pk = [r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5])]
+        check_existing(str(self.path), name, spec, cols, [r[1] for r in info], pk)
+
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+        """Open the database; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        for name, spec in specs.items():
+            info = self.conn.execute(f"PRAGMA table_info({_quote(name)})").fetchall()
+            if info:
+                self._fits(name, spec, expected_columns(name, spec, schemas), info)
 
     def _appliable(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> bool:
         """Step S2: whether every table is onceflow's own, so that writing the batch cannot fail."""

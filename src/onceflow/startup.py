@@ -1,0 +1,128 @@
+"""What :func:`onceflow.write_stream` checks before the query starts, so errors come at start.
+
+A query that cannot write should fail when it is started, not at its first batch (which, with
+``once=True`` and no new input, never comes):
+
+1. **Output mode** (:func:`check_output_mode`): Spark's ``append``, ``update`` or ``complete``.
+   ``update`` and ``complete`` hand each batch the *current* value of every changed (or every)
+   aggregate row, not a per-batch delta: such a table must be upserted by its key, never
+   merged (``add`` would count a running total again at every batch).
+2. **Output columns** (:func:`output_schemas`): the columns each table will get, from the
+   stream's schema, or by calling ``per_batch`` once on an *empty* DataFrame of the stream's
+   schema (batch id ``-1``; plain PySpark transformations build a plan and read nothing). A
+   ``per_batch`` that cannot run on an empty frame is skipped here and checked at its first
+   batch as before. Each table's key and merged columns must be among them
+   (:func:`onceflow.tables.check_columns`).
+3. **The sink** (:meth:`onceflow.sinks.base.Sink.check`): connected (a wrong password or an
+   unreachable server fails here), its existing tables checked against the specs and columns.
+4. **Append over an event-time aggregation** (:func:`append_note`): one line saying that a
+   window is written only once the watermark passes its end, and how to drain.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from onceflow.errors import ConfigError, nearest
+from onceflow.tables import Table, check_columns
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+OUTPUT_MODES = ("append", "update", "complete")
+"""Spark's output modes, by its names."""
+
+
+def check_output_mode(mode: str, specs: Mapping[str, Table], late: str | None) -> None:
+    """Refuse an unknown output mode, and a merge table under ``update``/``complete``.
+
+    Raises:
+        ConfigError: Naming the nearest valid mode, or the table and the spec to use instead.
+    """
+    if mode not in OUTPUT_MODES:
+        hint = nearest(str(mode), OUTPUT_MODES)
+        raise ConfigError(f"output_mode {mode!r} is not one of {OUTPUT_MODES}"
+                          + (f" (did you mean {hint!r}?)" if hint else ""))
+    if mode == "append":
+        return
+    merged = [n for n, s in specs.items() if s.mode == "merge" and n != late]
+    if merged:
+        raise ConfigError(
+            f"output_mode={mode!r} writes each aggregate's current value at every batch, but tables "
+            f"{merged} merge (add/max/min) into the stored value, which would count it again: use "
+            f"Table(key=[...]) (upsert by the aggregate's key), or output_mode='append' with "
+            "per-batch partial aggregates merged by the sink")
+
+
+def _arrow_schema(value: Any) -> pa.Schema:
+    if isinstance(value, pa.Table):
+        return value.schema
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(value.schema, timezone="UTC")
+
+
+def output_schemas(df: DataFrame, per_batch: Callable[..., Any] | None, with_id: bool,
+                   specs: Mapping[str, Table]) -> dict[str, pa.Schema]:
+    """The columns each table will get (step 2), as far as they can be known before the query runs.
+
+    Returns:
+        Table -> Arrow schema; empty when ``per_batch`` cannot run on an empty DataFrame.
+
+    Raises:
+        ConfigError: ``per_batch`` returns a table ``tables=`` does not name, or one output for
+            several tables.
+    """
+    if per_batch is None:
+        return {next(iter(specs)): _arrow_schema(df)} if len(specs) == 1 else {}
+    try:
+        empty = df.sparkSession.createDataFrame([], df.schema)
+        out = per_batch(empty, -1) if with_id else per_batch(empty)
+        if not isinstance(out, Mapping):
+            out = {next(iter(specs)): out} if len(specs) == 1 else {}
+        schemas = {str(name): _arrow_schema(value) for name, value in out.items()}
+    except Exception:  # noqa: BLE001 - the first batch reports what per_batch cannot do
+        return {}
+    unknown = sorted(set(schemas) - set(specs))
+    if unknown:
+        raise ConfigError(f"per_batch returns rows for table(s) {unknown}, which tables= does not name "
+                          f"(it names {sorted(specs)})")
+    return schemas
+
+
+def check_columns_of(schemas: Mapping[str, pa.Schema], specs: Mapping[str, Table]) -> None:
+    """Each table's key and merged columns are among its output's columns (step 2).
+
+    Raises:
+        ConfigError: Naming the table, the missing columns and those it has.
+    """
+    for name, schema in schemas.items():
+        check_columns(name, specs[name], schema)
+
+
+def _is_event_time_aggregation(df: DataFrame) -> bool:
+    try:
+        plan = str(df._jdf.queryExecution().analyzed().toString())
+    except Exception:  # noqa: BLE001 - py4j of another Spark build: no note
+        return False
+    return "Aggregate [" in plan and "EventTimeWatermark" in plan
+
+
+def append_note(df: DataFrame, mode: str) -> str | None:
+    """The line printed at start for ``append`` over an event-time aggregation (step 4), or None."""
+    if mode != "append" or not _is_event_time_aggregation(df):
+        return None
+    return ("onceflow: output_mode='append' over an event-time aggregation: a window is written once, "
+            "when the watermark passes its end; windows still open when the input stops are not written. "
+            "Use output_mode='update' to write every changed window at every batch, or drain the last "
+            "windows explicitly (docs: 'Output modes').")
+
+
+def print_note(line: str | None) -> None:
+    """Print a start-up note on stderr (one line)."""
+    if line:
+        print(line, file=sys.stderr)
