@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import os
 import sys
 from collections.abc import Iterator
@@ -25,6 +27,13 @@ def spark() -> Iterator[object]:
             os.environ[JAVA_OPTIONS_ENV] = child_options
     yield s
     s.stop()
+
+
+@pytest.fixture
+def utc_spark(spark: Any) -> Any:
+    """The session with UTC as its time zone (windows and dates as the tests compute them)."""
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    return spark
 
 
 @pytest.fixture(scope="session")

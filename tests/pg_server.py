@@ -74,6 +74,29 @@ class TempPostgres:
             conn.execute(f"CREATE DATABASE {name}")
         return f"host=127.0.0.1 port={self.port} user=onceflow dbname={name}"
 
+    def password_role(self, database_dsn: str, role: str = "pw_user", password: str = "right") -> str:
+        """A role that must give its password (scram) over TCP; a DSN of it with the *right* password.
+
+        The server trusts every other connection; this one line of ``pg_hba.conf`` in front
+        makes the role's connections check the password (a test swaps it for a wrong one).
+        """
+        import psycopg
+
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE IF EXISTS {role}")
+            conn.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD '{password}'")
+            hba = self.data / "pg_hba.conf"
+            line = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+            if self._as_root:
+                subprocess.run(["runuser", "-u", "postgres", "--", "sh", "-c",
+                                f"printf '%s' '{line}' | cat - {hba} > {hba}.new && mv {hba}.new {hba}"],
+                               check=True, timeout=30)
+            else:
+                hba.write_text(line + hba.read_text())
+            conn.execute("SELECT pg_reload_conf()")
+        base = database_dsn.replace("user=onceflow", f"user={role}")
+        return f"{base} password={password}"
+
     def stop(self) -> None:
         try:
             self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from onceflow.errors import BatchRejectedError, ConfigError
+from onceflow.errors import BatchRejectedError, ConfigError, refuse_unknown
 
 MODES = ("append", "upsert", "merge")
 """The write modes (``add`` is accepted as the old name of ``merge``)."""
@@ -56,10 +56,11 @@ class Table:
         mode: ``append``, ``upsert`` or ``merge`` (``add`` is accepted for ``merge``); inferred
             when omitted (``add``/``max``/``min`` given: ``merge``; ``key`` given: ``upsert``;
             else ``append``).
+        **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Raises:
-        ConfigError: An unknown mode, a mode without the columns it needs, or a column named
-            twice.
+        ConfigError: An unknown mode or keyword, a mode without the columns it needs, or a
+            column named twice.
     """
 
     key: tuple[str, ...] = ()
@@ -70,7 +71,8 @@ class Table:
 
     def __init__(self, key: str | Sequence[str] | None = None, add: str | Sequence[str] | None = None,
                  mode: str | None = None, *, max: str | Sequence[str] | None = None,  # noqa: A002
-                 min: str | Sequence[str] | None = None) -> None:  # noqa: A002
+                 min: str | Sequence[str] | None = None, **unknown: Any) -> None:  # noqa: A002
+        refuse_unknown(set(unknown), {"key", "add", "max", "min", "mode"}, "onceflow.Table")
         keys, adds, maxes, mins = _names(key), _names(add), _names(max), _names(min)
         merged = (*adds, *maxes, *mins)
         chosen = "merge" if mode == "add" else mode or ("merge" if merged else "upsert" if keys else "append")

@@ -126,6 +126,7 @@ def test_negative_controls_write_twice_or_lose(tmp_path: Path) -> None:
     ({"key": "k", "mode": "add"}, r"needs add=\[...\], max="),
     ({"key": "k", "add": "n", "max": "n"}, "more than one of add=, max=, min="),
     ({"max": "n"}, "needs key"),
+    ({"key": "k", "ad": ["n"]}, r"'ad' \(did you mean 'add'\?\)"),
     ({"add": "n", "mode": "append"}, "are for mode .merge."),
     ({"key": "k", "add": "k"}, "both key and merged"),
 ])

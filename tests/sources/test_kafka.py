@@ -177,3 +177,36 @@ def test_starting_offsets_latest_and_per_partition(spark: Any, broker: Any, tmp_
     produce(broker.bootstrap, "start", 4, partitions=2, first=20)
     later = pa.concat_tables(run(spark, broker.bootstrap, tmp_path / "b", subscribe="start"))
     assert sorted(coords(later)) == [("start", p, o) for p in (0, 1) for o in (10, 11)]
+
+
+def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_path: Path) -> None:
+    import onceflow
+    from onceflow.sources.kafka import register
+
+    with pytest.raises(ConfigError, match=r"'max_offset_per_trigger' \(did you mean 'max_offsets_per_trigger'\?\)"):
+        read_kafka(spark, broker.bootstrap, subscribe="t", max_offset_per_trigger=10)
+    broker.create_topic("orders", 1)
+    produce(broker.bootstrap, "orders", 20)
+
+    def start(df: Any, name: str) -> Any:
+        return onceflow.write_stream(df.select("record_id"), onceflow.sqlite(tmp_path / f"{name}.db"),
+                                     tmp_path / name, {"t": onceflow.Table()}, once=True)
+
+    typo = start(read_kafka(spark, broker.bootstrap, subscribe="ordres"), "typo")
+    with pytest.raises(ConfigError, match=r"no topic 'ordres' \(did you mean 'orders'\?\).*allow_missing_topics"):
+        typo.awaitTermination()
+    register(spark)
+    raw = (spark.readStream.format("onceflow_kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+           .option("subscibe", "orders").load())
+    with pytest.raises(ConfigError, match=r"'subscibe' \(did you mean 'subscribe'\?\)"):
+        start(raw, "option").awaitTermination()
+    # waiting for a topic is a choice: nothing to read until it exists, then every record once
+    waiting = read_kafka(spark, broker.bootstrap, subscribe="later", allow_missing_topics=True)
+    start(waiting, "wait").awaitTermination()
+    broker.create_topic("later", 1)
+    produce(broker.bootstrap, "later", 7)
+    start(waiting, "wait").awaitTermination()
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "wait.db") as c:
+        assert c.execute("SELECT count(*) FROM t").fetchone() == (7,)

@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_outputs, expected_columns
 
@@ -181,9 +182,10 @@ class DeltaTablesSink:
         """
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
-        metadata = json.dumps({
-            "sink_id": self.sink_id, "batch_id": batch_id, **stats.metrics(rows_out),
-            "tables": {n: t.num_rows for n, t in outputs.items()}})
+        written = {n: t.num_rows for n, t in outputs.items()}
+        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
+        metadata = json.dumps({k: v for k, v in zip(marker.COLUMNS, values, strict=True)
+                               if k != "committed_ms"})  # the commit has a time of its own
         wrote = False
         for i, (name, rows) in enumerate(outputs.items()):
             wrote |= self._commit_one(name, specs[name], rows, batch_id, metadata)

@@ -1,0 +1,85 @@
+"""A query that cannot write fails when it starts; Ctrl-C stops one cleanly (real processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import onceflow
+from onceflow import Table
+from onceflow.errors import PostgresError
+from tests.core import clicks
+
+pytestmark = pytest.mark.spark
+
+
+def test_a_wrong_password_fails_at_start_even_with_nothing_to_read(utc_spark: Any, tmp_path: Path,
+                                                                  pg_server: Any, pg_dsn: str) -> None:
+    clicks.generate(tmp_path / "in", 100, per_file=100)
+    right = pg_server.password_role(pg_dsn)
+    clicks.start(utc_spark, "deltas", tmp_path / "in", onceflow.postgres(right), tmp_path / "ck").awaitTermination()
+    wrong = right.replace("password=right", "password=wrong")
+    with pytest.raises(PostgresError, match="password authentication failed"):  # no new input: no batch
+        clicks.start(utc_spark, "deltas", tmp_path / "in", onceflow.postgres(wrong), tmp_path / "ck")
+    assert not utc_spark.streams.active
+
+
+def test_an_existing_postgres_table_that_does_not_fit_fails_at_start(utc_spark: Any, tmp_path: Path,
+                                                                    pg_dsn: str) -> None:
+    import psycopg
+
+    clicks.generate(tmp_path / "in", 20, per_file=20)
+    with psycopg.connect(pg_dsn, autocommit=True) as c:
+        c.execute("CREATE TABLE clicks(page text, window_start timestamptz, clicks bigint, worst_ms bigint, "
+                  "PRIMARY KEY (page, window_start))")  # no best_ms
+    for protocol in ("driver", "staged"):
+        with pytest.raises(onceflow.ConfigError, match=r"has no column\(s\) \['best_ms'\]"):
+            clicks.start(utc_spark, "deltas", tmp_path / "in", onceflow.postgres(pg_dsn, protocol=protocol),
+                         tmp_path / "ck")
+    assert not (tmp_path / "ck" / "commits").exists()
+
+
+def test_ctrl_c_stops_after_the_batch_in_flight_with_one_line(spark: Any, tmp_path: Path,
+                                                               fast_child_drivers: Any) -> None:
+    (tmp_path / "in").mkdir()
+    for i in range(4):
+        path = tmp_path / "in" / f"f{i}.parquet"
+        pq.write_table(pa.table({"id": [f"{i}-{j}" for j in range(100)], "n": pa.array(range(100), pa.int64())}),
+                       path)
+        os.utime(path, (time.time() + i * 0.01,) * 2)
+    args = [sys.executable, "-m", "tests.core.interrupt_driver", str(tmp_path / "in"), str(tmp_path / "o.db"),
+            str(tmp_path / "ck")]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("BATCH 0"), line
+    time.sleep(1.0)  # batch 0 is in flight
+    os.kill(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "EXITED" in out, err[-3000:]
+    ours = [ln for ln in err.splitlines() if "onceflow" in ln]
+    assert len(ours) == 1 and "Ctrl-C: stopping after the batch in flight" in ours[0], err[-3000:]
+    assert "Traceback" not in err and "Py4J" not in err and "Exception" not in err, err[-3000:]
+    with sqlite3.connect(tmp_path / "o.db") as c:  # batch 0 finished and committed; nothing after it
+        assert c.execute("SELECT batch_id, rows_written FROM onceflow_batches").fetchall() == [(0, 100)]
+        assert c.execute("SELECT count(*) FROM t").fetchone() == (100,)
+    assert [f for f in os.listdir(tmp_path / "ck" / "commits") if not f.startswith(".")] == ["0"]
+    # the next start resumes: batch 1, refused before anything of it was written, runs now
+    df = spark.readStream.schema("id STRING, n BIGINT").option("maxFilesPerTrigger", 1).parquet(
+        str(tmp_path / "in"))
+    onceflow.write_stream(df, onceflow.sqlite(tmp_path / "o.db"), tmp_path / "ck", {"t": Table(key="id")},
+                          once=True).awaitTermination()
+    with sqlite3.connect(tmp_path / "o.db") as c:
+        assert c.execute("SELECT count(*), count(DISTINCT id) FROM t").fetchone() == (400, 400)
+        assert [r[0] for r in c.execute("SELECT batch_id FROM onceflow_batches")] == [0, 1, 2, 3]
