@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import random
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,15 +54,29 @@ def generate(directory: Path, n: int, per_file: int, first: int = 0, seed: int =
         rows.append(row)
         if rng.random() < retries:
             rows.append(row)  # the producer sent it again
-    written, now = 0, time.time()
+    written = 0
     for k in range(0, len(rows), per_file):
         chunk = rows[k:k + per_file]
         path = directory / f"part-{first:08d}-{k // per_file:05d}.parquet"
         pq.write_table(_table(chunk), path)
-        stamp = now + k / per_file * 0.005  # Spark reads files by modification time (ms): in event-time order
-        os.utime(path, (stamp, stamp))
+        _stamp(path)
         written += len(chunk)
     return written
+
+
+_last = [0.0]
+_stamps = threading.Lock()
+
+
+def _stamp(path: Path) -> None:
+    """Give ``path`` a modification time after every file written before it, by >= 5 ms.
+
+    Spark's file source reads new files in modification-time order (ms): files written in
+    event-time order must not tie or swap, or a later file's rows would make an earlier one late.
+    """
+    with _stamps:
+        _last[0] = max(time.time(), _last[0] + 0.005)
+        os.utime(path, (_last[0], _last[0]))
 
 
 def _table(rows: list[tuple[str, str, int, dt.datetime]]) -> pa.Table:
@@ -75,8 +90,7 @@ def write_flush(directory: Path, after: dt.datetime) -> None:
     at = after + dt.timedelta(minutes=10)
     path = directory / "zz-flush.parquet"
     pq.write_table(_table([("flush", FLUSH_PAGE, 0, at)]), path)
-    stamp = time.time() + 1
-    os.utime(path, (stamp, stamp))
+    _stamp(path)
 
 
 def recompute(directory: Path) -> dict[tuple[str, int], tuple[int, int, int]]:
@@ -125,7 +139,8 @@ def start(spark: Any, style: str, inputs: Path, sink: Any, checkpoint: Path, *, 
     clean = _clean(spark, inputs, max_files)
     if style == "deltas":
         return onceflow.write_stream(
-            clean, sink, checkpoint, {"clicks": Table(key=KEY, add=["clicks"], max=["worst_ms"], min=["best_ms"])},
+            clean, sink, checkpoint,
+            {"clicks": Table(key=KEY, add=["clicks"], max=["worst_ms"], min=["best_ms"])},
             per_batch=_per_batch_deltas, once=once, **kw)
     mode = "update" if style == "update" else "append"
     return onceflow.write_stream(_aggregate(clean), sink, checkpoint, {"clicks": Table(key=KEY)}, once=once,

@@ -125,7 +125,8 @@ def test_an_error_inside_a_spark_worker_arrives_as_the_onceflow_error(utc: Any, 
         query.awaitTermination()
 
 
-def test_a_json_source_with_a_derived_event_time_is_counted_from_sparks_plan(utc: Any, tmp_path: Path) -> None:
+def test_a_json_source_with_a_derived_event_time_is_counted_from_sparks_plan(utc: Any,
+                                                                             tmp_path: Path) -> None:
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.json").write_text('{"id": "x1", "t": "2026-01-01 00:00:00", "n": 2}\n'
                                             '{"id": "x1", "t": "2026-01-01 00:00:00", "n": 2}\n'

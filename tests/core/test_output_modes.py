@@ -66,7 +66,8 @@ def test_output_mode_mistakes_are_refused_before_the_query_starts(utc: Any, tmp_
     agg = clicks._aggregate(clean)
     sink = onceflow.sqlite(tmp_path / "a.db")
     with pytest.raises(onceflow.ConfigError, match=r"'updte' is not one of .*did you mean 'update'"):
-        onceflow.write_stream(agg, sink, tmp_path / "ck", {"clicks": Table(key=clicks.KEY)}, output_mode="updte")
+        onceflow.write_stream(agg, sink, tmp_path / "ck", {"clicks": Table(key=clicks.KEY)},
+                              output_mode="updte")
     with pytest.raises(onceflow.ConfigError, match=r"would count it again: use Table\(key=\[...\]\)"):
         onceflow.write_stream(agg, sink, tmp_path / "ck",
                               {"clicks": Table(key=clicks.KEY, add=["clicks"])}, output_mode="update")
@@ -80,7 +81,8 @@ def test_a_missing_key_column_is_refused_at_start_not_at_the_first_batch(utc: An
     clicks.generate(inputs, 50, per_file=50)
     clean = clicks._clean(utc, inputs, 1)
     sink = onceflow.sqlite(tmp_path / "a.db")
-    with pytest.raises(onceflow.ConfigError, match=r"table 'clicks': its spec names column\(s\) \['window'\]"):
+    missing = r"table 'clicks': its spec names column\(s\) \['window'\]"
+    with pytest.raises(onceflow.ConfigError, match=missing):
         onceflow.write_stream(clean, sink, tmp_path / "ck",
                               {"clicks": Table(key=["page", "window"], add=["clicks"])},
                               per_batch=clicks._per_batch_deltas)

@@ -27,7 +27,8 @@ def test_a_wrong_password_fails_at_start_even_with_nothing_to_read(utc_spark: An
                                                                   pg_server: Any, pg_dsn: str) -> None:
     clicks.generate(tmp_path / "in", 100, per_file=100)
     right = pg_server.password_role(pg_dsn)
-    clicks.start(utc_spark, "deltas", tmp_path / "in", onceflow.postgres(right), tmp_path / "ck").awaitTermination()
+    clicks.start(utc_spark, "deltas", tmp_path / "in", onceflow.postgres(right),
+                 tmp_path / "ck").awaitTermination()
     wrong = right.replace("password=right", "password=wrong")
     with pytest.raises(PostgresError, match="password authentication failed"):  # no new input: no batch
         clicks.start(utc_spark, "deltas", tmp_path / "in", onceflow.postgres(wrong), tmp_path / "ck")
@@ -54,9 +55,9 @@ def test_ctrl_c_stops_after_the_batch_in_flight_with_one_line(spark: Any, tmp_pa
     (tmp_path / "in").mkdir()
     for i in range(4):
         path = tmp_path / "in" / f"f{i}.parquet"
-        pq.write_table(pa.table({"id": [f"{i}-{j}" for j in range(100)], "n": pa.array(range(100), pa.int64())}),
-                       path)
-        os.utime(path, (time.time() + i * 0.01,) * 2)
+        ids = [f"{i}-{j}" for j in range(100)]
+        pq.write_table(pa.table({"id": ids, "n": pa.array(range(100), pa.int64())}), path)
+        clicks._stamp(path)  # one batch per file, in this order
     args = [sys.executable, "-m", "tests.core.interrupt_driver", str(tmp_path / "in"), str(tmp_path / "o.db"),
             str(tmp_path / "ck")]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

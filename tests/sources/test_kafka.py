@@ -183,7 +183,8 @@ def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_
     import onceflow
     from onceflow.sources.kafka import register
 
-    with pytest.raises(ConfigError, match=r"'max_offset_per_trigger' \(did you mean 'max_offsets_per_trigger'\?\)"):
+    hint = r"'max_offset_per_trigger' \(did you mean 'max_offsets_per_trigger'\?\)"
+    with pytest.raises(ConfigError, match=hint):
         read_kafka(spark, broker.bootstrap, subscribe="t", max_offset_per_trigger=10)
     broker.create_topic("orders", 1)
     produce(broker.bootstrap, "orders", 20)
@@ -193,7 +194,7 @@ def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_
                                      tmp_path / name, {"t": onceflow.Table()}, once=True)
 
     typo = start(read_kafka(spark, broker.bootstrap, subscribe="ordres"), "typo")
-    with pytest.raises(ConfigError, match=r"no topic 'ordres' \(did you mean 'orders'\?\).*allow_missing_topics"):
+    with pytest.raises(ConfigError, match=r"no topic 'ordres' \(did you mean 'orders'\?\).*allow_missing"):
         typo.awaitTermination()
     register(spark)
     raw = (spark.readStream.format("onceflow_kafka").option("kafka.bootstrap.servers", broker.bootstrap)
@@ -210,3 +211,25 @@ def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_
 
     with sqlite3.connect(tmp_path / "wait.db") as c:
         assert c.execute("SELECT count(*) FROM t").fetchone() == (7,)
+
+
+def test_markers_of_a_kafka_query_count_its_records_and_retries(spark: Any, broker: Any,
+                                                                 tmp_path: Path) -> None:
+    import sqlite3
+
+    import onceflow
+
+    broker.create_topic("metered", 2)
+    produce(broker.bootstrap, "metered", 300, partitions=2)  # ids e0..e299 in the header
+    produce(broker.bootstrap, "metered", 40, partitions=2, first=100)  # retries: e100..e139 again
+    raw = read_kafka(spark, broker.bootstrap, subscribe="metered", id_header="event_id",
+                     max_offsets_per_trigger=120)
+    clean = onceflow.deduplicate(raw, id="record_id", event_time="timestamp", within="10 minutes")
+    onceflow.write_stream(clean.select("record_id"), onceflow.sqlite(tmp_path / "k.db"), tmp_path / "ck",
+                          {"ids": onceflow.Table(key="record_id")}, once=True).awaitTermination()
+    with sqlite3.connect(tmp_path / "k.db") as c:
+        m = c.execute("SELECT sum(input_rows), sum(duplicates_dropped), sum(late_dropped), "
+                      "sum(events_counted), sum(rows_written), count(*), count(input_rows) "
+                      "FROM onceflow_batches").fetchone()
+        assert c.execute("SELECT count(*) FROM ids").fetchone() == (300,)
+    assert m[:5] == (340, 40, 0, 300, 300) and m[5] == m[6] >= 3  # every batch knows its input
