@@ -41,8 +41,8 @@ FULL = {"sqlite": [*POINTS, "apply_pending"]}
 def _markers(db: Path, dsn: str | None = None) -> list[int]:
     # one marker per batch: the driver-side sinks' own, or the first table's (executor side);
     # SQLite: also the batches durably staged and not applied yet (the sink has them)
-    sql = ("SELECT batch_id FROM onceflow_batches WHERE sink_id IN ('default', 'default.revenue') "
-           "ORDER BY batch_id")
+    sql = ("SELECT DISTINCT batch_id FROM onceflow_batches "
+           "WHERE sink_id IN ('default', 'default.revenue') ORDER BY batch_id")
     if db.name == "delta":  # the Delta sink's root
         from onceflow.sinks.delta import DeltaTablesSink
 
