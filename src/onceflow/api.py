@@ -269,6 +269,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     except Exception as exc:  # e.g. Spark refuses the output mode for this query
         if listener is not None:
             df.sparkSession.streams.removeListener(listener)
+        writer.close()
         raise _start_error(exc) from None
     return OnceQuery(started, writer, sink, listener)
 

@@ -269,7 +269,7 @@ class BatchWriter:
                 a.outputs.update(self.o.stable.save(a.batch_id, self._qid, a.outputs, a.rows_out).tables)
             a.written = {n: t.num_rows for n, t in a.outputs.items()}
         counted, batch = a.counted.result()
-        a.stats = self._stats(a, counted)
+        a.stats = self._stats(a, counted, batch)
         late = self.o.late
         if late is not None and counted is not None and counted.late and batch is not None:
             rows = self._late_rows(a.df, batch)
@@ -306,7 +306,7 @@ class BatchWriter:
                 .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
         return rows.dropDuplicates(self.o.ids) if self.o.ids else rows
 
-    def _stats(self, a: _Attempt, files: _FileCounts | None) -> BatchStats:
+    def _stats(self, a: _Attempt, files: _FileCounts | None, batch: ckpt.BatchInput | None) -> BatchStats:
         """Step 4's end: N's input rows, late drops and duplicates; None where they are unknown.
 
         From N's files (rows; late rows by Spark's rule when the event-time column is in them)
@@ -315,7 +315,8 @@ class BatchWriter:
         or (other sources) its top produced the batch's rows. A batch whose outputs came from
         a stable copy did not run its plan: what only the plan knows is None.
         """
-        watermark = ckpt.late_watermark_ms(self.checkpoint, a.batch_id)
+        watermark = (batch.late_watermark_ms if batch is not None  # read with the files in step 2
+                     else ckpt.late_watermark_ms(self.checkpoint, a.batch_id))
         plan = None
         if a.kept is None and self._qid and self.spark is not None:
             plan = ckpt.plan_counts(self.spark, self._qid)

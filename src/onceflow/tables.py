@@ -43,6 +43,11 @@ def _names(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return (value,) if isinstance(value, str) else tuple(value)
 
 
+def merges(add: Sequence[str], maxes: Sequence[str], mins: Sequence[str]) -> dict[str, str]:
+    """Merged column -> how it merges (``add``, ``max`` or ``min``)."""
+    return {**dict.fromkeys(add, "add"), **dict.fromkeys(maxes, "max"), **dict.fromkeys(mins, "min")}
+
+
 @dataclass(frozen=True)
 class Table:
     """How a batch's rows are written to one table.
@@ -99,8 +104,7 @@ class Table:
     @property
     def merged(self) -> dict[str, str]:
         """Merged column -> how (``add``, ``max`` or ``min``), for a ``merge`` table."""
-        return {**dict.fromkeys(self.add, "add"), **dict.fromkeys(self.max, "max"),
-                **dict.fromkeys(self.min, "min")}
+        return merges(self.add, self.max, self.min)
 
     def describe(self) -> dict[str, Any]:
         """The spec as plain JSON (``Table(**spec.describe())`` makes it again)."""

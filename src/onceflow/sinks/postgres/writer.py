@@ -66,6 +66,7 @@ from typing import Any
 from onceflow.errors import ConfigError, PostgresError, refuse_unknown
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.postgres import sql as pg
+from onceflow.tables import merges
 
 GID_PREFIX = "of"
 
@@ -197,8 +198,7 @@ class TargetSpec:
     @property
     def merged(self) -> dict[str, str]:
         """Merged column -> ``add``, ``max`` or ``min``."""
-        return {**dict.fromkeys(self.add, "add"), **dict.fromkeys(self.max, "max"),
-                **dict.fromkeys(self.min, "min")}
+        return merges(self.add, self.max, self.min)
 
     @property
     def stage(self) -> Any:
