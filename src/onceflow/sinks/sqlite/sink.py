@@ -179,7 +179,8 @@ def _encode(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: 
         spec = specs[name]
         parts.append({"name": name, **spec.describe(), "bytes": data.tell() - start})
     meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
-            "late_watermark_ms": stats.late_watermark_ms, "rows_out": rows_out}
+            "late_watermark_ms": stats.late_watermark_ms, "duplicates": stats.duplicates,
+            "rows_out": rows_out}
     return json.dumps(meta), data.getvalue()
 
 
@@ -194,7 +195,8 @@ def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str,
         outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
         specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"],
                                     max=part.get("max") or None, min=part.get("min") or None)
-    stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"])
+    stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"],
+                       meta.get("duplicates"))  # absent from rows staged by an older onceflow
     return outputs, specs, stats, int(meta["rows_out"])
 
 
