@@ -10,6 +10,7 @@ The names a user needs::
 """
 
 from onceflow.api import deduplicate, delta, http, postgres, sqlite, write_stream
+from onceflow.contract import expect
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
 from onceflow.query import OnceQuery
 from onceflow.sources.kafka import read_kafka
@@ -19,5 +20,5 @@ from onceflow.tables import Table
 __version__ = "0.1.0"
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
-           "__version__", "deduplicate", "delta", "http", "postgres", "read_kafka", "sqlite",
+           "__version__", "deduplicate", "delta", "expect", "http", "postgres", "read_kafka", "sqlite",
            "write_stream"]

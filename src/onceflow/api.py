@@ -23,7 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow import startup
+from onceflow import contract, startup
+from onceflow import rejects as rj
 from onceflow.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError, from_spark, refuse_unknown
@@ -48,6 +49,12 @@ def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str
     Rows with the same id whose event times are within ``within`` of each other are
     duplicates: the first one seen is kept. Rows more than ``within`` behind the latest event
     time seen are late: Spark drops them, and :func:`write_stream` counts them per batch.
+
+    A record with a null or empty id, or a null event time, is never merged with another as
+    "one id": it is a bad record (rules ``id`` and ``event_time`` of :mod:`onceflow.contract`).
+    When ``df`` is a bare source or what :func:`onceflow.expect` returned, such records go to
+    :func:`write_stream`'s ``rejects=`` table (or stop the query naming the first one); on a
+    stream transformed in between, the query stops at the first one, naming it.
 
     Args:
         df: A streaming DataFrame.
@@ -75,6 +82,8 @@ def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str
     seconds = parse_duration(within)
     if seconds <= 0:
         raise ConfigError(f"deduplicate: within must be > 0, got {within!r}")
+    routed = contract.id_rules(df, ids, event_time)  # null ids / event times: rejected, never one id
+    df = routed if routed is not None else contract.guard_ids(df, ids, event_time)
     out = df.withWatermark(event_time, f"{int(seconds * 1000)} milliseconds")
     out = out.dropDuplicatesWithinWatermark(ids)
     setattr(out, _EVENT_TIME_ATTR, event_time)
@@ -161,7 +170,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  check_files: Callable[[list[Path]], object] | None = None, late: str | None = None,
                  stable: bool | Sequence[str] = False,
                  count_rows: Callable[[dict[str, Any]], int] | None = None, output_mode: str = "append",
-                 **unknown: Any) -> OnceQuery:
+                 rejects: str | None = None, **unknown: Any) -> OnceQuery:
     """Start a query that writes every micro-batch to ``tables`` exactly once.
 
     Args:
@@ -205,6 +214,12 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             pc.sum(out["counts"]["count"]).as_py()``. Without it the first Spark job that reads
             the batch counts its rows (``DataFrame.observe``: ~2% of Example 5-1's batch time,
             measured).
+        rejects: A table that receives, exactly once and in each batch's own commit, the input
+            records the query's input contract rejected (:func:`onceflow.expect`, and the null
+            id / event time rules of :func:`deduplicate`), with their source coordinates, the
+            raw record and the rule they broke (columns in :mod:`onceflow.rejects`). Without
+            it, a batch with a bad record stops the query naming the first one; add
+            ``rejects=`` and restart on the same checkpoint: the batch runs again, nothing is lost.
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
@@ -219,7 +234,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     """
     refuse_unknown(set(unknown), {"df", "sink", "checkpoint", "tables", "per_batch", "once", "trigger",
                                   "event_time", "on_batch", "check_files", "late", "stable",
-                                  "count_rows", "output_mode"},
+                                  "count_rows", "output_mode", "rejects"},
                    "onceflow.write_stream")
     specs = check_specs(tables or {})
     if not df.isStreaming:
@@ -235,26 +250,45 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             raise ConfigError("late= needs the event-time column: pass event_time=, or build the stream "
                               "with onceflow.deduplicate(...)")
         specs = check_specs({**specs, late: specs.get(late) or (Table(key=ids) if ids else Table())})
+    found = contract.contracts_in(df)
+    if len(found) > 1:
+        raise ConfigError(f"the query has {len(found)} input contracts (onceflow.expect / deduplicate on "
+                          "several streams); rejects work on a query of one source")
+    the_contract = found[0] if found else None
+    if rejects is not None:
+        if the_contract is None:
+            raise ConfigError("rejects= needs rules that decide which records are bad: build the stream "
+                              "with onceflow.expect(source, ...) or onceflow.deduplicate(source, ...) on the "
+                              "source DataFrame")
+        if rejects == late:
+            raise ConfigError(f"rejects= and late= name the same table {rejects!r}: use two tables")
+        given = specs.get(rejects)
+        if given is not None and given != rj.SPEC:
+            raise ConfigError(f"tables[{rejects!r}] is the rejects table: leave it out of tables= (it is "
+                              f"keyed by the record's coordinates, Table(key=['record']))")
+        specs = check_specs({**specs, rejects: rj.SPEC})
+    own = {late, rejects}
     keep = None
     if stable is True:
-        keep = StableOutputs(path, [n for n in specs if n != late])
+        keep = StableOutputs(path, [n for n in specs if n not in own])
     elif stable is not False:
         names = [stable] if isinstance(stable, str) else list(stable)
-        unknown_tables = [n for n in names if n not in specs or n == late]
+        unknown_tables = [n for n in names if n not in specs or n in own]
         if unknown_tables:
             raise ConfigError(f"stable= names {unknown_tables}, which are not tables of per_batch's output "
-                              f"(those are {sorted(n for n in specs if n != late)})")
+                              f"(those are {sorted(n for n in specs if n not in own)})")
         keep = StableOutputs(path, names)
     if count_rows is not None and not callable(count_rows):
         raise ConfigError("count_rows must be a function {table: rows} -> int")
     startup.check_output_mode(output_mode, specs, late)
-    outputs = {n: s for n, s in specs.items() if n != late}
+    outputs = {n: s for n, s in specs.items() if n not in own}
     with_id = per_batch is not None and takes_batch_id(per_batch)
     schemas = startup.output_schemas(df, per_batch, with_id, outputs)
     startup.check_columns_of(schemas, outputs)
-    sink.check(specs, schemas)
+    sink.check(specs, {**schemas, **({rejects: rj.ARROW_SCHEMA} if rejects else {})})
     startup.print_note(startup.append_note(df, output_mode))
-    options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows)
+    options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows,
+                            the_contract, rejects)
     writer = BatchWriter(sink, path, options, df.sparkSession)
     listener = None
     selected = armed()

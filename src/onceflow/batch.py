@@ -43,13 +43,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from onceflow import checkpoint as ckpt
+from onceflow import rejects as rj
+from onceflow.contract import Contract, rejected_count
 from onceflow.errors import ConfigError, OnceflowError, UncountableInputError
 from onceflow.sinks.base import BatchStats, ExecutorSink, TablesSink
 from onceflow.stable import Persisted, StableOutputs
@@ -121,6 +123,8 @@ class WriterOptions:
     ids: list[str] | None = None
     stable: StableOutputs | None = None
     count_rows: Callable[[dict[str, Any]], int] | None = None
+    contract: Contract | None = None
+    rejects: str | None = None
 
 
 class BatchWriter:
@@ -139,12 +143,13 @@ class BatchWriter:
     def __init__(self, sink: TablesSink, checkpoint: Path, options: WriterOptions, spark: Any) -> None:
         self.sink, self.checkpoint, self.o = sink, checkpoint, options
         self.spark = spark  # the query's own session (foreachBatch gets a clone without it)
-        self.out_specs = {n: t for n, t in options.specs.items() if n != options.late}
+        self.out_specs = {n: t for n, t in options.specs.items() if n not in (options.late, options.rejects)}
         self._with_id = options.per_batch is not None and takes_batch_id(options.per_batch)
         self._executor_side = isinstance(sink, ExecutorSink)
         self._qid = ""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
         self._stop = threading.Event()
+        self._sources_checked = False
 
     def request_stop(self) -> None:
         """Refuse the next batch before anything of it is written (a clean stop between batches)."""
@@ -175,7 +180,7 @@ class BatchWriter:
             stats = attempt.stats
             self.o.on_batch({"batch_id": batch_id, "committed": committed, "input_rows": stats.input_rows,
                              "late_dropped": stats.late_dropped, "rows_out": attempt.rows_out,
-                             "duplicates_dropped": stats.duplicates,
+                             "duplicates_dropped": stats.duplicates, "rejected": stats.rejected,
                              "rows_written": {n: k if committed else 0 for n, k in attempt.written.items()},
                              "seconds": time.perf_counter() - started})
 
@@ -198,9 +203,11 @@ class BatchWriter:
         batch = ckpt.batch_input(self.checkpoint, batch_id)
         if self.o.check_files is not None:
             self.o.check_files(batch.files)
+        # with a contract, rejected records are in the files too: late drops come from Spark's plan
+        event_time = self.o.event_time if self.o.contract is None else None
         try:
-            rows, late = ckpt.count_input(batch, self.o.event_time)
-            return _FileCounts(rows, late if self.o.event_time else None), batch
+            rows, late = ckpt.count_input(batch, event_time)
+            return _FileCounts(rows, late if event_time else None), batch
         except UncountableInputError:  # not Parquet, or the event time is derived: ask Spark's plan
             try:
                 return _FileCounts(ckpt.count_input(batch, None)[0], None), batch
@@ -245,6 +252,9 @@ class BatchWriter:
         if late is not None and late in out:
             raise ConfigError(f"per_batch returned rows for {late!r}, the table of late rows (late=): "
                               "onceflow fills it; write to another table")
+        if self.o.rejects is not None and self.o.rejects in out:
+            raise ConfigError(f"per_batch returned rows for {self.o.rejects!r}, the table of bad records "
+                              "(rejects=): onceflow fills it; write to another table")
         return dict(out)
 
     def _materialize(self, a: _Attempt) -> None:
@@ -269,18 +279,52 @@ class BatchWriter:
                 a.outputs.update(self.o.stable.save(a.batch_id, self._qid, a.outputs, a.rows_out).tables)
             a.written = {n: t.num_rows for n, t in a.outputs.items()}
         counted, batch = a.counted.result()
-        a.stats = self._stats(a, counted, batch)
+        a.stats, plan_ran = self._stats(a, counted, batch)
+        if self.o.contract is not None:
+            self._add_rejects(a, plan_ran)
         late = self.o.late
-        if late is not None and counted is not None and counted.late and batch is not None:
-            rows = self._late_rows(a.df, batch)
-            if self._executor_side:
-                a.frames[late] = rows.persist()
-                a.cached.append(a.frames[late])
-                a.outputs[late] = None
-                a.written[late] = a.frames[late].count()
-            else:
-                a.outputs[late] = rows.toArrow()
-                a.written[late] = a.outputs[late].num_rows
+        late_rows = a.stats.late_dropped if self.o.contract is not None else counted.late if counted else None
+        if late is not None and late_rows and (batch is not None or self.o.contract is not None):
+            rows = self._late_rows(a.df, a.batch_id, batch)
+            self._add_output(a, late, rows)
+
+    def _add_output(self, a: _Attempt, name: str, rows: DataFrame) -> int:
+        """Add a table onceflow fills (late rows, bad records) to N's outputs; its row count."""
+        if self._executor_side:
+            a.frames[name] = rows.persist()
+            a.cached.append(a.frames[name])
+            a.outputs[name] = None
+            a.written[name] = a.frames[name].count()
+        else:
+            a.outputs[name] = rows.toArrow()
+            a.written[name] = a.outputs[name].num_rows
+        return a.written[name]
+
+    def _add_rejects(self, a: _Attempt, plan_ran: bool) -> None:
+        """Step 4: N's bad records, read back from its offsets when its plan counted any (or did not run).
+
+        Without ``rejects=`` a batch with bad records stops here, naming the first one.
+        """
+        contract = self.o.contract
+        assert contract is not None
+        if not self._sources_checked:
+            rj.check_sources(self.checkpoint, a.batch_id)
+            self._sources_checked = True
+        counted = rejected_count(self.spark, self._qid, contract) if a.kept is None and self._qid else None
+        if counted == 0 and plan_ran:
+            a.stats = replace(a.stats, rejected=0)
+            return
+        rows = rj.rejected_rows(self.spark, self.checkpoint, a.batch_id, contract)
+        if rows is None:
+            a.stats = replace(a.stats, rejected=0)
+            return
+        if self.o.rejects is None:
+            found = rows.toArrow()
+            if found.num_rows:
+                rj.refuse(a.batch_id, found)
+            a.stats = replace(a.stats, rejected=0)
+            return
+        a.stats = replace(a.stats, rejected=self._add_output(a, self.o.rejects, rows))
 
     def _commit(self, a: _Attempt) -> bool:
         """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""
@@ -292,21 +336,29 @@ class BatchWriter:
             self.o.stable.drop(a.batch_id)
         return committed
 
-    def _late_rows(self, df: DataFrame, batch: ckpt.BatchInput) -> DataFrame:
-        """The input rows of N that the watermark dropped, as they are in N's files (step 4).
+    def _late_rows(self, df: DataFrame, batch_id: int, batch: ckpt.BatchInput | None) -> DataFrame:
+        """The input rows of N that the watermark dropped, as they are in N's input (step 4).
 
         Plus ``missed_watermark`` (the watermark they were behind); one row per id when the
-        ids are known (a late record sent twice is one late record).
+        ids are known (a late record sent twice is one late record). With a contract: its good
+        records of N, read back from N's offsets (a bad record is rejected, never late).
         """
         from pyspark.sql import functions as F
 
-        wm = batch.late_watermark_ms
-        rows = (df.sparkSession.read.parquet(*[str(f) for f in batch.files])
-                .where(F.unix_micros(F.col(str(self.o.event_time))) <= F.lit(wm * 1000))
+        wm = (batch.late_watermark_ms if batch is not None
+              else ckpt.late_watermark_ms(self.checkpoint, batch_id))
+        if self.o.contract is not None:
+            found = rj.good_rows(self.spark, self.checkpoint, batch_id, self.o.contract)
+            rows = found if found is not None else df.limit(0)
+        else:
+            assert batch is not None
+            rows = df.sparkSession.read.parquet(*[str(f) for f in batch.files])
+        rows = (rows.where(F.unix_micros(F.col(str(self.o.event_time))) <= F.lit(wm * 1000))
                 .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
         return rows.dropDuplicates(self.o.ids) if self.o.ids else rows
 
-    def _stats(self, a: _Attempt, files: _FileCounts | None, batch: ckpt.BatchInput | None) -> BatchStats:
+    def _stats(self, a: _Attempt, files: _FileCounts | None,
+               batch: ckpt.BatchInput | None) -> tuple[BatchStats, bool]:
         """Step 4's end: N's input rows, late drops and duplicates; None where they are unknown.
 
         From N's files (rows; late rows by Spark's rule when the event-time column is in them)
@@ -314,6 +366,9 @@ class BatchWriter:
         only when this attempt ran the plan exactly once: its scans read what the files hold,
         or (other sources) its top produced the batch's rows. A batch whose outputs came from
         a stable copy did not run its plan: what only the plan knows is None.
+
+        Returns:
+            The stats, and whether the plan's metrics are N's (it ran exactly once).
         """
         watermark = (batch.late_watermark_ms if batch is not None  # read with the files in step 2
                      else ckpt.late_watermark_ms(self.checkpoint, a.batch_id))
@@ -326,7 +381,8 @@ class BatchWriter:
             plan = plan if once else None
         rows = files.rows if files is not None else plan.input_rows if plan is not None else None
         late = plan.late_dropped if plan is not None else files.late if files is not None else None
-        return BatchStats(rows, late, watermark, plan.duplicates if plan is not None else None)
+        dups = plan.duplicates if plan is not None else None
+        return BatchStats(rows, late, watermark, dups), plan is not None
 
     @staticmethod
     def _frame(df: DataFrame, value: Any) -> DataFrame:

@@ -21,7 +21,12 @@ PostgreSQL tables, the ledger of the HTTP sink, the commit metadata of a Delta t
 ``rows_written``          rows written to the tables, over all of them
 ``late_watermark_ms``     the watermark the late rows were behind
 ``tables``                rows written per table (JSON ``{table: rows}``)
+``rejected_rows``         input records the query's contract rejected (:mod:`onceflow.contract`):
+                          written to the ``rejects=`` table; NULL when the query has no contract
 ========================  ==================================================================
+
+With a contract and no aggregation, per batch: ``input_rows = events_counted +
+duplicates_dropped + late_dropped + rejected_rows``.
 
 A value onceflow cannot know for a batch is NULL, never 0 or a difference: the input of a
 batch whose outputs came from a stable copy (its plan did not run), of a plan Spark ran more
@@ -43,11 +48,11 @@ TABLE = "onceflow_batches"
 """The marker table's name in SQL backends."""
 
 COLUMNS = ("sink_id", "batch_id", "committed_ms", "input_rows", "late_dropped", "duplicates_dropped",
-           "events_counted", "rows_written", "late_watermark_ms", "tables")
+           "events_counted", "rows_written", "late_watermark_ms", "tables", "rejected_rows")
 """The marker's columns, in the order :func:`marker_row` gives their values."""
 
 METRICS = ("input_rows", "late_dropped", "duplicates_dropped", "events_counted", "rows_written",
-           "late_watermark_ms")
+           "late_watermark_ms", "rejected_rows")
 """The marker's integer metric columns."""
 
 
@@ -60,9 +65,10 @@ def create_table_sql(integer: str, text: str) -> str:
         integer: The 64-bit integer type (``INTEGER`` in SQLite, ``bigint`` in PostgreSQL).
         text: The text type.
     """
-    metrics = ", ".join(f"{c} {integer}" for c in METRICS)
+    metrics = ", ".join(f"{c} {integer}" for c in METRICS if c != "rejected_rows")
     return (f"CREATE TABLE IF NOT EXISTS {TABLE}(sink_id {text} NOT NULL, batch_id {integer} NOT NULL, "
-            f"committed_ms {integer} NOT NULL, {metrics}, tables {text}, PRIMARY KEY(sink_id, batch_id));")
+            f"committed_ms {integer} NOT NULL, {metrics}, tables {text}, rejected_rows {integer}, "
+            "PRIMARY KEY(sink_id, batch_id));")
 
 
 @dataclass(frozen=True)
@@ -74,18 +80,20 @@ class BatchStats:
         late_dropped: Rows Spark's late rule dropped.
         late_watermark_ms: The watermark those rows were behind.
         duplicates: Rows a deduplication dropped (None: the query has none, or it is unknown).
+        rejected: Records the query's contract rejected (None: the query has no contract).
     """
 
     input_rows: int | None
     late_dropped: int | None
     late_watermark_ms: int
     duplicates: int | None = None
+    rejected: int | None = None
 
     def metrics(self, rows_out: int) -> dict[str, int | None]:
         """The marker's metric columns for a batch that had ``rows_out`` rows (all but the writes)."""
         return {"input_rows": self.input_rows, "late_dropped": self.late_dropped,
                 "duplicates_dropped": self.duplicates, "events_counted": rows_out,
-                "late_watermark_ms": self.late_watermark_ms}
+                "late_watermark_ms": self.late_watermark_ms, "rejected_rows": self.rejected}
 
 
 def marker_row(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,
@@ -102,7 +110,7 @@ def marker_row(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,
     m = stats.metrics(rows_out)
     return (sink_id, batch_id, int(time.time() * 1000), m["input_rows"], m["late_dropped"],
             m["duplicates_dropped"], m["events_counted"], sum(written.values()), m["late_watermark_ms"],
-            json.dumps(dict(written)))
+            json.dumps(dict(written)), m["rejected_rows"])
 
 
 def insert_sql(param: str = "?", verb: str = "INSERT", suffix: str = "") -> str:

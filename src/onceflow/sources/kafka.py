@@ -65,7 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -82,7 +82,8 @@ _log = logging.getLogger("onceflow.kafka")
 
 _OPTIONS = {"kafka.bootstrap.servers", "subscribe", "subscribepattern", "startingoffsets",
             "maxoffsetspertrigger", "maxrecordspertask", "failondataloss", "idheader", "idfield",
-            "readtimeoutms", "includeheaders", "allowmissingtopics"}
+            "readtimeoutms", "includeheaders", "allowmissingtopics", "onceflow.range.start",
+            "onceflow.range.end"}
 _REFUSED = {"kafka.enable.auto.commit": "Spark's checkpoint records what was read",
             "kafka.auto.offset.reset": "startingOffsets chooses where a new query starts; later "
                                        "offsets come from the checkpoint",
@@ -306,15 +307,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Tasks of ``[start, end)``: one per partition range, long ranges split."""
-        begin, ends, resumed = from_json(start.get("offsets")), from_json(end.get("offsets")), \
-            from_json(end.get("from"))
-        tasks: list[InputPartition] = []
-        step = self.options.max_per_task
-        for tp in sorted(ends):
-            lo, hi = resumed.get(tp, begin.get(tp, 0)), ends[tp]
-            for s in range(lo, hi, step):
-                tasks.append(KafkaPartition(OffsetRange(tp[0], tp[1], s, min(s + step, hi))))
-        return tasks
+        return range_tasks(start, end, self.options.max_per_task)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """Executor side: the range's records as Arrow record batches."""
@@ -328,6 +321,38 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+
+def range_tasks(start: Mapping[str, Any], end: Mapping[str, Any], step: int) -> list[InputPartition]:
+    """Read tasks of ``[start, end)`` (two offsets as the checkpoint logs them): one per partition range."""
+    begin, ends, resumed = from_json(start.get("offsets")), from_json(end.get("offsets")), \
+        from_json(end.get("from"))
+    tasks: list[InputPartition] = []
+    for tp in sorted(ends):
+        lo, hi = resumed.get(tp, begin.get(tp, 0)), ends[tp]
+        for s in range(lo, hi, step):
+            tasks.append(KafkaPartition(OffsetRange(tp[0], tp[1], s, min(s + step, hi))))
+    return tasks
+
+
+class KafkaRangeReader(DataSourceReader):
+    """A batch read of one logged range: what a micro-batch read, read again (``onceflow.range.*``).
+
+    Options ``onceflow.range.start`` / ``onceflow.range.end``: the source's offsets of batches
+    N-1 and N as the checkpoint's offset log holds them (JSON); start ``{}`` reads from 0.
+    :mod:`onceflow.rejects` reads a batch's records again this way.
+    """
+
+    def __init__(self, options: KafkaOptions, start: Mapping[str, Any], end: Mapping[str, Any]) -> None:
+        self.options, self.start, self.end = options, start, end
+
+    def partitions(self) -> Sequence[InputPartition]:
+        """The range's tasks, as the stream planned them."""
+        return range_tasks(self.start, self.end, self.options.max_per_task)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        """Executor side: the range's records as Arrow record batches."""
+        yield from read_range(self.options.spec, partition.value)
 
 
 def _limit(starts: Offsets, ends: Offsets, limit: ReadLimit) -> Offsets:
@@ -346,7 +371,7 @@ def _limit(starts: Offsets, ends: Offsets, limit: ReadLimit) -> Offsets:
 
 
 class KafkaDataSource(DataSource):
-    """The ``onceflow_kafka`` format (streaming read only)."""
+    """The ``onceflow_kafka`` format (a stream; a batch read of a logged range with ``onceflow.range.*``)."""
 
     @classmethod
     def name(cls) -> str:
@@ -362,6 +387,17 @@ class KafkaDataSource(DataSource):
         require_client()
         _show_logs()
         return KafkaStreamReader(KafkaOptions.parse(self.options))
+
+    def reader(self, schema: Any) -> KafkaRangeReader:
+        """A batch read of the range ``onceflow.range.start`` .. ``onceflow.range.end``."""
+        require_client()
+        opts = {str(k).lower(): str(v) for k, v in self.options.items()}
+        if "onceflow.range.end" not in opts:
+            raise ConfigError(f"{NAME} reads batches only of a logged range (options onceflow.range.start "
+                              "and onceflow.range.end); read a stream with spark.readStream")
+        start = json.loads(opts.get("onceflow.range.start") or "{}")
+        end = json.loads(opts["onceflow.range.end"])
+        return KafkaRangeReader(KafkaOptions.parse(self.options), start, end)
 
 
 def _show_logs() -> None:

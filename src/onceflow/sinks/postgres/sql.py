@@ -38,6 +38,7 @@ CREATE TABLE IF NOT EXISTS onceflow_sinks(
     sink_id text PRIMARY KEY, query_id text NOT NULL, bound_ms bigint NOT NULL);
 {marker.create_table_sql("bigint", "text")}
 ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS tables text;
+ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS rejected_rows bigint;
 CREATE TABLE IF NOT EXISTS onceflow_decisions(
     sink_id text NOT NULL, batch_id bigint NOT NULL, gids text[] NOT NULL,
     decided_ms bigint NOT NULL, PRIMARY KEY(sink_id, batch_id));

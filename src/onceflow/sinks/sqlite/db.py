@@ -64,7 +64,13 @@ def relax_markers(conn: sqlite3.Connection) -> None:
     one transaction (a crash leaves the old table, and the next open does it again).
     """
     info = conn.execute(f"PRAGMA table_info({marker.TABLE})").fetchall()
-    if not any(r[1] in marker.METRICS and r[3] for r in info):
+    if info and not any(r[1] == "rejected_rows" for r in info):  # an older onceflow's table: add it
+        try:
+            conn.execute(f"ALTER TABLE {marker.TABLE} ADD COLUMN rejected_rows INTEGER")
+        except sqlite3.OperationalError as exc:  # another connection added it first
+            if "duplicate column" not in str(exc):
+                raise
+    if not any(r[1] in marker.METRICS and r[1] != "rejected_rows" and r[3] for r in info):
         return
     cols = ", ".join(r[1] for r in info if r[1] in marker.COLUMNS)
     conn.execute("BEGIN IMMEDIATE")

@@ -1,0 +1,182 @@
+"""Bad records of a batch, read back from its offsets: the rows of a ``rejects=`` table.
+
+A stream with a contract (:mod:`onceflow.contract`) filters bad records out and counts them.
+For batch N whose count is not zero (or not known), this module reads N's input again —
+exactly the records Spark fed into N, from the offsets in Spark's checkpoint — applies the same
+contract, and returns the bad records with their source coordinates:
+
+* a file source: N's files from the checkpoint's source log, read with the stream's format,
+  schema and options; ``row`` is the record's position in its file, from 1 (Parquet's row
+  index + 1; for text formats the n-th record Spark's reader gives, read in file order);
+* ``onceflow_kafka``: N's offset ranges ``[end of N-1, end of N)`` from the offset log, read
+  with the stream's options (:class:`onceflow.sources.kafka.KafkaRangeReader`).
+
+The rejects table's columns, the same for every source (null where a source has none):
+
+=============  ===================================================================
+``record``     the record's coordinates as one string (the table's key):
+               ``topic/partition/offset`` or ``file#row``
+``batch_id``   the micro-batch that read it
+``topic``, ``partition``, ``offset``   Kafka coordinates
+``file``, ``row``                      file coordinates
+``key``        Kafka's key (as text)
+``value``      the raw record: Kafka's value as text, a text file's line, or another
+               file format's row as JSON
+``headers``    Kafka's headers as JSON (values base64)
+``rule``       ``parse``, ``required``, ``check``, ``id`` or ``event_time``
+``column``     the column (or check name) the rule is about
+``reason``     what was wrong, in words
+=============  ===================================================================
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from onceflow import checkpoint as ckpt
+from onceflow.contract import RAW, REASON, Contract
+from onceflow.errors import BatchRejectedError, ConfigError
+from onceflow.tables import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+COLUMNS = ("record", "batch_id", "topic", "partition", "offset", "file", "row", "key", "value", "headers",
+           "rule", "column", "reason")
+"""The rejects table's columns (module docstring)."""
+
+ARROW_SCHEMA = pa.schema([
+    ("record", pa.string()), ("batch_id", pa.int64()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("file", pa.string()), ("row", pa.int64()), ("key", pa.string()),
+    ("value", pa.string()), ("headers", pa.string()), ("rule", pa.string()), ("column", pa.string()),
+    ("reason", pa.string())])
+"""The rejects table's columns as Arrow types."""
+
+SPEC = Table(key=["record"])
+"""How the rejects table is written: one row per bad record, keyed by its coordinates."""
+
+_C = "__onceflow_c_"
+
+
+def check_sources(checkpoint: Path, batch_id: int) -> None:
+    """Refuse a query of several sources (a contract's records are read back from source 0).
+
+    Raises:
+        ConfigError: The batch's offset log names more than one source.
+    """
+    entries = ckpt._read_log_file(checkpoint / "offsets" / str(batch_id))[1:]
+    if len(entries) > 1:
+        raise ConfigError(f"rejects and input contracts work on a query of one source; this one has "
+                          f"{len(entries)} (a join or union of streams)")
+
+
+def batch_records(spark: Any, checkpoint: Path, batch_id: int, contract: Contract) -> DataFrame | None:
+    """Batch ``batch_id``'s input records as its source gave them, plus coordinate columns.
+
+    Returns:
+        The records (source columns and ``__onceflow_c_*`` coordinates), or None for a batch
+        that read nothing.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    src = contract.source
+    if src.kind == "kafka":
+        end = ckpt.source_offset(checkpoint, batch_id)
+        if end is None:
+            return None
+        start = (ckpt.source_offset(checkpoint, batch_id - 1) or {}) if batch_id > 0 else {}
+        raw = (spark.read.format(src.format).options(**src.options)
+               .option("onceflow.range.start", json.dumps(start))
+               .option("onceflow.range.end", json.dumps(end)).load())
+        out: DataFrame = raw.select("*", *[F.col(c).alias(_C + c) for c in ("topic", "partition", "offset")])
+        return out
+    files = ckpt.batch_files(checkpoint, batch_id)
+    if not files:
+        return None
+    reader = spark.read.format(src.format).options(**{k: v for k, v in src.options.items() if k != "path"})
+    if src.schema_json is not None:
+        from pyspark.sql import types as T
+
+        reader = reader.schema(T.StructType.fromJson(json.loads(src.schema_json)))
+    raw = reader.load([str(f) for f in files])
+    if src.format == "parquet":
+        out = raw.select("*", F.col("_metadata.file_path").alias(_C + "file"),
+                         (F.col("_metadata.row_index") + 1).alias(_C + "row"))
+        return out
+    numbered = raw.select("*", F.col("_metadata.file_path").alias(_C + "file"),
+                          F.monotonically_increasing_id().alias(_C + "seq"))
+    order = Window.partitionBy(_C + "file").orderBy(_C + "seq")
+    out = numbered.withColumn(_C + "row", F.row_number().over(order).cast("long")).drop(_C + "seq")
+    return out
+
+
+def rejected_rows(spark: Any, checkpoint: Path, batch_id: int, contract: Contract) -> DataFrame | None:
+    """The rejects table's rows of batch ``batch_id`` (None: it read nothing)."""
+    from pyspark.sql import functions as F
+
+    raw = batch_records(spark, checkpoint, batch_id, contract)
+    if raw is None:
+        return None
+    coords = [c for c in raw.columns if c.startswith(_C)]
+    framed = contract.frame(raw, coords, with_raw=True).where(F.col(REASON).isNotNull())
+
+    def c(name: str) -> Any:
+        return F.col(_C + name)
+
+    text = "string"
+    if contract.source.kind == "kafka":
+        record = F.concat_ws("/", c("topic"), c("partition").cast(text), c("offset").cast(text))
+        topic, partition, offset = c("topic"), c("partition").cast("int"), c("offset").cast("long")
+        file, row = F.lit(None).cast(text), F.lit(None).cast("long")
+        key, value = F.col(f"{RAW}.key").cast(text), F.col(f"{RAW}.value").cast(text)
+        headers = F.to_json(F.col(f"{RAW}.headers"))
+    else:
+        record = F.concat(c("file"), F.lit("#"), c("row").cast(text))
+        topic, partition, offset = F.lit(None).cast(text), F.lit(None).cast("int"), F.lit(None).cast("long")
+        file, row = c("file"), c("row").cast("long")
+        own = [f.name for f in raw.schema.fields if not f.name.startswith(_C)]
+        key, headers = F.lit(None).cast(text), F.lit(None).cast(text)
+        value = F.col(f"{RAW}.value").cast(text) if contract.source.format == "text" and own == ["value"] \
+            else F.to_json(F.col(RAW))
+    return framed.select(
+        record.alias("record"), F.lit(batch_id).cast("long").alias("batch_id"), topic.alias("topic"),
+        partition.alias("partition"), offset.alias("offset"), file.alias("file"), row.alias("row"),
+        key.alias("key"), value.alias("value"), headers.alias("headers"),
+        F.col(f"{REASON}.rule").alias("rule"), F.col(f"{REASON}.column").alias("column"),
+        F.col(f"{REASON}.reason").alias("reason"))
+
+
+def good_rows(spark: Any, checkpoint: Path, batch_id: int, contract: Contract) -> DataFrame | None:
+    """Batch ``batch_id``'s good records as the contract's stream had them (None: it read nothing)."""
+    from pyspark.sql import functions as F
+
+    raw = batch_records(spark, checkpoint, batch_id, contract)
+    if raw is None:
+        return None
+    coords = [c for c in raw.columns if c.startswith(_C)]
+    return (contract.frame(raw, coords).where(F.col(REASON).isNull())
+            .select(*contract.output_columns()))
+
+
+def stop_message(batch_id: int, count: int, first: dict[str, Any]) -> str:
+    """The error of a batch with bad records and no ``rejects=`` table: the first one, and the fix."""
+    where = (f"topic {first['topic']!r} partition {first['partition']} offset {first['offset']}"
+             if first.get("topic") is not None else f"file {first['file']} row {first['row']}")
+    value = str(first.get("value"))
+    value = value if len(value) <= 200 else value[:200] + "..."
+    return (f"batch {batch_id} has {count} bad record(s); the first, at {where}, breaks rule "
+            f"{first['rule']!r} ({first['reason']}): {value!r}. Nothing of the batch was written. Route bad "
+            "records to a table with write_stream(..., rejects='table_name') and restart the query with the "
+            "same checkpoint (nothing is lost: the batch runs again)")
+
+
+def refuse(batch_id: int, rows: Any) -> None:
+    """Raise :class:`BatchRejectedError` for a batch's bad records (a ``pyarrow.Table`` of them)."""
+    ordered = rows.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending"),
+                            ("file", "ascending"), ("row", "ascending")])
+    raise BatchRejectedError(stop_message(batch_id, rows.num_rows, ordered.slice(0, 1).to_pylist()[0]))
