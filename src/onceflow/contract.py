@@ -204,11 +204,11 @@ class Contract:
         return (F.when(text.isNull(), why(src, F.lit(f"{self.json} is null")))
                 .when(parsed.isNull() | (F.trim(text).substr(1, 1) != "{"),
                       why(src, F.lit(f"{self.json} is not a JSON object")))
-                .when(parsed[_CORRUPT].isNotNull() & bad_field.isNotNull(),
-                      why(bad_field, F.concat(F.lit("field "), bad_field, F.lit(": "), raw_value,
-                                              F.lit(" does not fit "), type_of)))
                 .when(parsed[_CORRUPT].isNotNull(),
-                      why(src, F.lit(f"{self.json} does not fit the declared schema"))))
+                      why(F.coalesce(bad_field, src),
+                          F.coalesce(F.concat(F.lit("field "), bad_field, F.lit(": "), raw_value,
+                                              F.lit(" does not fit "), type_of),
+                                     F.lit(f"{self.json} does not fit the declared schema")))))
 
     def _reason(self, rule: Rule) -> Column:
         from pyspark.sql import functions as F
@@ -342,12 +342,12 @@ def expect(df: DataFrame, *, json: str | None = None, schema: Any = None,
             raise ConfigError(f"expect: checks[{name!r}] must be a SQL expression string or a Column")
         rules.append(Rule("check", str(name), check))
     contract = contract.with_rules(rules)
-    out = contract.apply()
-    if checks:
-        try:  # a check naming an unknown column fails here, not in the first batch
-            out.schema  # noqa: B018
-        except Exception as exc:
-            raise ConfigError(f"expect: a check cannot be evaluated: {str(exc).splitlines()[0]}") from None
+    try:  # a check naming an unknown column fails here, not in the first batch
+        out = contract.apply()
+    except Exception as exc:
+        if not checks:
+            raise
+        raise ConfigError(f"expect: a check cannot be evaluated: {str(exc).splitlines()[0][:300]}") from None
     out._onceflow_contract = contract  # type: ignore[attr-defined]
     return out
 

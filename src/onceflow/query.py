@@ -87,8 +87,9 @@ class OnceQuery:
         except Exception as exc:
             if isinstance(self._writer.error, BatchWriter.Stopped):
                 return True
-            if self._writer.error is not None:
-                raise self._writer.error from None
+            if self._writer.error is not None:  # a Spark error may carry onceflow's (a rule's raise_error)
+                found = from_spark(self._writer.error)
+                raise found from None
             found = from_spark(exc)  # raised inside one of onceflow's data sources
             if found is not exc:
                 raise found from None
