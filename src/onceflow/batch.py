@@ -27,9 +27,14 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
    first computation is persisted now, before any sink sees it. With ``late=``, the rows of N's
    input files that the watermark dropped (event time ``<=`` the late watermark, the rule
    :mod:`onceflow.checkpoint` counts by), read back by Spark only when N dropped any, go to the
-   ``late`` table with the watermark they missed.
+   ``late`` table with the watermark they missed. With an input contract
+   (:mod:`onceflow.contract`): when N's plan counted bad records (or did not run), N's input is
+   read back from its offsets and the bad records go to the ``rejects`` table
+   (:mod:`onceflow.rejects`) — or, without ``rejects=``, the batch stops here naming the first.
 5. **Commit** (:meth:`BatchWriter._commit`): the sink's commit: checked, then written with the
-   marker in one transaction, or skipped when N's marker is there. Any error here fails the query
+   marker in one transaction, or skipped when N's marker is there. An output row the sink refuses
+   is traced to the input record behind it by the deduplication's id where it can be (else the
+   error says it cannot be). Any error here fails the query
    before Spark writes ``commits/N``; :meth:`onceflow.OnceQuery.awaitTermination` raises it as the
    onceflow error it is. With ``stable=``, N's persisted copy is deleted once the sink committed N.
 6. **Report**: ``on_batch`` gets N's numbers (a replay wrote 0 rows). When the query ends,
@@ -52,7 +57,7 @@ import pyarrow as pa
 from onceflow import checkpoint as ckpt
 from onceflow import rejects as rj
 from onceflow.contract import Contract, rejected_count
-from onceflow.errors import ConfigError, OnceflowError, UncountableInputError
+from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError, UncountableInputError
 from onceflow.sinks.base import BatchStats, ExecutorSink, TablesSink
 from onceflow.stable import Persisted, StableOutputs
 from onceflow.tables import Table
@@ -283,9 +288,14 @@ class BatchWriter:
         if self.o.contract is not None:
             self._add_rejects(a, plan_ran)
         late = self.o.late
-        late_rows = a.stats.late_dropped if self.o.contract is not None else counted.late if counted else None
-        if late is not None and late_rows and (batch is not None or self.o.contract is not None):
-            rows = self._late_rows(a.df, a.batch_id, batch)
+        if late is None:
+            return
+        if self.o.contract is not None:  # Spark's count (None: unknown, so read the late rows back)
+            wanted = a.stats.late_dropped is None or a.stats.late_dropped > 0
+        else:  # the files' count
+            wanted = bool(counted is not None and counted.late and batch is not None)
+        rows = self._late_rows(a.df, a.batch_id, batch) if wanted else None
+        if rows is not None:
             self._add_output(a, late, rows)
 
     def _add_output(self, a: _Attempt, name: str, rows: DataFrame) -> int:
@@ -328,20 +338,45 @@ class BatchWriter:
 
     def _commit(self, a: _Attempt) -> bool:
         """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""
-        if isinstance(self.sink, ExecutorSink):
-            committed = self.sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out)
-        else:
-            committed = self.sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
+        try:
+            if isinstance(self.sink, ExecutorSink):
+                committed = self.sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out)
+            else:
+                committed = self.sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
+        except BatchRejectedError as exc:
+            raise self._traced(a.batch_id, exc) from None
         if self.o.stable is not None:
             self.o.stable.drop(a.batch_id)
         return committed
 
-    def _late_rows(self, df: DataFrame, batch_id: int, batch: ckpt.BatchInput | None) -> DataFrame:
+    def _traced(self, batch_id: int, exc: BatchRejectedError) -> BatchRejectedError:
+        """``exc`` (an output row refused) with the source coordinates of the input record behind it.
+
+        Traced by the deduplication's id: when the refused row carries the id column(s) and the
+        query has an input contract, the batch's input is read back and the record with that id
+        named. Otherwise the message says that it cannot be traced, and how to reject such
+        records before ``per_batch``.
+        """
+        contract, ids, row = self.o.contract, self.o.ids, exc.row
+        found = None
+        if contract is not None and ids and row is not None and all(row.get(i) is not None for i in ids):
+            found = rj.find_record(self.spark, self.checkpoint, batch_id, contract, {i: row[i] for i in ids})
+        if found is not None:
+            note = f"; the input record behind it: {rj.where(found)}: {found['value']}"
+        else:
+            note = ("; the input record behind it cannot be traced (onceflow follows a row back to its input "
+                    "only by the deduplication's id, which this row does not carry, or the query has no "
+                    "input contract): reject such records before per_batch with onceflow.expect(source, "
+                    "required=[...], checks={...}) and write_stream(..., rejects=...)")
+        return BatchRejectedError(str(exc) + note, row=row)
+
+    def _late_rows(self, df: DataFrame, batch_id: int, batch: ckpt.BatchInput | None) -> DataFrame | None:
         """The input rows of N that the watermark dropped, as they are in N's input (step 4).
 
         Plus ``missed_watermark`` (the watermark they were behind); one row per id when the
         ids are known (a late record sent twice is one late record). With a contract: its good
-        records of N, read back from N's offsets (a bad record is rejected, never late).
+        records of N, read back from N's offsets (a bad record is rejected, never late); None
+        for a batch that read nothing.
         """
         from pyspark.sql import functions as F
 
@@ -349,7 +384,9 @@ class BatchWriter:
               else ckpt.late_watermark_ms(self.checkpoint, batch_id))
         if self.o.contract is not None:
             found = rj.good_rows(self.spark, self.checkpoint, batch_id, self.o.contract)
-            rows = found if found is not None else df.limit(0)
+            if found is None:
+                return None
+            rows = found
         else:
             assert batch is not None
             rows = df.sparkSession.read.parquet(*[str(f) for f in batch.files])

@@ -9,6 +9,7 @@ what was expected, and what to do about it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 class OnceflowError(Exception):
@@ -95,7 +96,14 @@ class BatchRejectedError(OnceflowError, ValueError):
     A null key, a non-numeric add column, a duplicate key, a value the table's column
     cannot hold: refused before anything is written, so the query stops before Spark's
     commit log and restarts cleanly once the input is fixed.
+
+    Attributes:
+        row: The output row that was refused, when one was (to trace it to its input record).
     """
+
+    def __init__(self, message: str, row: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 class SourceDataLossError(OnceflowError, RuntimeError):

@@ -163,13 +163,41 @@ def good_rows(spark: Any, checkpoint: Path, batch_id: int, contract: Contract) -
             .select(*contract.output_columns()))
 
 
+def find_record(spark: Any, checkpoint: Path, batch_id: int, contract: Contract,
+                values: dict[str, Any]) -> dict[str, Any] | None:
+    """The first input record of batch ``batch_id`` whose contract output has ``values`` (coordinates, value).
+
+    Returns:
+        ``{"topic", "partition", "offset"}`` or ``{"file", "row"}`` plus ``value``, or None.
+    """
+    from pyspark.sql import functions as F
+
+    raw = batch_records(spark, checkpoint, batch_id, contract)
+    if raw is None:
+        return None
+    coords = [c for c in raw.columns if c.startswith(_C)]
+    found = contract.frame(raw, coords, with_raw=True)
+    for col, value in values.items():
+        found = found.where(F.col(f"`{col}`") == F.lit(value))
+    first = found.select(*coords, F.to_json(F.col(RAW)).alias("value")).orderBy(*coords).limit(1).collect()
+    if not first:
+        return None
+    return {**{c[len(_C):]: first[0][c] for c in coords}, "value": first[0]["value"]}
+
+
+def where(found: dict[str, Any]) -> str:
+    """A record's coordinates in words."""
+    if found.get("topic") is not None:
+        return f"topic {found['topic']!r} partition {found['partition']} offset {found['offset']}"
+    return f"file {found['file']} row {found['row']}"
+
+
 def stop_message(batch_id: int, count: int, first: dict[str, Any]) -> str:
     """The error of a batch with bad records and no ``rejects=`` table: the first one, and the fix."""
-    where = (f"topic {first['topic']!r} partition {first['partition']} offset {first['offset']}"
-             if first.get("topic") is not None else f"file {first['file']} row {first['row']}")
+    at = where(first)
     value = str(first.get("value"))
     value = value if len(value) <= 200 else value[:200] + "..."
-    return (f"batch {batch_id} has {count} bad record(s); the first, at {where}, breaks rule "
+    return (f"batch {batch_id} has {count} bad record(s); the first, at {at}, breaks rule "
             f"{first['rule']!r} ({first['reason']}): {value!r}. Nothing of the batch was written. Route bad "
             "records to a table with write_stream(..., rejects='table_name') and restart the query with the "
             "same checkpoint (nothing is lost: the batch runs again)")

@@ -162,7 +162,7 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
         if bad is not None:
             raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row {bad} of batch "
                                      f"({_row(rows, bad)}); nothing of the batch was written — fix the input "
-                                     "or the transformation, then restart the query")
+                                     "or the transformation, then restart the query", row=_row(rows, bad))
     for col in spec.add:
         typ = rows.schema.field(col).type
         if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)):

@@ -84,6 +84,37 @@ def generate(directory: Path, manifest: Path, first: int, n: int, bad_rate: floa
     return path
 
 
+def produce(bootstrap: str, topic: str, manifest: Path, first: int, n: int, bad_rate: float, seed: int,
+            partitions: int = 2) -> None:
+    """Produce records ``first`` .. ``first + n - 1`` to ``topic`` (as :func:`generate` makes them).
+
+    The manifest's ``file`` is ``topic/partition`` and ``row`` the offset, from the delivery reports.
+    """
+    from confluent_kafka import Producer
+
+    rng = random.Random(seed * 1_000_003 + first)
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    delivered: list[dict[str, Any]] = []
+
+    def report(kind: str, order: dict[str, Any] | None) -> Any:
+        def done(err: Any, msg: Any) -> None:
+            assert err is None, err
+            delivered.append({"file": f"{msg.topic()}/{msg.partition()}", "row": msg.offset(), "kind": kind,
+                              "order": order})
+        return done
+
+    for i in range(first, first + n):
+        kind = rng.choice(BAD) if rng.random() < bad_rate else "good"
+        text, order = record(i, kind, rng)
+        sends = 2 if kind == "good" and rng.random() < 0.1 else 1
+        for k in range(sends):
+            producer.produce(topic, value=text.encode(), key=f"k{i}".encode(), partition=i % partitions,
+                             on_delivery=report(kind if k == 0 else "resend", order))
+    assert producer.flush(60) == 0
+    with manifest.open("a") as m:
+        m.write("".join(json.dumps(d) + "\n" for d in delivered))
+
+
 def expected(entries: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The answer from a manifest: orders, quantity per sku, and the bad records' coordinates and rules."""
     orders: dict[str, dict[str, Any]] = {}
@@ -121,10 +152,13 @@ def clean(raw: Any) -> Any:
     return onceflow.deduplicate(orders, id="order_id", event_time="event_ts", within="10 minutes")
 
 
-def start(spark: Any, inputs: Path, sink: Any, checkpoint: Path, *, rejects: str | None = "rejected",
-          once: bool = True, max_files: int = 1) -> onceflow.OnceQuery:
-    """Start the pipeline over the JSON-lines files in ``inputs``."""
-    raw = spark.readStream.option("maxFilesPerTrigger", max_files).text(str(inputs))
+def start(spark: Any, inputs: Path | str, sink: Any, checkpoint: Path, *, rejects: str | None = "rejected",
+          once: bool = True, max_files: int = 1, topic: str | None = None) -> onceflow.OnceQuery:
+    """Start the pipeline over the JSON-lines files in ``inputs``, or a Kafka ``topic`` (inputs: brokers)."""
+    if topic is not None:
+        raw = onceflow.read_kafka(spark, str(inputs), subscribe=topic, max_offsets_per_trigger=300)
+    else:
+        raw = spark.readStream.option("maxFilesPerTrigger", max_files).text(str(inputs))
     return onceflow.write_stream(clean(raw), sink, checkpoint, TABLES, per_batch=per_batch, once=once,
                                  rejects=rejects)
 
@@ -145,8 +179,9 @@ def read_result(db: Path) -> dict[str, Any]:
     try:
         orders = {r[0]: (r[1], r[2]) for r in rows("SELECT order_id, sku, qty FROM orders")}
         sku_qty = dict(rows("SELECT sku, qty FROM sku_qty"))
-        rejected = {(Path(f).name, r): (rule, col)
-                    for f, r, rule, col in rows("SELECT file, row, rule, \"column\" FROM rejected")}
+        rejected = {(Path(f).name, r) if f is not None else (f"{t}/{p}", o): (rule, col)
+                    for f, r, t, p, o, rule, col in rows(
+                        "SELECT file, row, topic, partition, \"offset\", rule, \"column\" FROM rejected")}
         return {"orders": orders, "sku_qty": sku_qty, "rejected": rejected}
     finally:
         conn.close()

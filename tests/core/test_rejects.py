@@ -6,6 +6,8 @@ by construction), never from onceflow's contract.
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,8 @@ def _check_markers(db: Path, entries: list[dict[str, Any]]) -> None:
         assert m["input_rows"] == (m["events_counted"] + m["duplicates_dropped"] + m["late_dropped"]
                                    + m["rejected_rows"]), m
     assert sum(m["input_rows"] for m in markers) == len(entries)
-    assert sum(m["rejected_rows"] for m in markers) == sum(orders.KINDS[e["kind"]] is not None for e in entries)
+    bad = sum(orders.KINDS[e["kind"]] is not None for e in entries)
+    assert sum(m["rejected_rows"] for m in markers) == bad
     assert [m["batch_id"] for m in markers] == list(range(len(markers)))
 
 
@@ -63,6 +66,17 @@ def test_bad_records_go_to_rejects_once_with_coordinates(spark: Any, tmp_path: P
     assert row[0].endswith(f"#{row[0].split('#')[1]}") and row[1] >= 0
     assert '"qty": "three"' in row[2] and "three" in row[3] and "INT" in row[3]
     assert conn.execute("SELECT count(*) FROM rejected WHERE topic IS NOT NULL").fetchone()[0] == 0
+    from click.testing import CliRunner
+
+    from onceflow.cli.main import cli
+
+    listed = CliRunner().invoke(cli, ["rejects", "--db", str(db), "--records"])
+    assert listed.exit_code == 0, listed.output
+    records = [json.loads(line) for line in listed.output.splitlines()]
+    assert {(Path(r["file"]).name, r["row"]) for r in records} == set(want["rejected"])
+    summary = CliRunner().invoke(cli, ["rejects", "--db", str(db), "--rule", "id"])
+    ids = sum(1 for r, _ in want["rejected"].values() if r == "id")
+    assert summary.exit_code == 0 and f"{ids} rejected records in" in summary.output, summary.output
 
 
 def test_without_rejects_the_first_bad_record_is_named_and_a_restart_with_rejects_loses_nothing(
@@ -104,7 +118,8 @@ def test_parquet_source_rules_and_null_ids_are_never_one_id(spark: Any, tmp_path
     assert sorted(conn.execute("SELECT id, n FROM rows").fetchall()) == [("a", 1), ("b", 3)]
     bad = conn.execute("SELECT row, rule, \"column\", value FROM bad ORDER BY row").fetchall()
     assert [(r, rule, c) for r, rule, c, _ in bad] == [
-        (2, "id", "id"), (4, "id", "id"), (5, "id", "id"), (7, "event_time", "ts"), (8, "check", "n_positive")]
+        (2, "id", "id"), (4, "id", "id"), (5, "id", "id"), (7, "event_time", "ts"),
+        (8, "check", "n_positive")]
     assert '"n":2' in bad[0][3]
     (m,) = _markers(db)[:1]
     assert (m["input_rows"], m["duplicates_dropped"], m["rejected_rows"], m["events_counted"]) == (8, 1, 5, 2)
@@ -113,7 +128,8 @@ def test_parquet_source_rules_and_null_ids_are_never_one_id(spark: Any, tmp_path
 def test_a_stream_transformed_before_deduplicate_stops_at_a_null_id(spark: Any, tmp_path: Path) -> None:
     inputs = tmp_path / "in"
     inputs.mkdir()
-    (inputs / "a.json").write_text('{"id": "x", "ts": "2026-03-01T00:00:00Z"}\n{"ts": "2026-03-01T00:00:00Z"}\n')
+    (inputs / "a.json").write_text('{"id": "x", "ts": "2026-03-01T00:00:00Z"}\n'
+                                   '{"ts": "2026-03-01T00:00:00Z"}\n')
     from pyspark.sql import functions as F
 
     raw = spark.readStream.text(str(inputs))
@@ -127,6 +143,69 @@ def test_a_stream_transformed_before_deduplicate_stops_at_a_null_id(spark: Any, 
     with pytest.raises(BatchRejectedError, match="null or empty id") as info:
         query.awaitTermination()
     assert '"ts":"2026-03-01' in str(info.value)
+
+
+def test_an_output_row_refused_names_the_input_record_behind_it(spark: Any, tmp_path: Path) -> None:
+    """Traced by the dedup id when the refused row carries it; else the error says it cannot be traced."""
+    from pyspark.sql import functions as F
+
+    inputs, manifest = tmp_path / "in", tmp_path / "manifest.jsonl"
+    orders.generate(inputs, manifest, 0, 200, bad_rate=0.0, seed=9)
+    region = F.when(F.col("qty") == 8, F.lit(None)).otherwise(F.col("sku"))
+
+    def with_id(b: Any) -> Any:
+        return b.select("order_id", region.alias("region"))
+
+    def without_id(b: Any) -> Any:
+        return b.groupBy(region.alias("region")).agg(F.sum("qty").cast("long").alias("qty"))
+
+    entries = {e["order"]["order_id"]: e for e in orders.read_manifest(manifest) if e["kind"] == "good"}
+    clean = orders.clean(spark.readStream.text(str(inputs)))
+    query = onceflow.write_stream(clean, onceflow.sqlite(tmp_path / "a.db"), tmp_path / "ck1",
+                                  {"routes": Table(key=["region", "order_id"])}, per_batch=with_id, once=True)
+    with pytest.raises(BatchRejectedError) as info:
+        query.awaitTermination()
+    behind = entries[info.value.row["order_id"]]  # type: ignore[index]
+    assert behind["order"]["qty"] == 8
+    assert f"the input record behind it: file file:{inputs}/{behind['file']} row {behind['row']}" \
+        in str(info.value), str(info.value)
+    query = onceflow.write_stream(clean, onceflow.sqlite(tmp_path / "b.db"), tmp_path / "ck2",
+                                  {"regions": Table(key=["region"], add=["qty"])}, per_batch=without_id,
+                                  once=True)
+    with pytest.raises(BatchRejectedError, match="cannot be traced"):
+        query.awaitTermination()
+
+
+def test_a_bad_late_record_is_rejected_and_a_good_late_one_is_late(spark: Any, tmp_path: Path) -> None:
+    inputs, db = tmp_path / "in", tmp_path / "app.db"
+    inputs.mkdir()
+
+    def line(oid: str | None, ts: str, sku: str | None = "s1") -> str:
+        return json.dumps({"order_id": oid, "sku": sku, "qty": 1, "event_ts": ts})
+
+    on_time = [line(f"o{i}", f"2026-03-01T10:{i:02d}:00Z") for i in range(10)]
+    (inputs / "a.json").write_text("\n".join(on_time) + "\n")
+    os.utime(inputs / "a.json", (1_000_000, 1_000_000))
+    (inputs / "b.json").write_text(line("o20", "2026-03-01T10:30:00Z") + "\n")
+    os.utime(inputs / "b.json", (2_000_000, 2_000_000))
+    # batch 2 drops what is behind batch 1's watermark (10:09 - 10 minutes)
+    (inputs / "c.json").write_text("\n".join([line("o21", "2026-03-01T10:31:00Z"),
+                                              line("old", "2026-03-01T08:00:00Z"),
+                                              line("old-bad", "2026-03-01T08:00:00Z", sku=None),
+                                              line("old", "2026-03-01T08:00:00Z")]) + "\n")
+    os.utime(inputs / "c.json", (3_000_000, 3_000_000))
+    raw = spark.readStream.option("maxFilesPerTrigger", 1).text(str(inputs))
+    onceflow.write_stream(orders.clean(raw), onceflow.sqlite(db), tmp_path / "ck", orders.TABLES,
+                          per_batch=orders.per_batch, once=True, rejects="rejected", late="late_orders") \
+        .awaitTermination()
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT order_id, missed_watermark FROM late_orders").fetchall() == \
+        [("old", "2026-03-01 09:59:00.000000")]
+    assert conn.execute("SELECT rule, \"column\", row FROM rejected").fetchall() == [("required", "sku", 3)]
+    assert sorted(r[0] for r in conn.execute("SELECT order_id FROM orders")) == \
+        sorted([f"o{i}" for i in range(10)] + ["o20", "o21"])
+    m = _markers(db)[2]
+    assert (m["input_rows"], m["late_dropped"], m["rejected_rows"], m["events_counted"]) == (4, 2, 1, 1), m
 
 
 def test_contract_mistakes_are_refused_where_they_are_made(spark: Any, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from onceflow.cli.demo import demo
 from onceflow.cli.effects import effects
 from onceflow.cli.generate import generate
 from onceflow.cli.ingest import ingest, send
+from onceflow.cli.rejects import rejects
 from onceflow.cli.run import run
 from onceflow.cli.verify import verify
 from onceflow.errors import OnceflowError
@@ -30,6 +31,7 @@ cli.add_command(verify)
 cli.add_command(ingest)
 cli.add_command(send)
 cli.add_command(effects)
+cli.add_command(rejects)
 
 
 def main() -> None:

@@ -260,7 +260,8 @@ class PostgresFramesSink:
             if bad:
                 col = next(c for c in cols if bad[0][c] is None)
                 raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row "
-                                         f"{bad[0].asDict()}; nothing of the batch was written")
+                                         f"{bad[0].asDict()}; nothing of the batch was written",
+                                         row=bad[0].asDict())
         if spec.key:
             dup = frame.groupBy(*spec.key).count().where("count > 1").limit(1).collect()
             if dup:
