@@ -7,7 +7,8 @@ contract, and returns the bad records with their source coordinates:
 
 * a file source: N's files from the checkpoint's source log, read with the stream's format,
   schema and options; ``row`` is the record's position in its file, from 1 (Parquet's row
-  index + 1; for text formats the n-th record Spark's reader gives, read in file order);
+  index + 1; a text file's line number; for other formats the n-th record Spark's reader gives,
+  read in file order);
 * ``onceflow_kafka``: N's offset ranges ``[end of N-1, end of N)`` from the offset log, read
   with the stream's options (:class:`onceflow.sources.kafka.KafkaRangeReader`).
 
@@ -98,7 +99,10 @@ def batch_records(spark: Any, checkpoint: Path, batch_id: int, contract: Contrac
     files = ckpt.batch_files(checkpoint, batch_id)
     if not files:
         return None
-    reader = spark.read.format(src.format).options(**{k: v for k, v in src.options.items() if k != "path"})
+    options = {k: v for k, v in src.options.items() if k != "path"}
+    if src.format == "text" and options.get("wholetext", "false").lower() != "true":
+        return _text_lines(spark, files, options.get("lineSep"))
+    reader = spark.read.format(src.format).options(**options)
     if src.schema_json is not None:
         from pyspark.sql import types as T
 
@@ -113,6 +117,26 @@ def batch_records(spark: Any, checkpoint: Path, batch_id: int, contract: Contrac
     order = Window.partitionBy(_C + "file").orderBy(_C + "seq")
     out = numbered.withColumn(_C + "row", F.row_number().over(order).cast("long")).drop(_C + "seq")
     return out
+
+
+def _text_lines(spark: Any, files: list[Path], line_sep: str | None) -> DataFrame:
+    """A text source's lines with their line numbers: each file read whole and split (no shuffle).
+
+    Lines end as Spark's text reader ends them (LF, CR LF, CR, or ``lineSep``);
+    the empty piece after a final line end is not a line.
+    """
+    import re
+
+    from pyspark.sql import functions as F
+
+    pattern = re.escape(line_sep) if line_sep else "\r\n|\n|\r"
+    lines = F.split(F.col("value"), pattern)
+    lines = F.when(F.element_at(lines, -1) == "",
+                   F.slice(lines, F.lit(1), F.size(lines) - 1)).otherwise(lines)
+    whole = spark.read.text([str(f) for f in files], wholetext=True)
+    out: DataFrame = whole.select(F.col("_metadata.file_path").alias(_C + "file"),
+                                  F.posexplode(lines).alias(_C + "row", "value"))
+    return out.select("value", _C + "file", (F.col(_C + "row") + 1).cast("long").alias(_C + "row"))
 
 
 def rejected_rows(spark: Any, checkpoint: Path, batch_id: int, contract: Contract) -> DataFrame | None:
