@@ -324,7 +324,7 @@ class BatchWriter:
         if counted == 0 and plan_ran:
             a.stats = replace(a.stats, rejected=0)
             return
-        rows = rj.rejected_rows(self.spark, self.checkpoint, a.batch_id, contract)
+        rows = rj.rejected_rows(a.df.sparkSession, self.checkpoint, a.batch_id, contract)
         if rows is None:
             a.stats = replace(a.stats, rejected=0)
             return
@@ -344,12 +344,12 @@ class BatchWriter:
             else:
                 committed = self.sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
         except BatchRejectedError as exc:
-            raise self._traced(a.batch_id, exc) from None
+            raise self._traced(a.df.sparkSession, a.batch_id, exc) from None
         if self.o.stable is not None:
             self.o.stable.drop(a.batch_id)
         return committed
 
-    def _traced(self, batch_id: int, exc: BatchRejectedError) -> BatchRejectedError:
+    def _traced(self, spark: Any, batch_id: int, exc: BatchRejectedError) -> BatchRejectedError:
         """``exc`` (an output row refused) with the source coordinates of the input record behind it.
 
         Traced by the deduplication's id: when the refused row carries the id column(s) and the
@@ -360,7 +360,7 @@ class BatchWriter:
         contract, ids, row = self.o.contract, self.o.ids, exc.row
         found = None
         if contract is not None and ids and row is not None and all(row.get(i) is not None for i in ids):
-            found = rj.find_record(self.spark, self.checkpoint, batch_id, contract, {i: row[i] for i in ids})
+            found = rj.find_record(spark, self.checkpoint, batch_id, contract, {i: row[i] for i in ids})
         if found is not None:
             note = f"; the input record behind it: {rj.where(found)}: {found['value']}"
         else:
@@ -383,7 +383,7 @@ class BatchWriter:
         wm = (batch.late_watermark_ms if batch is not None
               else ckpt.late_watermark_ms(self.checkpoint, batch_id))
         if self.o.contract is not None:
-            found = rj.good_rows(self.spark, self.checkpoint, batch_id, self.o.contract)
+            found = rj.good_rows(df.sparkSession, self.checkpoint, batch_id, self.o.contract)
             if found is None:
                 return None
             rows = found

@@ -163,6 +163,33 @@ def start(spark: Any, inputs: Path | str, sink: Any, checkpoint: Path, *, reject
                                  rejects=rejects)
 
 
+def result_from(orders: list[dict[str, Any]], sku_qty: list[dict[str, Any]],
+                rejected: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rows of the three tables (as dicts) in :func:`expected`'s shape."""
+    return {"orders": {r["order_id"]: (r["sku"], r["qty"]) for r in orders},
+            "sku_qty": {r["sku"]: r["qty"] for r in sku_qty},
+            "rejected": {(Path(r["file"]).name, r["row"]) if r["file"] is not None
+                         else (f"{r['topic']}/{r['partition']}", r["offset"]): (r["rule"], r["column"])
+                         for r in rejected}}
+
+
+def read_sink(kind: str, location: str) -> dict[str, Any]:
+    """What a PostgreSQL (DSN) or Delta (root) sink holds, in :func:`expected`'s shape."""
+    names = ("orders", "sku_qty", "rejected")
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        tables = [DeltaTable(f"{location}/{n}").to_pyarrow_table().to_pylist() for n in names]
+    else:
+        import psycopg
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(location) as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            tables = [cur.execute(f"SELECT * FROM {n}").fetchall() for n in names]
+    return result_from(*tables)
+
+
 def read_result(db: Path) -> dict[str, Any]:
     """What a SQLite sink holds, in :func:`expected`'s shape."""
     import sqlite3
