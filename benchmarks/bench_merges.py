@@ -11,8 +11,8 @@ Two measurements, each against a baseline in the same run:
    measured time (>= 0.9: ``max`` costs at most ~10% more than ``add``).
 2. **update-mode aggregation vs noop** (``--part update``). A streaming aggregation (per page
    and 1-minute window: count, max, min of ``--clicks`` deduplicated clicks in 8 Parquet files,
-   one file per batch, ``availableNow``) written by ``onceflow.write_stream(output_mode="update")`` to SQLite, vs
-   the same query into Spark's ``noop`` sink (the aggregation alone). Ratio = noop time /
+   one file per batch, ``availableNow``) written by ``onceflow.write_stream(output_mode="update")``
+   to SQLite, vs the same query into Spark's ``noop`` sink (the aggregation alone). Ratio = noop time /
    onceflow time.
 
 PostgreSQL is ``$ONCEFLOW_PG_DSN`` or, when unset, a temporary server (as the tests start).
@@ -83,7 +83,8 @@ def merge_part(rows: int, repeat: int) -> None:
                 print(f"{backend} run {r + 1}: add {base:.2f} s, add+max {measured:.2f} s, "
                       f"ratio {base / measured:.3f}", flush=True)
             ratio = statistics.median(times["add"]) / statistics.median(times["add+max"])
-            print(f"{backend}: median ratio add / add+max = {ratio:.3f} ({rows:,} rows per batch)", flush=True)
+            print(f"{backend}: median ratio add / add+max = {ratio:.3f} ({rows:,} rows per batch)",
+                  flush=True)
     finally:
         if server is not None:
             server.stop()
