@@ -5,7 +5,8 @@ random moment after a commit, then at ``inside_sink_txn`` and at ``after_sink_co
 that read input (a crash landing on a no-data batch is armed again), while a feeder keeps writing
 files (or producing to a Kafka topic of two partitions); a last life drains. The tables and the
 rejects must equal the generator's manifest (:func:`tests.core.orders.expected`), and every
-marker must add up.
+marker must add up. The files run is in ``make test``; the Kafka run (~60 s) in ``make test-long``
+(``make test`` is at its 30 minutes).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def _crash_on_data(tmp: Path, point: str, kafka: tuple[str, str] | None = None) 
     raise AssertionError(f"{point}: four crashes in a row landed on no-data batches")
 
 
-@pytest.mark.parametrize("source", ["files", pytest.param("kafka", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("source", ["files", pytest.param("kafka", marks=pytest.mark.long)])
 def test_kills_while_bad_records_arrive_leave_every_record_once(tmp_path: Path, source: str,
                                                                 request: pytest.FixtureRequest) -> None:
     seed = int(os.environ.get("ORDERS_SEED", time.time())) % 10_000
