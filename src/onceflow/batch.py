@@ -321,20 +321,16 @@ class BatchWriter:
             rj.check_sources(self.checkpoint, a.batch_id)
             self._sources_checked = True
         counted = rejected_count(self.spark, self._qid, contract) if a.kept is None and self._qid else None
-        if counted == 0 and plan_ran:
-            a.stats = replace(a.stats, rejected=0)
-            return
-        rows = rj.rejected_rows(a.df.sparkSession, self.checkpoint, a.batch_id, contract)
-        if rows is None:
-            a.stats = replace(a.stats, rejected=0)
-            return
-        if self.o.rejects is None:
+        none = counted == 0 and plan_ran  # the plan ran once and counted no bad record
+        rows = None if none else rj.rejected_rows(a.df.sparkSession, self.checkpoint, a.batch_id, contract)
+        rejected, table = 0, self.o.rejects
+        if rows is not None and table is None:
             found = rows.toArrow()
             if found.num_rows:
                 rj.refuse(a.batch_id, found)
-            a.stats = replace(a.stats, rejected=0)
-            return
-        a.stats = replace(a.stats, rejected=self._add_output(a, self.o.rejects, rows))
+        elif rows is not None and table is not None:
+            rejected = self._add_output(a, table, rows)
+        a.stats = replace(a.stats, rejected=rejected)
 
     def _commit(self, a: _Attempt) -> bool:
         """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""

@@ -46,16 +46,15 @@ from onceflow.tables import Table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-COLUMNS = ("record", "batch_id", "topic", "partition", "offset", "file", "row", "key", "value", "headers",
-           "rule", "column", "reason")
-"""The rejects table's columns (module docstring)."""
-
 ARROW_SCHEMA = pa.schema([
     ("record", pa.string()), ("batch_id", pa.int64()), ("topic", pa.string()), ("partition", pa.int32()),
     ("offset", pa.int64()), ("file", pa.string()), ("row", pa.int64()), ("key", pa.string()),
     ("value", pa.string()), ("headers", pa.string()), ("rule", pa.string()), ("column", pa.string()),
     ("reason", pa.string())])
 """The rejects table's columns as Arrow types."""
+
+COLUMNS = tuple(ARROW_SCHEMA.names)
+"""The rejects table's columns (module docstring)."""
 
 SPEC = Table(key=["record"])
 """How the rejects table is written: one row per bad record, keyed by its coordinates."""

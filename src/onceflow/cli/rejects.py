@@ -9,9 +9,7 @@ from typing import Any
 import click
 
 from onceflow.errors import ConfigError
-
-_COLUMNS = ("record", "batch_id", "topic", "partition", "offset", "file", "row", "key", "value", "headers",
-            "rule", "column", "reason")
+from onceflow.rejects import COLUMNS
 
 
 def _read(db: Path | None, dsn: str | None, delta: Path | None, table: str) -> list[dict[str, Any]]:
@@ -19,7 +17,7 @@ def _read(db: Path | None, dsn: str | None, delta: Path | None, table: str) -> l
     if not table.replace("_", "a").isalnum():
         raise ConfigError(f"--table {table!r}: a table name is letters, digits and _")
     order = "ORDER BY batch_id, topic, partition, \"offset\", file, row"
-    select = f"SELECT {', '.join(_quoted(c) for c in _COLUMNS)} FROM {table} {order}"
+    select = f"SELECT {', '.join(_quoted(c) for c in COLUMNS)} FROM {table} {order}"
     if db is not None:
         import sqlite3
 
