@@ -170,7 +170,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                  check_files: Callable[[list[Path]], object] | None = None, late: str | None = None,
                  stable: bool | Sequence[str] = False,
                  count_rows: Callable[[dict[str, Any]], int] | None = None, output_mode: str = "append",
-                 rejects: str | None = None, **unknown: Any) -> OnceQuery:
+                 rejects: str | None = None, retry_for: str | float = "1 minute",
+                 **unknown: Any) -> OnceQuery:
     """Start a query that writes every micro-batch to ``tables`` exactly once.
 
     Args:
@@ -220,6 +221,11 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             raw record and the rule they broke (columns in :mod:`onceflow.rejects`). Without
             it, a batch with a bad record stops the query naming the first one; add
             ``rejects=`` and restart on the same checkpoint: the batch runs again, nothing is lost.
+        retry_for: How long a batch's commit is retried, with backoff and a log line per retry,
+            when it fails for a reason that passes (:mod:`onceflow.retry`: the database restarting
+            or unreachable, a lock held by another process, a serialization failure, Delta
+            commits of other writers) before the query fails; ``0`` fails at once. Each retry
+            runs the sink's commit from its first step (the marker decides): never twice.
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
@@ -234,7 +240,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     """
     refuse_unknown(set(unknown), {"df", "sink", "checkpoint", "tables", "per_batch", "once", "trigger",
                                   "event_time", "on_batch", "check_files", "late", "stable",
-                                  "count_rows", "output_mode", "rejects"},
+                                  "count_rows", "output_mode", "rejects", "retry_for"},
                    "onceflow.write_stream")
     specs = check_specs(tables or {})
     if not df.isStreaming:
@@ -288,7 +294,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     sink.check(specs, {**schemas, **({rejects: rj.ARROW_SCHEMA} if rejects else {})})
     startup.print_note(startup.append_note(df, output_mode))
     options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows,
-                            the_contract, rejects)
+                            the_contract, rejects, parse_duration(retry_for))
     writer = BatchWriter(sink, path, options, df.sparkSession)
     listener = None
     selected = armed()
@@ -305,7 +311,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
             df.sparkSession.streams.removeListener(listener)
         writer.close()
         raise _start_error(exc) from None
-    return OnceQuery(started, writer, sink, listener)
+    return OnceQuery(started, writer, sink, listener, restart=stream.start)
 
 
 def _start_error(exc: Exception) -> Exception:

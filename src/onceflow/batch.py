@@ -34,9 +34,11 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
 5. **Commit** (:meth:`BatchWriter._commit`): the sink's commit: checked, then written with the
    marker in one transaction, or skipped when N's marker is there. An output row the sink refuses
    is traced to the input record behind it by the deduplication's id where it can be (else the
-   error says it cannot be). Any error here fails the query
-   before Spark writes ``commits/N``; :meth:`onceflow.OnceQuery.awaitTermination` raises it as the
-   onceflow error it is. With ``stable=``, N's persisted copy is deleted once the sink committed N.
+   error says it cannot be). An error that passes (a lost connection, a lock: :mod:`onceflow.retry`)
+   runs the sink's commit again from its first step, with backoff, for ``retry_for``; any other
+   error fails the query before Spark writes ``commits/N``;
+   :meth:`onceflow.OnceQuery.awaitTermination` raises it as the onceflow error it is. With
+   ``stable=``, N's persisted copy is deleted once the sink committed N.
 6. **Report**: ``on_batch`` gets N's numbers (a replay wrote 0 rows). When the query ends,
    :meth:`BatchWriter.close` waits until the sink applied every batch it accepted.
 """
@@ -55,9 +57,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from onceflow import checkpoint as ckpt
+from onceflow import ranges, repair
 from onceflow import rejects as rj
 from onceflow.contract import Contract, rejected_count
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError, UncountableInputError
+from onceflow.retry import retrying
 from onceflow.sinks.base import BatchStats, ExecutorSink, TablesSink
 from onceflow.stable import Persisted, StableOutputs
 from onceflow.tables import Table
@@ -106,6 +110,8 @@ class _Attempt:
     frames: dict[str, Any]
     """Table -> DataFrame or Arrow table (step 3); cached DataFrames for an executor-side sink (4)."""
     kept: Persisted | None
+    planned: ranges.InputRange
+    """N's input as Spark's checkpoint planned it (kept in the marker)."""
     cached: list[Any] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
     """Table -> Arrow table (driver-side sink), or None (executor-side: the frames are written)."""
@@ -130,6 +136,7 @@ class WriterOptions:
     count_rows: Callable[[dict[str, Any]], int] | None = None
     contract: Contract | None = None
     rejects: str | None = None
+    retry_s: float = 60.0
 
 
 class BatchWriter:
@@ -141,6 +148,8 @@ class BatchWriter:
     """
 
     error: BaseException | None = None
+    restoring: int | None = None
+    """The batch whose plan was restored from the sink's marker (the query is to start again)."""
 
     class Stopped(Exception):  # noqa: N818 - not an error: the user asked the query to stop
         """Raised at the start of a batch after :meth:`request_stop`: nothing of it was written."""
@@ -173,7 +182,7 @@ class BatchWriter:
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.perf_counter()
-        self._bind()  # 1
+        self._bind(batch_id)  # 1
         attempt = self._prepare(df, batch_id)  # 2, 3
         try:
             self._materialize(attempt)  # 4
@@ -189,14 +198,18 @@ class BatchWriter:
                              "rows_written": {n: k if committed else 0 for n, k in attempt.written.items()},
                              "seconds": time.perf_counter() - started})
 
-    def _bind(self) -> None:
+    def _bind(self, batch_id: int) -> None:
         """Step 1, once per process."""
         if self._qid:
             return
         qid = ckpt.query_id(self.checkpoint)
         if qid is None:
             raise OnceflowError(f"checkpoint {self.checkpoint} has no metadata file")
-        self.sink.bind(qid)
+        def bind() -> None:
+            self.sink.bind(qid)
+            repair.check_start(self.sink, self.checkpoint, batch_id)
+
+        retrying(f"batch {batch_id}: binding the sink", self.o.retry_s, bind)
         if self.o.stable is not None:
             self.o.stable.cleanup(ckpt.committed_batches(self.checkpoint))
         self._qid = qid
@@ -235,7 +248,8 @@ class BatchWriter:
             kept = self.o.stable.load(batch_id, self._qid, df.sparkSession)
             if kept is not None:
                 frames.update(kept.tables)
-        attempt = _Attempt(batch_id, df, counted, observation, frames, kept)
+        planned = ranges.read(self.checkpoint, batch_id)
+        attempt = _Attempt(batch_id, df, counted, observation, frames, kept, planned)
         if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
             attempt.cached.append(observed.persist())
         return attempt
@@ -285,6 +299,7 @@ class BatchWriter:
             a.written = {n: t.num_rows for n, t in a.outputs.items()}
         counted, batch = a.counted.result()
         a.stats, plan_ran = self._stats(a, counted, batch)
+        a.stats = replace(a.stats, input_range=a.planned.to_json())
         if self.o.contract is not None:
             self._add_rejects(a, plan_ran)
         late = self.o.late
@@ -334,13 +349,19 @@ class BatchWriter:
 
     def _commit(self, a: _Attempt) -> bool:
         """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""
-        try:
+        def commit() -> bool:
             if isinstance(self.sink, ExecutorSink):
-                committed = self.sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out)
-            else:
-                committed = self.sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
+                return self.sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out)
+            return self.sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
+
+        try:
+            committed = retrying(f"batch {a.batch_id}: the sink's commit", self.o.retry_s, commit)
         except BatchRejectedError as exc:
             raise self._traced(a.df.sparkSession, a.batch_id, exc) from None
+        if not committed:  # a replay: the marker's batch must be the batch Spark plans now
+            repair.check_replay(self.sink, self.checkpoint, a.planned)
+            if repair.continue_restore(self.sink, self.checkpoint, a.batch_id):
+                self.restoring = a.batch_id + 1
         if self.o.stable is not None:
             self.o.stable.drop(a.batch_id)
         return committed

@@ -47,6 +47,17 @@ class CheckpointMismatchError(OnceflowError, RuntimeError):
     """
 
 
+class OutOfStepError(OnceflowError, RuntimeError):
+    """The sink and Spark's checkpoint disagree on which batches were written, or over what input.
+
+    One of them was restored from a backup (or edited): the sink lacks batches the checkpoint
+    committed, has batches the checkpoint never planned, or committed a batch over another
+    input than the checkpoint plans for it now. Writing on would lose or skip data, so the
+    batch is refused before anything of it is written; ``onceflow repair`` brings the
+    checkpoint back into agreement with the sink.
+    """
+
+
 class JavaNotFoundError(OnceflowError, RuntimeError):
     """No usable Java runtime was found for Spark."""
 

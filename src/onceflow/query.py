@@ -10,6 +10,10 @@ handler raises ``KeyboardInterrupt`` inside one, and py4j then prints pages of t
 2. A second Ctrl-C stops the query at once: the batch in flight is abandoned before Spark's
    commit log, so the next start runs it again and its sink commit (whole or not at all) makes
    that exact.
+
+While ``onceflow repair`` restores batches from the sink's markers (:mod:`onceflow.repair`),
+Spark stops the query after each restored batch (the next batch's plan exists already), and
+the wait starts it again, once per restored batch.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -62,8 +66,10 @@ class OnceQuery:
         sink: The sink the query writes to.
     """
 
-    def __init__(self, query: Any, writer: BatchWriter, sink: TablesSink, listener: Any) -> None:
+    def __init__(self, query: Any, writer: BatchWriter, sink: TablesSink, listener: Any,
+                 restart: Callable[[], Any] | None = None) -> None:
         self.query, self._writer, self.sink, self._listener = query, writer, sink, listener
+        self._restart = restart
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
         """Wait for the query to end (``once``: when everything available is written).
@@ -83,7 +89,12 @@ class OnceQuery:
         """
         try:
             with _counting_interrupts() as interrupts:
-                return self._wait(timeout, interrupts)
+                while True:
+                    try:
+                        return self._wait(timeout, interrupts)
+                    except Exception:
+                        if not self._restarted():
+                            raise
         except Exception as exc:
             if isinstance(self._writer.error, BatchWriter.Stopped):
                 return True
@@ -97,6 +108,17 @@ class OnceQuery:
         finally:
             if not self.query.isActive:
                 self._cleanup()
+
+    def _restarted(self) -> bool:
+        """Start the query again when a batch restored by ``onceflow repair`` is next (see the module)."""
+        batch, self._writer.restoring = self._writer.restoring, None
+        if batch is None or self._restart is None or self.query.isActive:
+            return False
+        print(f"onceflow: restoring batch {batch} from the sink's marker (onceflow repair): starting the "
+              "query again to run it as it was", file=sys.stderr)
+        self._writer.error = None
+        self.query = self._restart()
+        return True
 
     def _wait(self, timeout: float | None, interrupts: _Interrupts) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -12,6 +12,7 @@ from onceflow.cli.effects import effects
 from onceflow.cli.generate import generate
 from onceflow.cli.ingest import ingest, send
 from onceflow.cli.rejects import rejects
+from onceflow.cli.repair import repair
 from onceflow.cli.run import run
 from onceflow.cli.verify import verify
 from onceflow.errors import OnceflowError
@@ -32,6 +33,7 @@ cli.add_command(ingest)
 cli.add_command(send)
 cli.add_command(effects)
 cli.add_command(rejects)
+cli.add_command(repair)
 
 
 def main() -> None:

@@ -23,6 +23,10 @@ PostgreSQL tables, the ledger of the HTTP sink, the commit metadata of a Delta t
 ``tables``                rows written per table (JSON ``{table: rows}``)
 ``rejected_rows``         input records the query's contract rejected (:mod:`onceflow.contract`):
                           written to the ``rejects=`` table; NULL when the query has no contract
+``input_range``           the batch's input as Spark's checkpoint planned it (JSON,
+                          :mod:`onceflow.ranges`): each source's start and end offsets, a file
+                          source's files. A replay of N over another input is refused, and
+                          ``onceflow repair`` restores a checkpoint's batches from it
 ========================  ==================================================================
 
 With a contract and no aggregation, per batch: ``input_rows = events_counted +
@@ -48,12 +52,16 @@ TABLE = "onceflow_batches"
 """The marker table's name in SQL backends."""
 
 COLUMNS = ("sink_id", "batch_id", "committed_ms", "input_rows", "late_dropped", "duplicates_dropped",
-           "events_counted", "rows_written", "late_watermark_ms", "tables", "rejected_rows")
+           "events_counted", "rows_written", "late_watermark_ms", "tables", "rejected_rows", "input_range")
 """The marker's columns, in the order :func:`marker_row` gives their values."""
 
 METRICS = ("input_rows", "late_dropped", "duplicates_dropped", "events_counted", "rows_written",
            "late_watermark_ms", "rejected_rows")
 """The marker's integer metric columns."""
+
+
+ADDED = (("rejected_rows", "integer"), ("input_range", "text"))
+"""Columns later onceflow versions added to the marker table, with their kind (added by ``ALTER``)."""
 
 
 def create_table_sql(integer: str, text: str) -> str:
@@ -68,6 +76,7 @@ def create_table_sql(integer: str, text: str) -> str:
     metrics = ", ".join(f"{c} {integer}" for c in METRICS if c != "rejected_rows")
     return (f"CREATE TABLE IF NOT EXISTS {TABLE}(sink_id {text} NOT NULL, batch_id {integer} NOT NULL, "
             f"committed_ms {integer} NOT NULL, {metrics}, tables {text}, rejected_rows {integer}, "
+            f"input_range {text}, "
             "PRIMARY KEY(sink_id, batch_id));")
 
 
@@ -81,6 +90,7 @@ class BatchStats:
         late_watermark_ms: The watermark those rows were behind.
         duplicates: Rows a deduplication dropped (None: the query has none, or it is unknown).
         rejected: Records the query's contract rejected (None: the query has no contract).
+        input_range: The batch's input range as JSON (:mod:`onceflow.ranges`; None: unknown).
     """
 
     input_rows: int | None
@@ -88,6 +98,7 @@ class BatchStats:
     late_watermark_ms: int
     duplicates: int | None = None
     rejected: int | None = None
+    input_range: str | None = None
 
     def metrics(self, rows_out: int) -> dict[str, int | None]:
         """The marker's metric columns for a batch that had ``rows_out`` rows (all but the writes)."""
@@ -110,7 +121,7 @@ def marker_row(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,
     m = stats.metrics(rows_out)
     return (sink_id, batch_id, int(time.time() * 1000), m["input_rows"], m["late_dropped"],
             m["duplicates_dropped"], m["events_counted"], sum(written.values()), m["late_watermark_ms"],
-            json.dumps(dict(written)), m["rejected_rows"])
+            json.dumps(dict(written)), m["rejected_rows"], stats.input_range)
 
 
 def insert_sql(param: str = "?", verb: str = "INSERT", suffix: str = "") -> str:

@@ -39,6 +39,7 @@ CREATE TABLE IF NOT EXISTS onceflow_sinks(
 {marker.create_table_sql("bigint", "text")}
 ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS tables text;
 ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS rejected_rows bigint;
+ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS input_range text;
 CREATE TABLE IF NOT EXISTS onceflow_decisions(
     sink_id text NOT NULL, batch_id bigint NOT NULL, gids text[] NOT NULL,
     decided_ms bigint NOT NULL, PRIMARY KEY(sink_id, batch_id));

@@ -38,6 +38,11 @@ CACHE_KIB = 65_536
 """Page cache per connection (64 MiB): the counts of a long run stay in memory (the
 default 2 MiB made every batch of Example 5-1 re-read its table's pages: upserts ~1.3x slower)."""
 
+BUSY_TIMEOUT_S = 10
+"""How long a statement waits for a lock another connection holds before ``database is locked``
+(a batch's commit is then retried for ``write_stream(retry_for=)``, :mod:`onceflow.retry`)."""
+
+
 def connect(path: str | Path, schema: str = META_SCHEMA) -> sqlite3.Connection:
     """Open a SQLite database with onceflow's durability settings and schema.
 
@@ -48,7 +53,7 @@ def connect(path: str | Path, schema: str = META_SCHEMA) -> sqlite3.Connection:
     Returns:
         A connection in autocommit mode (transactions are explicit).
     """
-    conn = sqlite3.connect(str(path), timeout=60, isolation_level=None, check_same_thread=False)
+    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
@@ -64,9 +69,11 @@ def relax_markers(conn: sqlite3.Connection) -> None:
     one transaction (a crash leaves the old table, and the next open does it again).
     """
     info = conn.execute(f"PRAGMA table_info({marker.TABLE})").fetchall()
-    if info and not any(r[1] == "rejected_rows" for r in info):  # an older onceflow's table: add it
+    for name, kind in marker.ADDED if info else ():  # an older onceflow's table: add what it lacks
+        if any(r[1] == name for r in info):
+            continue
         try:
-            conn.execute(f"ALTER TABLE {marker.TABLE} ADD COLUMN rejected_rows INTEGER")
+            conn.execute(f"ALTER TABLE {marker.TABLE} ADD COLUMN {name} {kind.upper()}")
         except sqlite3.OperationalError as exc:  # another connection added it first
             if "duplicate column" not in str(exc):
                 raise

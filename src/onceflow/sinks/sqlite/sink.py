@@ -180,7 +180,7 @@ def _encode(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: 
         parts.append({"name": name, **spec.describe(), "bytes": data.tell() - start})
     meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
             "late_watermark_ms": stats.late_watermark_ms, "duplicates": stats.duplicates,
-            "rejected": stats.rejected, "rows_out": rows_out}
+            "rejected": stats.rejected, "input_range": stats.input_range, "rows_out": rows_out}
     return json.dumps(meta), data.getvalue()
 
 
@@ -196,7 +196,8 @@ def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str,
         specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"],
                                     max=part.get("max") or None, min=part.get("min") or None)
     stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"],
-                       meta.get("duplicates"), meta.get("rejected"))  # absent: staged by an older onceflow
+                       meta.get("duplicates"), meta.get("rejected"),  # absent: staged by an older onceflow
+                       meta.get("input_range"))
     return outputs, specs, stats, int(meta["rows_out"])
 
 

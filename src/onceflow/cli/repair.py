@@ -1,0 +1,93 @@
+"""``onceflow repair``: bring a query's checkpoint back into agreement with its sink after a restore."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from onceflow.errors import ConfigError
+
+
+def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | None, sink_id: str) -> Any:
+    """The sink whose markers the checkpoint is compared with (reads only)."""
+    if sum(x is not None for x in (db, dsn, delta, ledger)) != 1:
+        raise ConfigError("onceflow repair needs exactly one of --db FILE, --dsn DSN, --delta DIR or "
+                          "--ledger FILE (the query's sink)")
+    for path in (db, delta, ledger):
+        if path is not None and not path.exists():
+            raise ConfigError(f"no sink at {path}: give the path the query writes to (a database restored "
+                              "from a backup goes back in its place first)")
+    if db is not None:
+        from onceflow.sinks.sqlite.sink import SQLiteTablesSink
+
+        return SQLiteTablesSink(db, sink_id=sink_id, staged=False)
+    if delta is not None:
+        from onceflow.sinks.delta import DeltaTablesSink
+
+        return DeltaTablesSink(delta, sink_id=sink_id)
+    if ledger is not None:
+        return _LedgerMarkers(ledger, sink_id)
+    from onceflow.sinks.postgres.sink import PostgresTablesSink
+
+    return PostgresTablesSink(dsn or None, sink_id=sink_id)
+
+
+class _LedgerMarkers:
+    """The markers of an HTTP sink's ledger (a SQLite file), read as a sink's ``batches()``."""
+
+    def __init__(self, ledger_path: Path, sink_id: str) -> None:
+        self.ledger_path, self.sink_id = ledger_path, sink_id
+
+    def batches(self) -> list[dict[str, Any]]:
+        from onceflow.sinks.sqlite.db import read_batches
+
+        return read_batches(self.ledger_path, self.sink_id)
+
+
+@click.command()
+@click.option("--checkpoint", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The query's Spark checkpoint directory.")
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), help="A SQLite sink's database.")
+@click.option("--dsn", help="A PostgreSQL sink's connection string ('' for $ONCEFLOW_PG_DSN).")
+@click.option("--delta", type=click.Path(file_okay=False, path_type=Path), help="A Delta sink's root.")
+@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), help="An HTTP sink's ledger.")
+@click.option("--sink-id", default="default", show_default=True,
+              help="The sink's id (write_stream's sink_id; onceflow run writes under 'user_counts').")
+@click.option("--dry-run", is_flag=True, help="Print what would change, change nothing.")
+def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | None,
+           sink_id: str, dry_run: bool) -> None:
+    """Bring a query's checkpoint back into agreement with its sink after either was restored.
+
+    The sink behind (its database restored from an older backup): the checkpoint is rewound to
+    the sink's last batch, and the next start writes the batches the sink lacks, once. The sink
+    ahead (the checkpoint restored from an older copy): the plans of the sink's batches are
+    written back into the checkpoint from the sink's markers, so that Spark runs them over the
+    same input and the sink skips them. Where it cannot (a source's data gone, state Spark no
+    longer keeps), it says why and changes nothing. Stop the query first (docs: Recovery).
+    """
+    from onceflow.repair import Repair
+
+    if not (checkpoint / "metadata").exists():
+        raise ConfigError(f"{checkpoint} is not a Spark checkpoint of a started query (no metadata file)")
+    sink = _sink(db, dsn, delta, ledger, sink_id)
+    fixer = Repair(checkpoint, sink)
+    plan = fixer.plan()
+    click.echo(f"onceflow repair: {plan.summary}" if plan.summary else "onceflow repair:")
+    if plan.refused:
+        fixer.apply(plan)  # raises: says why, changes nothing
+    for note in plan.notes:
+        click.echo(f"  note: {note}")
+    if not plan.changes:
+        return
+    if dry_run:
+        for p in plan.remove:
+            click.echo(f"  would remove {p.relative_to(checkpoint)}")
+        for r in plan.restore:
+            click.echo(f"  would restore offsets/{r.batch_id} from the sink's marker ({r.describe()})")
+        click.echo("dry run: nothing changed")
+        return
+    for line in fixer.apply(plan):
+        click.echo(f"  {line}")
+    click.echo("done: start the query again on the same checkpoint")

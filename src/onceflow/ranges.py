@@ -1,0 +1,240 @@
+"""A batch's input range: what Spark's checkpoint planned for micro-batch N, kept in N's marker.
+
+Spark plans batch N by writing ``offsets/N`` (its watermark and timestamp, then one end offset
+per source); N's input is everything from the previous batch's end offsets (``offsets/N-1``) to
+these. For a file source the offset is a position in the source's own log (``sources/<i>/``),
+whose entries name the files; two checkpoints can give the same position to different files
+(one restored from a backup, then fed other files), so the range of a file source is its files.
+
+:func:`read` builds an :class:`InputRange` from the checkpoint; the sink keeps it as JSON in the
+batch's marker (column ``input_range``). It serves two purposes:
+
+* **A replay is the same batch.** When the sink finds N's marker, onceflow compares the marker's
+  range with the one Spark planned now; another input (a checkpoint restored from an older copy
+  re-planned N over other data) is refused, never skipped as a replay.
+* **Restoring a checkpoint's batches.** ``onceflow repair`` writes ``offsets/N`` and a file
+  source's log entries back from the marker (:func:`write`), so that Spark re-plans N exactly.
+
+Spark's checkpoint files are read and written as Spark does on a local file system: the
+version line ``v1``, one JSON value per line; a file's Hadoop checksum ``.<name>.crc`` is
+removed whenever onceflow replaces or deletes the file (Hadoop skips the check without one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onceflow.errors import CheckpointReadError
+
+COMPACT_INTERVAL = 10
+"""Spark's default ``spark.sql.streaming.fileSource.log.compactInterval``."""
+
+
+@dataclass(frozen=True)
+class InputRange:
+    """The input Spark planned for one micro-batch.
+
+    Attributes:
+        batch_id: The batch.
+        watermark_ms: ``batchWatermarkMs`` of ``offsets/N``.
+        timestamp_ms: ``batchTimestampMs`` of ``offsets/N``.
+        end: Each source's end offset, as Spark serialized it (one line of ``offsets/N``).
+        start: Each source's start offset (from ``offsets/N-1``; None for batch 0).
+        files: Source index -> the source-log entries of the batch (file sources only), as Spark
+            wrote them (``path``, ``timestamp``, ``batchId``: the log id).
+    """
+
+    batch_id: int
+    watermark_ms: int
+    timestamp_ms: int
+    end: tuple[str, ...]
+    start: tuple[str, ...] | None
+    files: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The range as the marker keeps it."""
+        return json.dumps({"v": 1, "watermark_ms": self.watermark_ms, "timestamp_ms": self.timestamp_ms,
+                           "start": list(self.start) if self.start is not None else None,
+                           "end": list(self.end), "files": {str(k): v for k, v in self.files.items()}},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, batch_id: int, text: str) -> InputRange:
+        """The range a marker keeps (see :meth:`to_json`).
+
+        Raises:
+            CheckpointReadError: The text is not a range this onceflow wrote.
+        """
+        try:
+            raw = json.loads(text)
+            start = raw["start"]
+            return cls(batch_id, int(raw["watermark_ms"]), int(raw["timestamp_ms"]), tuple(raw["end"]),
+                       tuple(start) if start is not None else None,
+                       {int(k): list(v) for k, v in raw["files"].items()})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointReadError(f"the marker of batch {batch_id} has an input range onceflow cannot "
+                                      f"read ({exc}): {text[:200]}") from None
+
+    def key(self) -> str:
+        """A digest of the input itself: the offsets, and a file source's files (not their log ids)."""
+        files = {str(k): sorted(str(e["path"]) for e in v) for k, v in sorted(self.files.items())}
+        body = json.dumps({"start": None if self.start is None else [_offset(s) for s in self.start],
+                           "end": [_offset(e) for e in self.end], "files": files}, sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()
+
+    def same_input(self, other: InputRange) -> bool:
+        """Whether ``other`` is the same input (offsets and files; watermark and timestamp aside)."""
+        return self.key() == other.key()
+
+    def describe(self) -> str:
+        """The range in a line a user can check against the source."""
+        parts = []
+        for i, end in enumerate(self.end):
+            if i in self.files:
+                names = [Path(str(e["path"])).name for e in self.files[i]]
+                shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                parts.append(f"source {i}: {len(names)} file(s)" + (f" ({shown})" if names else ""))
+            else:
+                start = self.start[i] if self.start is not None and i < len(self.start) else None
+                parts.append(f"source {i}: {start or 'the start'} -> {end}")
+        return "; ".join(parts) or "no sources"
+
+
+def _offset(line: str) -> Any:
+    """One offset line as a value to compare (JSON normalized; Spark's ``-``: no offset)."""
+    try:
+        return json.loads(line)
+    except ValueError:
+        return line
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise CheckpointReadError(f"cannot read checkpoint file {path}: {exc}") from exc
+    if not lines or not lines[0].startswith("v"):
+        raise CheckpointReadError(f"checkpoint file {path} has no version header")
+    return lines
+
+
+def offsets_lines(checkpoint: Path, batch_id: int) -> tuple[dict[str, Any], list[str]]:
+    """``offsets/N``: its metadata and each source's end offset line."""
+    lines = _lines(checkpoint / "offsets" / str(batch_id))
+    if len(lines) < 2:
+        raise CheckpointReadError(f"{checkpoint / 'offsets' / str(batch_id)} has no metadata line")
+    return json.loads(lines[1]), lines[2:]
+
+
+def _log_offset(line: str) -> int | None:
+    value = _offset(line)
+    if isinstance(value, dict) and "logOffset" in value:
+        return int(value["logOffset"])
+    return None
+
+
+def source_log(checkpoint: Path, source: int) -> Path:
+    """A file source's log directory."""
+    return checkpoint / "sources" / str(source)
+
+
+def log_entries(directory: Path, log_id: int) -> list[dict[str, Any]]:
+    """The entries of one id of a file source's log (a plain file, or within a later compact file)."""
+    plain = directory / str(log_id)
+    if plain.exists():
+        return [json.loads(x) for x in _lines(plain)[1:] if x.strip()]
+    compacts = sorted((int(p.name.split(".")[0]), p) for p in directory.glob("*.compact")
+                      if p.name.split(".")[0].isdigit() and int(p.name.split(".")[0]) >= log_id)
+    if not compacts:
+        raise CheckpointReadError(f"no source-log entry {log_id} in {directory}")
+    return [e for e in (json.loads(x) for x in _lines(compacts[0][1])[1:] if x.strip())
+            if e.get("batchId") == log_id]
+
+
+def read(checkpoint: str | os.PathLike[str], batch_id: int) -> InputRange:
+    """Batch ``batch_id``'s input range, from Spark's checkpoint.
+
+    Raises:
+        CheckpointReadError: The checkpoint lacks the batch's offsets or a file source's entries.
+    """
+    root = Path(checkpoint)
+    meta, end = offsets_lines(root, batch_id)
+    start = offsets_lines(root, batch_id - 1)[1] if batch_id > 0 else None
+    files: dict[int, list[dict[str, Any]]] = {}
+    for i, line in enumerate(end):
+        current = _log_offset(line)
+        if current is None or not source_log(root, i).is_dir():
+            continue
+        previous = _log_offset(start[i]) if start is not None and i < len(start) else None
+        first = previous + 1 if previous is not None else 0
+        files[i] = [e for log_id in range(first, current + 1)
+                    for e in log_entries(source_log(root, i), log_id)]
+    return InputRange(batch_id, int(meta.get("batchWatermarkMs", 0)), int(meta.get("batchTimestampMs", 0)),
+                      tuple(end), tuple(start) if start is not None else None, files)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` (temporary file, fsync, rename), dropping its stale checksum."""
+    remove(path)
+    tmp = path.with_name(f".{path.name}.onceflow-tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def remove(path: Path) -> None:
+    """Delete one checkpoint file and its Hadoop checksum file (missing ones are fine)."""
+    for p in (path, path.with_name(f".{path.name}.crc")):
+        p.unlink(missing_ok=True)
+
+
+def _log_text(entries: list[dict[str, Any]]) -> str:
+    return "v1\n" + "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in entries)
+
+
+def write_source_log(directory: Path, log_id: int, entries: list[dict[str, Any]],
+                     interval: int = COMPACT_INTERVAL) -> None:
+    """Write one id of a file source's log as Spark would: plain, or (every ``interval``) compact.
+
+    A compact file holds every entry up to its id: the earlier ones are read from the log.
+    """
+    if (log_id + 1) % interval:
+        _write_atomic(directory / str(log_id), _log_text(entries))
+        return
+    earlier = [e for i in range(log_id) for e in log_entries(directory, i)]
+    _write_atomic(directory / f"{log_id}.compact", _log_text(earlier + entries))
+
+
+def write(checkpoint: str | os.PathLike[str], r: InputRange, conf: dict[str, Any]) -> None:
+    """Restore batch N's plan into the checkpoint: a file source's log entries, then ``offsets/N``.
+
+    Spark then runs N over exactly this input at the next start (``commits/N`` is the caller's).
+
+    Args:
+        checkpoint: The checkpoint directory.
+        r: The range, as a marker kept it.
+        conf: The ``conf`` of ``offsets/N``'s metadata (Spark's settings fixed in the checkpoint).
+    """
+    root = Path(checkpoint)
+    for source, entries in sorted(r.files.items()):
+        by_id: dict[int, list[dict[str, Any]]] = {}
+        for e in entries:
+            by_id.setdefault(int(e["batchId"]), []).append(e)
+        for log_id in sorted(by_id):
+            write_source_log(source_log(root, source), log_id, by_id[log_id])
+    meta = {"batchWatermarkMs": r.watermark_ms, "batchTimestampMs": r.timestamp_ms, "conf": conf}
+    _write_atomic(root / "offsets" / str(r.batch_id),
+                  "v1\n" + json.dumps(meta, separators=(",", ":")) + "\n" + "\n".join(r.end))
+
+
+def write_commit(checkpoint: str | os.PathLike[str], batch_id: int, next_watermark_ms: int) -> None:
+    """Write ``commits/N`` as Spark does (the watermark the next batch starts with)."""
+    _write_atomic(Path(checkpoint) / "commits" / str(batch_id),
+                  "v1\n" + json.dumps({"nextBatchWatermarkMs": next_watermark_ms}, separators=(",", ":")))

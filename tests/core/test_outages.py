@@ -1,0 +1,126 @@
+"""Short outages retried inside the batch: the query carries on, the tables are exact, the retries logged.
+
+The transfer pipeline of :mod:`tests.core.transfers` runs continuously; batch 0 commits, then
+the outage starts, then new input arrives (so the batch that meets the outage has data), then
+the outage ends. The query must commit that batch once the sink is back, without a restart:
+
+* PostgreSQL stopped (``fast`` and ``immediate``) and started again — a server of this module's
+  own (the session's shared server is not stopped);
+* a SQLite database locked by another process (``BEGIN EXCLUSIVE``) for longer than a
+  statement waits for a lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import onceflow
+from onceflow import ranges
+from tests.core import transfers
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def own_pg() -> Iterator[Any]:
+    from tests.pg_server import TempPostgres
+
+    server = TempPostgres()
+    server.start()
+    yield server
+    server.stop()
+
+
+def _until(what: str, check: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def _committed(sink: Any) -> int:
+    try:
+        return sum(m["input_rows"] or 0 for m in sink.batches())
+    except Exception:  # the database is down
+        return -1
+
+
+def _retries(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "onceflow.retry"]
+
+
+def _outage(spark: Any, tmp: Path, sink: Any, watcher: Any, begin: Callable[[], None], end: Callable[[], None],
+            caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Batch 0, the outage, new input, a retry seen, the end of the outage; the retries logged."""
+    caplog.set_level(logging.WARNING, logger="onceflow.retry")
+    transfers.put(tmp / "in", 0)
+    query = transfers.start(spark, tmp / "in", sink, tmp / "ck", once=False, trigger="0.5 seconds",
+                            retry_for="3 minutes")
+    try:
+        _until("batch 0", lambda: _committed(watcher) == transfers.PER_FILE)
+        _until("the no-data batch after it", lambda: len(watcher.batches()) >= 2)  # the outage meets data
+        begin()
+        transfers.put(tmp / "in", 1)
+        _until("a retry", lambda: bool(_retries(caplog)))
+        end()
+        _until("batch 1 after the outage", lambda: _committed(watcher) == 2 * transfers.PER_FILE)
+        assert query.isActive, "the query stopped instead of retrying"
+    finally:
+        query.stop()
+    return _retries(caplog)
+
+
+def _hit_data(tmp: Path, retried: list[str]) -> None:
+    """The batch that met the outage read input (a fault on a no-data batch proves nothing)."""
+    batch = int(retried[0].split("batch ", 1)[1].split(":", 1)[0])
+    assert any(ranges.read(tmp / "ck", batch).files.values()), f"batch {batch} read no file"
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_postgres_restarted_mid_stream(spark: Any, tmp_path: Path, own_pg: Any, mode: str,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    dsn = own_pg.new_database()
+    sink, watcher = onceflow.postgres(dsn), onceflow.postgres(dsn)
+    retried = _outage(spark, tmp_path, sink, watcher, lambda: own_pg.halt(mode), own_pg.resume, caplog)
+    assert transfers.read_sink("postgres", dsn) == transfers.expected(tmp_path / "in")
+    _hit_data(tmp_path, retried)
+    assert any("retry 1" in r for r in retried), retried
+    sink.close()
+
+
+def test_sqlite_locked_by_another_process(spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    db = tmp_path / "out.db"
+    sink = onceflow.sqlite(db)
+    holder: list[subprocess.Popen[str]] = []
+    hold = ("import sqlite3, sys, time\n"
+            f"c = sqlite3.connect({str(db)!r}, isolation_level=None)\n"
+            "c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); sys.stdin.readline()\n"
+            "c.execute('COMMIT')\n")
+
+    def lock() -> None:
+        p = subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+        holder.append(p)
+
+    def unlock() -> None:
+        p = holder[0]
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.wait(timeout=30) == 0
+
+    retried = _outage(spark, tmp_path, sink, onceflow.sqlite(db), lock, unlock, caplog)
+    sink.close()
+    assert transfers.read_sink("sqlite", str(db)) == transfers.expected(tmp_path / "in")
+    assert any("locked" in r for r in retried), retried
+    _hit_data(tmp_path, retried)

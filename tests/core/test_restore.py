@@ -1,0 +1,163 @@
+"""A sink or a checkpoint restored from a backup: refused without repair, exact after ``onceflow repair``.
+
+The transfer pipeline of :mod:`tests.core.transfers` (stateful: deduplication), one input file
+per run, ``availableNow`` runs on one checkpoint (each run is a data batch and a no-data batch).
+A backup of one side is taken after run 1 and restored after run 2; run 3 brings new input:
+
+* **database restored** (the sink is behind): run 3 is refused naming the batches the sink lacks;
+  repair rewinds the checkpoint; the next run writes them and run 3's input once.
+* **checkpoint restored** (the sink is ahead): Spark plans batch 2 over run 2's and run 3's
+  input; onceflow refuses it (the sink has batch 3, or batch 2 over other input); repair restores
+  batches 2-3 from the sink's markers; the next run runs them again (skipped by the sink) and
+  then run 3's input once.
+
+The answer is computed from the input files by :func:`tests.core.transfers.expected`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import onceflow
+from onceflow.errors import OutOfStepError
+from tests.core import transfers
+
+pytestmark = pytest.mark.spark
+
+
+class _Sink:
+    """One sink kind: how to open it, back it up, restore it, and name it to ``onceflow repair``."""
+
+    def __init__(self, kind: str, tmp: Path, request: pytest.FixtureRequest) -> None:
+        self.kind, self.tmp = kind, tmp
+        if kind == "sqlite":
+            self.location = str(tmp / "out.db")
+            self.option = ["--db", self.location]
+        elif kind == "delta":
+            self.location = str(tmp / "lake")
+            self.option = ["--delta", self.location]
+        else:
+            self.server = request.getfixturevalue("pg_server")
+            self.location = request.getfixturevalue("pg_dsn")
+            self.name = self.location.rsplit("dbname=", 1)[1]
+            self.option = ["--dsn", self.location]
+
+    def open(self) -> Any:
+        if self.kind == "sqlite":
+            return onceflow.sqlite(self.location)
+        return onceflow.delta(self.location) if self.kind == "delta" else onceflow.postgres(self.location)
+
+    def backup(self) -> None:
+        if self.kind == "sqlite":
+            with sqlite3.connect(self.location) as src, sqlite3.connect(self.tmp / "backup.db") as dst:
+                src.backup(dst)
+        elif self.kind == "delta":
+            shutil.copytree(self.location, self.tmp / "lake-backup")
+        else:
+            self._admin(f"CREATE DATABASE {self.name}_bak TEMPLATE {self.name}")
+
+    def restore(self) -> None:
+        if self.kind == "sqlite":
+            for suffix in ("", "-wal", "-shm"):
+                Path(self.location + suffix).unlink(missing_ok=True)
+            with sqlite3.connect(self.tmp / "backup.db") as src, sqlite3.connect(self.location) as dst:
+                src.backup(dst)
+        elif self.kind == "delta":
+            shutil.rmtree(self.location)
+            shutil.copytree(self.tmp / "lake-backup", self.location)
+        else:
+            self._admin(f"DROP DATABASE {self.name} WITH (FORCE)")
+            self._admin(f"CREATE DATABASE {self.name} TEMPLATE {self.name}_bak")
+
+    def _admin(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.server.dsn, autocommit=True) as conn:
+            conn.execute(sql)
+
+
+def _run(spark: Any, tmp: Path, sink: _Sink) -> None:
+    s = sink.open()
+    try:
+        transfers.start(spark, tmp / "in", s, tmp / "ck").awaitTermination()
+    finally:
+        s.close()
+
+
+def _repair(tmp: Path, sink: _Sink, *extra: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "onceflow.cli.main", "repair", "--checkpoint", str(tmp / "ck")]
+    return subprocess.run([*command, *sink.option, *extra], capture_output=True, text=True, timeout=120)
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "delta"])
+@pytest.mark.parametrize("restored", ["database", "checkpoint"])
+def test_a_restore_is_refused_then_repaired_exactly(spark: Any, tmp_path: Path, kind: str, restored: str,
+                                                    request: pytest.FixtureRequest) -> None:
+    sink = _Sink(kind, tmp_path, request)
+    transfers.put(tmp_path / "in", 0)
+    _run(spark, tmp_path, sink)
+    if restored == "database":
+        sink.backup()
+    else:
+        shutil.copytree(tmp_path / "ck", tmp_path / "ck-backup")
+    transfers.put(tmp_path / "in", 1)
+    _run(spark, tmp_path, sink)
+    if restored == "database":
+        sink.restore()
+    else:
+        shutil.rmtree(tmp_path / "ck")
+        shutil.copytree(tmp_path / "ck-backup", tmp_path / "ck")
+    transfers.put(tmp_path / "in", 2)
+    with pytest.raises(OutOfStepError) as refused:
+        _run(spark, tmp_path, sink)
+    message = str(refused.value)
+    assert ("lacks batches 2-3" in message) if restored == "database" else ("has batch 3" in message)
+    assert "onceflow repair --checkpoint" in message
+
+    before = _tree(tmp_path / "ck")
+    dry = _repair(tmp_path, sink, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would remove" in dry.stdout and _tree(tmp_path / "ck") == before  # a dry run changes nothing
+    fixed = _repair(tmp_path, sink)
+    assert fixed.returncode == 0, fixed.stderr
+    _run(spark, tmp_path, sink)
+    assert transfers.read_sink(kind, sink.location) == transfers.expected(tmp_path / "in")
+    again = _repair(tmp_path, sink)
+    assert again.returncode == 0 and "nothing to repair" in again.stdout, again.stdout + again.stderr
+
+    transfers.put(tmp_path / "in", 3)  # and the query goes on as before
+    _run(spark, tmp_path, sink)
+    assert transfers.read_sink(kind, sink.location) == transfers.expected(tmp_path / "in")
+    markers = sink.open().batches()
+    assert [m["batch_id"] for m in markers] == list(range(len(markers)))
+    assert sum(m["input_rows"] or 0 for m in markers) == 4 * transfers.PER_FILE
+
+
+def test_repair_refuses_when_the_input_to_write_again_is_gone(spark: Any, tmp_path: Path,
+                                                               request: pytest.FixtureRequest) -> None:
+    sink = _Sink("sqlite", tmp_path, request)
+    transfers.put(tmp_path / "in", 0)
+    _run(spark, tmp_path, sink)
+    sink.backup()
+    lost = transfers.put(tmp_path / "in", 1)
+    _run(spark, tmp_path, sink)
+    sink.restore()
+    lost.unlink()  # the file of the batch the sink lacks is gone
+    before = _tree(tmp_path / "ck")
+    refused = _repair(tmp_path, sink)
+    assert refused.returncode == 1
+    assert "cannot repair" in refused.stderr and lost.name in refused.stderr
+    assert _tree(tmp_path / "ck") == before
