@@ -34,7 +34,7 @@ test: $(TESTSTAMP)
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 test-long: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)

@@ -6,7 +6,9 @@ work a restarted driver does before its first commit. The variants alternate, in
 
 * ``plain`` — the JVM as Spark starts it;
 * ``fast``  — ``-XX:SharedArchiveFile=<trained archive> -XX:TieredStopAtLevel=1
-  -XX:+UseSerialGC`` (:mod:`onceflow.jvmstart`), what ``onceflow verify`` uses by default.
+  -XX:+UseSerialGC`` (:mod:`onceflow.jvmstart`), what ``onceflow verify`` uses by default;
+* ``user``  — ``onceflow.spark.session(fast_start=True)``: the archive alone, Spark's own JIT
+  and onceflow's collector (what a user's long-running driver opts into).
 
 Usage: python benchmarks/bench_fast_start.py [--samples 3]
 """
@@ -35,7 +37,7 @@ from onceflow.spark import session
 import onceflow
 from onceflow.examples.user_counts import start
 from pathlib import Path
-spark = session()
+spark = session(fast_start=sys.argv[3] == "user")
 t1 = time.perf_counter()
 work = Path(sys.argv[2])
 sink = onceflow.sqlite(work / "db.sqlite")
@@ -50,11 +52,11 @@ print(json.dumps({"session_s": t1 - t0, "first_batch_s": t2 - t1, "total_s": t2 
 
 def sample(log: Path, options: str | None) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if k != JAVA_OPTIONS_ENV}
-    if options:
+    if options and options != "user":
         env[JAVA_OPTIONS_ENV] = options
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
     try:
-        out = subprocess.run([sys.executable, "-c", PROBE, str(log), str(work)], env=env,
+        out = subprocess.run([sys.executable, "-c", PROBE, str(log), str(work), str(options)], env=env,
                              capture_output=True, text=True, timeout=600, check=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -72,7 +74,7 @@ def main() -> None:
         for t in generate_segments(GeneratorConfig(events=2_000, users=20, minutes=2, seed=3,
                                                    segment_size=1_000)):
             log.append(t)
-        variants = {"plain": None, "fast": use_options(archive)}
+        variants = {"plain": None, "fast": use_options(archive), "user": "user"}
         results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
         for i in range(args.samples):
             order = list(variants.items())
@@ -85,8 +87,9 @@ def main() -> None:
     print()
     med = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in results.items()}
     for key in ("session_s", "first_batch_s", "total_s", "jvm_cpu_s"):
-        p, f = med["plain"][key], med["fast"][key]
-        print(f"median {key:14s} plain {p:6.2f}  fast {f:6.2f}  speed-up {p / f:4.2f}x")
+        p, f, u = med["plain"][key], med["fast"][key], med["user"][key]
+        print(f"median {key:14s} plain {p:6.2f}  fast {f:6.2f} ({p / f:4.2f}x)  "
+              f"user {u:6.2f} ({p / u:4.2f}x)")
 
 
 if __name__ == "__main__":

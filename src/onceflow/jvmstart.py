@@ -20,12 +20,18 @@ what a query computes or commits.
 
 Options reach the driver JVM through ``ONCEFLOW_DRIVER_JAVA_OPTIONS``, which
 :func:`onceflow.spark.session` appends to ``spark.driver.extraJavaOptions``.
+
+For users' own drivers, ``onceflow.spark.session(fast_start=True)`` takes the archive alone
+(:func:`archive_options`; the JIT and collector stay Spark's, right for a long-running query):
+the first such driver records the archive when it exits normally, the next ones start from it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import time
 from pathlib import Path
 
 from onceflow.java import cache_dir, find_java
@@ -82,3 +88,48 @@ def publish(tmp: Path, archive: Path) -> bool:
     archive.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(tmp), str(archive))
     return True
+
+
+SETTLE_S = 30.0
+"""A recorded archive is taken this long after it was last written (its JVM may still write it)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def adopt_recorded(archive: Path) -> None:
+    """Publish an archive a user's driver recorded at its exit (once its process is gone and it settled)."""
+    for dump in archive.parent.glob(f".{archive.name}.*.dump"):
+        try:
+            pid = int(dump.name.rsplit(".", 2)[-2])
+            settled = time.time() - dump.stat().st_mtime > SETTLE_S
+        except (ValueError, OSError):
+            continue
+        if pid == os.getpid() or _alive(pid) or not settled:
+            continue
+        if archive.exists():
+            dump.unlink(missing_ok=True)
+        else:
+            publish(dump, archive)
+
+
+def archive_options() -> str:
+    """JVM options for a user's driver: start from the archive, or record it at this driver's exit.
+
+    The JIT and collector are left as they are. Without an archive for this JDK and PySpark, the
+    driver writes one when its JVM exits normally (a killed driver writes none); a later driver
+    publishes it (:func:`adopt_recorded`) and starts from it.
+    """
+    archive = archive_path()
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    adopt_recorded(archive)
+    if archive.exists():
+        return f"-XX:SharedArchiveFile={archive} -Xlog:cds*=off"
+    return f"-XX:ArchiveClassesAtExit={archive.parent / f'.{archive.name}.{os.getpid()}.dump'} -Xlog:cds*=off"

@@ -16,7 +16,6 @@ Anything else â€” a row the table refuses, a wrong password, a missing column â€
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -66,12 +65,9 @@ def transient(exc: BaseException) -> str | None:
         module = type(e).__module__
         if module.startswith("psycopg") and name in _PSYCOPG_TRANSIENT:
             return _first_line(e)
-        if isinstance(e, sqlite3.OperationalError) and any(p in str(e).lower() for p in PATTERNS):
+        if name == "CommitFailedError" or any(p in str(e).lower() for p in PATTERNS):
             return _first_line(e)
-        if name == "CommitFailedError":
-            return _first_line(e)
-    text = str(exc).lower()
-    return _first_line(exc) if any(p in text for p in PATTERNS) else None
+    return None
 
 
 def _first_line(e: BaseException) -> str:

@@ -36,6 +36,7 @@ def session(
     app_name: str = "onceflow",
     shuffle_partitions: int | None = None,
     conf: dict[str, str] | None = None,
+    fast_start: bool = False,
 ) -> SparkSession:
     """Get or create a SparkSession with onceflow's defaults.
 
@@ -45,6 +46,11 @@ def session(
         shuffle_partitions: ``spark.sql.shuffle.partitions``; the core count when
             omitted.
         conf: Extra Spark configuration, applied last (overrides defaults).
+        fast_start: Start the driver JVM from a class-data archive of Spark's classes
+            (:mod:`onceflow.jvmstart`): the first driver with it records the archive when it exits
+            normally, the next ones start faster (a restart after a crash gets to its first batch
+            sooner). Changes nothing a query computes. Ignored when
+            ``ONCEFLOW_DRIVER_JAVA_OPTIONS`` is set.
 
     Returns:
         The session. Its JVM is registered as a crash-point companion.
@@ -80,6 +86,10 @@ def session(
     conf = dict(conf or {})
     key = "spark.driver.extraJavaOptions"
     extra = os.environ.get(JAVA_OPTIONS_ENV, "").strip()
+    if fast_start and not extra:
+        from onceflow.jvmstart import archive_options
+
+        extra = archive_options()
     if extra:  # e.g. a class-data archive (onceflow.jvmstart)
         conf[key] = f"{conf[key]} {extra}" if conf.get(key) else extra
     if not _GC_OPTION.search(conf.get(key, "")):

@@ -58,8 +58,8 @@ def _retries(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "onceflow.retry"]
 
 
-def _outage(spark: Any, tmp: Path, sink: Any, watcher: Any, begin: Callable[[], None], end: Callable[[], None],
-            caplog: pytest.LogCaptureFixture) -> list[str]:
+def _outage(spark: Any, tmp: Path, sink: Any, watcher: Any, begin: Callable[[], None],
+            end: Callable[[], None], caplog: pytest.LogCaptureFixture) -> list[str]:
     """Batch 0, the outage, new input, a retry seen, the end of the outage; the retries logged."""
     caplog.set_level(logging.WARNING, logger="onceflow.retry")
     transfers.put(tmp / "in", 0)
@@ -70,7 +70,7 @@ def _outage(spark: Any, tmp: Path, sink: Any, watcher: Any, begin: Callable[[], 
         _until("the no-data batch after it", lambda: len(watcher.batches()) >= 2)  # the outage meets data
         begin()
         transfers.put(tmp / "in", 1)
-        _until("a retry", lambda: bool(_retries(caplog)))
+        _until("a retry", lambda: bool(_retries(caplog)), timeout=40)
         end()
         _until("batch 1 after the outage", lambda: _committed(watcher) == 2 * transfers.PER_FILE)
         assert query.isActive, "the query stopped instead of retrying"
@@ -97,7 +97,8 @@ def test_postgres_restarted_mid_stream(spark: Any, tmp_path: Path, own_pg: Any, 
     sink.close()
 
 
-def test_sqlite_locked_by_another_process(spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_sqlite_locked_by_another_process(spark: Any, tmp_path: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
     db = tmp_path / "out.db"
     sink = onceflow.sqlite(db)
     holder: list[subprocess.Popen[str]] = []
@@ -124,3 +125,41 @@ def test_sqlite_locked_by_another_process(spark: Any, tmp_path: Path, caplog: py
     assert transfers.read_sink("sqlite", str(db)) == transfers.expected(tmp_path / "in")
     assert any("locked" in r for r in retried), retried
     _hit_data(tmp_path, retried)
+
+
+WRITER = """
+import sys, time
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+path, until = sys.argv[1], time.monotonic() + float(sys.argv[2])
+row = pa.table({"account": ["other"], "cents": pa.array([1], pa.int64()), "n": pa.array([1], pa.int64())})
+print("writing", flush=True)
+while time.monotonic() < until:
+    try:  # an append, then a compaction that rewrites the files onceflow's MERGE reads
+        write_deltalake(path, row.cast(pa.schema(DeltaTable(path).schema().to_arrow())), mode="append")
+        DeltaTable(path).optimize.compact()
+    except Exception as exc:  # its own commit lost to onceflow's: try again
+        print("lost", type(exc).__name__, file=sys.stderr, flush=True)
+"""
+
+
+def test_delta_with_a_concurrent_writer(spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    lake = tmp_path / "lake"
+    sink = onceflow.delta(lake)
+    writers: list[subprocess.Popen[str]] = []
+
+    def begin() -> None:  # another job appends to the balances table without pause
+        p = subprocess.Popen([sys.executable, "-c", WRITER, str(lake / "balances"), "8"],
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "writing"
+        writers.append(p)
+
+    def end() -> None:
+        assert writers[0].wait(timeout=60) == 0
+
+    retried = _outage(spark, tmp_path, sink, onceflow.delta(lake), begin, end, caplog)
+    got = transfers.read_sink("delta", str(lake))
+    other = got["balances"].pop("other")
+    assert other[0] == other[1] > 0  # the other writer's rows stay theirs
+    assert got == transfers.expected(tmp_path / "in")
+    assert any("concurrent Delta commit" in r for r in retried), retried

@@ -33,6 +33,7 @@ table gets N exactly once — readers may briefly see one table a batch ahead of
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -48,6 +49,8 @@ from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_outputs, expected_columns
 
 RETRIES = 5
+
+_log = logging.getLogger("onceflow.retry")
 """Commits tried per table when a concurrent writer wins (step 3)."""
 
 
@@ -119,7 +122,7 @@ class DeltaTablesSink:
         path = str(self.root / name)
         props = dl.CommitProperties(app_transactions=[dl.Transaction(self.app_id, batch_id)],
                                     custom_metadata={"onceflow": metadata})
-        for _ in range(RETRIES):
+        for attempt in range(RETRIES):
             if not dl.DeltaTable.is_deltatable(path):
                 try:
                     dl.write_deltalake(path, rows, mode="append", commit_properties=props)
@@ -153,8 +156,11 @@ class DeltaTablesSink:
                         merger = merger.when_matched_update(updates=updates)
                     merger.when_not_matched_insert_all().execute()
                 return True
-            except dl.exceptions.CommitFailedError:
-                continue  # a concurrent commit won: reload, decide again
+            except dl.exceptions.CommitFailedError as exc:  # a concurrent commit won: reload, decide again
+                why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                _log.warning("onceflow: batch %d: table %s: a concurrent Delta commit won (%s); deciding "
+                             "again (%d of %d)", batch_id, name, why, attempt + 1, RETRIES)
+                continue
         raise OnceflowError(f"batch {batch_id} could not be committed to {path}: {RETRIES} concurrent "
                             "commits won")
 
