@@ -60,7 +60,13 @@ from onceflow import checkpoint as ckpt
 from onceflow import ranges, repair
 from onceflow import rejects as rj
 from onceflow.contract import Contract, rejected_count
-from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError, UncountableInputError
+from onceflow.errors import (
+    BatchRejectedError,
+    ConfigError,
+    OnceflowError,
+    OutOfStepError,
+    UncountableInputError,
+)
 from onceflow.retry import retrying
 from onceflow.sinks.base import BatchStats, ExecutorSink, TablesSink
 from onceflow.stable import Persisted, StableOutputs
@@ -178,6 +184,8 @@ class BatchWriter:
             self._write(df, batch_id)
         except BaseException as exc:
             self.error = exc
+            if isinstance(exc, OutOfStepError):  # the query stops with onceflow's message, not Spark's log
+                _quiet(df)
             raise
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
