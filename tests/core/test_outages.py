@@ -85,11 +85,12 @@ def _hit_data(tmp: Path, retried: list[str]) -> None:
     assert any(ranges.read(tmp / "ck", batch).files.values()), f"batch {batch} read no file"
 
 
-@pytest.mark.parametrize("mode", ["fast", "immediate"])
-def test_postgres_restarted_mid_stream(spark: Any, tmp_path: Path, own_pg: Any, mode: str,
+@pytest.mark.parametrize(("mode", "protocol"), [("fast", "driver"), ("immediate", "driver"),
+                                                ("fast", "staged")])
+def test_postgres_restarted_mid_stream(spark: Any, tmp_path: Path, own_pg: Any, mode: str, protocol: str,
                                        caplog: pytest.LogCaptureFixture) -> None:
     dsn = own_pg.new_database()
-    sink, watcher = onceflow.postgres(dsn), onceflow.postgres(dsn)
+    sink, watcher = onceflow.postgres(dsn, protocol=protocol), onceflow.postgres(dsn)
     retried = _outage(spark, tmp_path, sink, watcher, lambda: own_pg.halt(mode), own_pg.resume, caplog)
     assert transfers.read_sink("postgres", dsn) == transfers.expected(tmp_path / "in")
     _hit_data(tmp_path, retried)
