@@ -373,10 +373,10 @@ class Repair:
         if plan.refused:
             raise OutOfStepError(f"cannot repair {self.checkpoint}: {plan.refused}")
         done = []
+        conf = _conf(self.checkpoint, ckpt.offset_batches(self.checkpoint)) or {}  # before plans go
         for p in plan.remove:
             ranges.remove(p)
             done.append(f"removed {p.relative_to(self.checkpoint)}")
-        conf = _conf(self.checkpoint, ckpt.offset_batches(self.checkpoint)) or {}
         if plan.restore:  # the first now; each next one when Spark ran the one before (continue_restore)
             first = plan.restore[0]
             ranges.write(self.checkpoint, first, conf)
