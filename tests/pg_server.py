@@ -56,12 +56,15 @@ class TempPostgres:
             shutil.chown(self.root, "postgres", "postgres")
         self._run(str(self.bindir / "initdb"), "-D", str(self.data), "-U", "onceflow",
                   "--auth=trust", "-E", "UTF8")
+        self._pg_ctl_start()
+        self.dsn = f"host=127.0.0.1 port={self.port} user=onceflow dbname=postgres"
+        return self.dsn
+
+    def _pg_ctl_start(self) -> None:
         opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
                 f"-c max_prepared_transactions={self.max_prepared}")
         self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts,
                   "-l", str(self.root / "server.log"), "-w", "start")
-        self.dsn = f"host=127.0.0.1 port={self.port} user=onceflow dbname=postgres"
-        return self.dsn
 
     def halt(self, mode: str = "fast") -> None:
         """Stop the server (``pg_ctl stop -m fast|immediate``): every connection is cut."""
@@ -69,10 +72,7 @@ class TempPostgres:
 
     def resume(self) -> None:
         """Start the stopped server again on the same port and data."""
-        opts = (f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 "
-                f"-c max_prepared_transactions={self.max_prepared}")
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.data), "-o", opts,
-                  "-l", str(self.root / "server.log"), "-w", "start")
+        self._pg_ctl_start()
 
     def new_database(self) -> str:
         """Create an empty database and return its DSN."""

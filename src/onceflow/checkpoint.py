@@ -37,14 +37,23 @@ import pyarrow.parquet as pq
 from onceflow.errors import CheckpointReadError, UncountableInputError
 
 
-def _read_log_file(path: Path) -> list[dict[str, object]]:
+def read_log_lines(path: Path) -> list[str]:
+    """The lines of one Spark log file (``offsets/N``, ``commits/N``, ``sources/i/N``), version line first.
+
+    Raises:
+        CheckpointReadError: The file cannot be read or has no version line.
+    """
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         raise CheckpointReadError(f"cannot read checkpoint file {path}: {exc}") from exc
     if not lines or not lines[0].startswith("v"):
         raise CheckpointReadError(f"checkpoint file {path} has no version header")
-    return [json.loads(line) for line in lines[1:] if line.strip()]
+    return lines
+
+
+def _read_log_file(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in read_log_lines(path)[1:] if line.strip()]
 
 
 def query_id(checkpoint: str | os.PathLike[str]) -> str | None:
@@ -156,7 +165,8 @@ def source_offset(checkpoint: str | os.PathLike[str], batch_id: int,
     return found if isinstance(found, dict) else None
 
 
-def _source_log_entries(directory: Path, log_id: int) -> list[dict[str, object]]:
+def source_log_entries(directory: Path, log_id: int) -> list[dict[str, object]]:
+    """The entries of one id of a file source's log (a plain file, or within a later compact file)."""
     plain = directory / str(log_id)
     if plain.exists():
         return _read_log_file(plain)
@@ -196,7 +206,7 @@ def batch_files(
     directory = root / "sources" / str(source)
     files: list[Path] = []
     for log_id in range(previous + 1, current + 1):
-        files.extend(_uri_to_path(str(e["path"])) for e in _source_log_entries(directory, log_id))
+        files.extend(_uri_to_path(str(e["path"])) for e in source_log_entries(directory, log_id))
     return files
 
 

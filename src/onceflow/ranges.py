@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onceflow.checkpoint import read_log_lines, source_log_entries
 from onceflow.errors import CheckpointReadError
 
 COMPACT_INTERVAL = 10
@@ -113,25 +114,16 @@ def _offset(line: str) -> Any:
         return line
 
 
-def _lines(path: Path) -> list[str]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise CheckpointReadError(f"cannot read checkpoint file {path}: {exc}") from exc
-    if not lines or not lines[0].startswith("v"):
-        raise CheckpointReadError(f"checkpoint file {path} has no version header")
-    return lines
-
-
 def offsets_lines(checkpoint: Path, batch_id: int) -> tuple[dict[str, Any], list[str]]:
     """``offsets/N``: its metadata and each source's end offset line."""
-    lines = _lines(checkpoint / "offsets" / str(batch_id))
+    lines = read_log_lines(checkpoint / "offsets" / str(batch_id))
     if len(lines) < 2:
         raise CheckpointReadError(f"{checkpoint / 'offsets' / str(batch_id)} has no metadata line")
     return json.loads(lines[1]), lines[2:]
 
 
-def _log_offset(line: str) -> int | None:
+def log_position(line: str) -> int | None:
+    """A file source's position in its log, from its offset line (None: not a file source's offset)."""
     value = _offset(line)
     if isinstance(value, dict) and "logOffset" in value:
         return int(value["logOffset"])
@@ -141,19 +133,6 @@ def _log_offset(line: str) -> int | None:
 def source_log(checkpoint: Path, source: int) -> Path:
     """A file source's log directory."""
     return checkpoint / "sources" / str(source)
-
-
-def log_entries(directory: Path, log_id: int) -> list[dict[str, Any]]:
-    """The entries of one id of a file source's log (a plain file, or within a later compact file)."""
-    plain = directory / str(log_id)
-    if plain.exists():
-        return [json.loads(x) for x in _lines(plain)[1:] if x.strip()]
-    compacts = sorted((int(p.name.split(".")[0]), p) for p in directory.glob("*.compact")
-                      if p.name.split(".")[0].isdigit() and int(p.name.split(".")[0]) >= log_id)
-    if not compacts:
-        raise CheckpointReadError(f"no source-log entry {log_id} in {directory}")
-    return [e for e in (json.loads(x) for x in _lines(compacts[0][1])[1:] if x.strip())
-            if e.get("batchId") == log_id]
 
 
 def read(checkpoint: str | os.PathLike[str], batch_id: int) -> InputRange:
@@ -167,13 +146,13 @@ def read(checkpoint: str | os.PathLike[str], batch_id: int) -> InputRange:
     start = offsets_lines(root, batch_id - 1)[1] if batch_id > 0 else None
     files: dict[int, list[dict[str, Any]]] = {}
     for i, line in enumerate(end):
-        current = _log_offset(line)
+        current = log_position(line)
         if current is None or not source_log(root, i).is_dir():
             continue
-        previous = _log_offset(start[i]) if start is not None and i < len(start) else None
+        previous = log_position(start[i]) if start is not None and i < len(start) else None
         first = previous + 1 if previous is not None else 0
         files[i] = [e for log_id in range(first, current + 1)
-                    for e in log_entries(source_log(root, i), log_id)]
+                    for e in source_log_entries(source_log(root, i), log_id)]
     return InputRange(batch_id, int(meta.get("batchWatermarkMs", 0)), int(meta.get("batchTimestampMs", 0)),
                       tuple(end), tuple(start) if start is not None else None, files)
 
@@ -208,7 +187,7 @@ def write_source_log(directory: Path, log_id: int, entries: list[dict[str, Any]]
     if (log_id + 1) % interval:
         _write_atomic(directory / str(log_id), _log_text(entries))
         return
-    earlier = [e for i in range(log_id) for e in log_entries(directory, i)]
+    earlier = [e for i in range(log_id) for e in source_log_entries(directory, i)]
     _write_atomic(directory / f"{log_id}.compact", _log_text(earlier + entries))
 
 

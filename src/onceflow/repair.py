@@ -157,7 +157,7 @@ def continue_restore(sink: Any, checkpoint: Path, batch_id: int) -> bool:
                              "marker of it with an input range any more; run onceflow repair again")
     nxt = InputRange.from_json(batch_id + 1, str(found["input_range"]))
     for i, line in enumerate(nxt.end):
-        directory, pos = ranges.source_log(checkpoint, i), _position(line)
+        directory, pos = ranges.source_log(checkpoint, i), ranges.log_position(line)
         if pos is not None and directory.is_dir():
             for p in directory.iterdir():
                 if (log_id := _log_id(p)) is not None and log_id > pos:
@@ -348,7 +348,8 @@ class Repair:
         logs = {}  # file sources: their log ids after batch c's
         if c >= 0:
             for i, line in enumerate(ranges.offsets_lines(root, c)[1]):
-                if (d := ranges.source_log(root, i)).is_dir() and (pos := _position(line)) is not None:
+                pos = ranges.log_position(line)
+                if (d := ranges.source_log(root, i)).is_dir() and pos is not None:
                     logs[d] = pos
         elif (root / "sources").is_dir():
             logs = {d: -1 for d in (root / "sources").iterdir() if d.is_dir()}
@@ -398,14 +399,6 @@ def _local(entry: dict[str, Any]) -> Path:
     from urllib.parse import unquote, urlparse
 
     return Path(unquote(urlparse(str(entry["path"])).path))
-
-
-def _position(line: str) -> int | None:
-    try:
-        value = json.loads(line)
-    except ValueError:
-        return None
-    return int(value["logOffset"]) if isinstance(value, dict) and "logOffset" in value else None
 
 
 def _log_id(p: Path) -> int | None:
