@@ -53,6 +53,7 @@ def test_kafka_negative_control_is_caught(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long: 100 s of make test's 30 minutes
 def test_standalone_cluster_with_a_worker_kill(tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "3", "--seed", "5", "--events-per-round", "4000",
                            "--cluster", "standalone", "--faults", "worker_kill,kill_random", timeout=1200)
