@@ -31,6 +31,7 @@ demo: $(STAMP)
 test: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)
 	bash scripts/ensure_postgres.sh
+	bash scripts/ensure_chromium.sh
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from onceflow import checkpoint as ckpt
-from onceflow import ranges, repair
+from onceflow import faults, ranges, repair
 from onceflow import rejects as rj
 from onceflow.contract import Contract, rejected_count
 from onceflow.errors import (
@@ -257,6 +257,7 @@ class BatchWriter:
             if kept is not None:
                 frames.update(kept.tables)
         planned = ranges.read(self.checkpoint, batch_id)
+        faults.note_input(batch_id, planned.has_input())  # crash points arm on batches with input
         attempt = _Attempt(batch_id, df, counted, observation, frames, kept, planned)
         if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
             attempt.cached.append(observed.persist())

@@ -4,9 +4,18 @@ A crash point is a place in a commit protocol where a test wants the driver to
 die with SIGKILL — for example exactly between the sink's commit and Spark's
 commit-log write. Select one with the environment variable
 ``ONCEFLOW_CRASH_AT=<point>`` or ``ONCEFLOW_CRASH_AT=<point>@<batch_id>`` (the
-first batch with an id ``>= batch_id``). The driver then kills its companion
-processes (the Spark JVM) and itself, with SIGKILL, so nothing gets to clean up:
+first batch with an id ``>= batch_id`` that has input). The driver then kills its
+companion processes (the Spark JVM) and itself, with SIGKILL, so nothing gets to clean up:
 the same as ``kill -9`` from outside.
+
+**A crash point fires on a batch with input only.** Spark runs no-data batches (no new
+offsets, only a watermark to advance); a crash there puts no row at risk and proves nothing.
+The query's batch writer notes, before any crash point of batch N, whether N's planned input
+range is empty (:func:`note_input`); crash points of a noted no-data batch do not fire and the
+armed point waits for the next batch with input. The note is a file under the temporary
+directory, named after the driver's process id, so that the Python workers of the driver's JVM
+(an executor-side writer's ``commit``) see it too; it is written only while a crash point is
+armed. Points of processes that run no batches (the ingest receiver's) are not gated.
 """
 
 from __future__ import annotations
@@ -14,7 +23,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from onceflow.errors import AmbiguousCommitError, CrashPointError
@@ -148,6 +159,36 @@ def crash_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _notes_dir() -> Path:
+    """Where the notes of this driver's batches go (the same path in its JVM's Python workers)."""
+    driver = os.environ.get(DRIVER_PID_ENV, "") or str(os.getpid())
+    return Path(tempfile.gettempdir()) / f"onceflow-crash-notes-{driver}"
+
+
+def note_input(batch_id: int, has_input: bool) -> None:
+    """Note whether batch ``batch_id`` has input, before any of its crash points (see the module).
+
+    Args:
+        batch_id: The micro-batch about to be written.
+        has_input: Whether its planned input range holds any input.
+    """
+    if not os.environ.get(CRASH_ENV, "").strip():
+        return
+    notes = _notes_dir()
+    notes.mkdir(exist_ok=True)
+    tmp = notes / f".{batch_id}.{os.getpid()}"
+    tmp.write_text("1" if has_input else "0", encoding="ascii")
+    os.replace(tmp, notes / str(batch_id))
+
+
+def noted_empty(batch_id: int) -> bool:
+    """Whether batch ``batch_id`` was noted as a batch without input (see :func:`note_input`)."""
+    try:
+        return (_notes_dir() / str(batch_id)).read_text(encoding="ascii") == "0"
+    except OSError:
+        return False
+
+
 def armed_for(point: CrashPoint, batch_id: int) -> bool:
     """Whether the environment selects ``point`` for batch ``batch_id``.
 
@@ -156,10 +197,13 @@ def armed_for(point: CrashPoint, batch_id: int) -> bool:
         batch_id: The micro-batch being processed.
 
     Returns:
-        True if :func:`maybe_crash` would fire for them.
+        True if :func:`maybe_crash` would fire for them: the point is armed, the batch id is
+        at least the armed one, and the batch was not noted as one without input.
     """
     selected = armed()
-    return selected is not None and selected[0] is point and batch_id >= selected[1]
+    if selected is None or selected[0] is not point or batch_id < selected[1]:
+        return False
+    return point.value.startswith("ingest_") or not noted_empty(batch_id)
 
 
 def maybe_crash(point: CrashPoint, batch_id: int) -> None:

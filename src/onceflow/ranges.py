@@ -92,6 +92,26 @@ class InputRange:
         """Whether ``other`` is the same input (offsets and files; watermark and timestamp aside)."""
         return self.key() == other.key()
 
+    def has_input(self) -> bool:
+        """Whether the range holds input: files, or an end offset past its start.
+
+        A no-data batch (Spark's, to advance the watermark) has its predecessor's offsets. For
+        batch 0 (no start) any positive number in an end offset counts as input; an offset
+        onceflow cannot read counts as input too.
+        """
+        for i, end in enumerate(self.end):
+            if i in self.files:
+                if self.files[i]:
+                    return True
+                continue
+            start = self.start[i] if self.start is not None and i < len(self.start) else None
+            if start is None:
+                if _positive(_offset(end)):
+                    return True
+            elif _offset(start) != _offset(end):
+                return True
+        return False
+
     def describe(self) -> str:
         """The range in a line a user can check against the source."""
         parts = []
@@ -112,6 +132,19 @@ def _offset(line: str) -> Any:
         return json.loads(line)
     except ValueError:
         return line
+
+
+def _positive(value: Any) -> bool:
+    """Whether an offset value holds a positive number (or is not JSON onceflow can read)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return value > 0
+    if isinstance(value, dict):
+        return any(_positive(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_positive(v) for v in value)
+    return isinstance(value, str) and value not in ("-", "")
 
 
 def offsets_lines(checkpoint: Path, batch_id: int) -> tuple[dict[str, Any], list[str]]:

@@ -116,6 +116,8 @@ def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path:
     assert [r["fault"] for r in rounds][:3] == ["verify_kill", "kill_random", "crash_before_sink_write"]
     for r in rounds:  # each fault really happened as intended
         assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
+        if r["fault"].startswith("crash_") or r["fault"] == "ambiguous_commit":  # on a batch with data
+            assert r["fault_batches"] and r["rows_at_risk"] > 0, r
     assert all("timed out" not in r["outcome"] for r in rounds)
     verdict = rep["verdict"]
     assert isinstance(verdict, dict)

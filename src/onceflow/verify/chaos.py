@@ -24,7 +24,6 @@ when ``rounds >= len(faults)``; timings within a round come from the seeded RNG.
 from __future__ import annotations
 
 import functools
-import os
 import random
 import subprocess
 import time
@@ -44,7 +43,6 @@ from onceflow.verify.driver import (
     Driver,
     ProcessGroup,
     Standby,
-    busy_executor,
     fast_start_archive,
     wait_until,
 )
@@ -53,7 +51,6 @@ from onceflow.verify.fault_kinds import (
     CLUSTER_FAULTS,
     CLUSTER_MASTER,
     CLUSTERS,
-    CRASH_FAULTS,
     INGEST_FAULTS,
     INPUT_FAULTS,
     ROUND_FAULTS,
@@ -62,6 +59,7 @@ from onceflow.verify.fault_kinds import (
     default_faults,
     reaches,
 )
+from onceflow.verify.faulting import FINAL, STANDBYS, RoundRecord, Spec, at_risk, drain, inject, spec
 from onceflow.verify.ingest_rig import DROP_ACKS, INGEST_ROUND_FAULTS, RECEIVER_CRASHES, IngestRig
 from onceflow.verify.inputs import TOPIC, Feeder, KafkaInput, LogInput
 from onceflow.verify.oracle import expect
@@ -142,22 +140,6 @@ class VerifyConfig:
 
 
 @dataclass
-class RoundRecord:
-    """What happened in one round (for the report)."""
-
-    round: int
-    fault: str
-    started_s: float
-    ended_s: float = 0.0
-    fault_s: float | None = None
-    exit_code: int | None = None
-    markers_before: int = 0
-    markers_after: int = 0
-    segments_appended: int = 0
-    outcome: str = ""
-
-
-@dataclass
 class VerifyResult:
     """Everything ``onceflow verify`` found."""
 
@@ -176,6 +158,20 @@ class VerifyResult:
     def ok(self) -> bool:
         """No violation (the ingest check's are in the verdict too) and a clean final drain."""
         return self.verdict.ok and self.final_exit_code == 0
+
+    def tested_by_kind(self) -> dict[str, int]:
+        """How many rounds of each fault put data at risk (see :attr:`RoundRecord.tested`)."""
+        out = {kind: 0 for kind in self.faults_by_kind()}
+        for r in self.rounds:
+            out[r.fault] += int(r.tested)
+        for f in self.config["faults"]:
+            if f in INPUT_FAULTS:
+                out[f] = 1
+        return out
+
+    def untested(self) -> list[str]:
+        """Faults of the run that never put data at risk."""
+        return sorted(k for k, n in self.tested_by_kind().items() if n == 0)
 
     def faults_by_kind(self) -> dict[str, int]:
         """How many rounds injected each fault (input faults count once per run)."""
@@ -328,11 +324,11 @@ class _Run:
         rec = RoundRecord(i + 1, fault, time.monotonic() - self.t0, markers_before=target.committed_batches())
         self.input_rows += sum(t.num_rows for t in chunk)
         ahead = min(STANDBYS, len(self.chunks) - i - 1)
-        upcoming = ([_spec(kinds[(self.scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
+        upcoming = ([spec(kinds[(self.scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
                      for k in range(ahead)] + [FINAL])[:STANDBYS]
-        start = functools.partial(self.launch, _spec(fault, i + 1, cfg.seed), upcoming)
+        start = functools.partial(self.launch, spec(fault, i + 1, cfg.seed), upcoming)
         if fault == VERIFY_KILL:
-            _drain(start(), rec, cfg.round_timeout_s,
+            drain(start(), rec, cfg.round_timeout_s,
                    "verify and this round's driver were SIGKILLed after its input was fed; "
                    "restarted, drained with --once")
         elif self.rig is None:
@@ -340,7 +336,8 @@ class _Run:
                 self.src.append(todo[0])
             feeder = Feeder(self.src.append, todo[1:], pace_s=0.5)
             try:
-                _inject(fault, start, rec, target, self.rng, cfg.round_timeout_s, self.t0, self.cluster)
+                inject(fault, start, rec, target, self.rng, cfg.round_timeout_s, self.t0, self.cluster,
+                        self.ck)
             finally:
                 feeder.join()
         else:
@@ -368,12 +365,14 @@ class _Run:
         drain = (drain_start, time.monotonic() - self.t0)
         self.say(f"final drain: exit code {final_rc}")
         verdict = self.target.judge(expect(self.ck, self.src.oracle_inputs(self.ck)))
+        batches = self.target.batches()
+        at_risk(self.records, batches)
         self.target.close()
         verdict.violations += ingest["violations"] if ingest else []
         conf = _config(self.cfg)
         conf["sink_location"] = self.target.name
         return VerifyResult(conf, self.records, verdict, self.input_rows, time.monotonic() - self.t0,
-                            final_rc, self.target.batches(), self.started_epoch_ms, drain, ingest)
+                            final_rc, batches, self.started_epoch_ms, drain, ingest)
 
 
 def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Callable[[], Driver],
@@ -387,7 +386,7 @@ def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Call
     base = rig.events_new()
     rig.feed(rec.round, chunk)
     if fault not in INGEST_ROUND_FAULTS:
-        _inject(fault, start, rec, target, rng, timeout, t0)
+        inject(fault, start, rec, target, rng, timeout, t0)
         try:
             rig.wait_sender(timeout)
         except (AssertionError, subprocess.TimeoutExpired) as exc:
@@ -426,122 +425,3 @@ def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Call
     finally:
         d.kill()
         rec.exit_code = d.proc.returncode
-
-
-def _drain(d: Driver, rec: RoundRecord, timeout: float, done: str) -> None:
-    """Wait for a ``--once`` driver; record ``done``, or how it failed (killed after ``timeout``)."""
-    try:
-        rec.exit_code = d.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        d.kill()
-        rec.exit_code = d.proc.returncode
-        rec.outcome = f"timed out after {timeout} s draining; killed"
-        return
-    rec.outcome = done if rec.exit_code == 0 else f"unexpected exit code {rec.exit_code}"
-
-
-Spec = tuple[str, dict[str, Any]]
-"""A round's driver: its tag (output file name) and :class:`Driver` keywords."""
-
-FINAL: Spec = ("final", {"once": True, "max_files": 3})
-"""The final drain's driver."""
-
-STANDBYS = 2
-"""Drivers pre-started ahead (``fast_start``): a standby needs ~2 rounds to be ready."""
-
-
-def _crash_point(fault: str) -> str:
-    """The crash point a crash fault (or ``ambiguous_commit``) arms."""
-    return CRASH_FAULTS.get(fault, "ambiguous_commit")
-
-
-def _spec(fault: str, round_no: int, seed: int) -> Spec:
-    """The driver a round with ``fault`` runs (known ahead, so a standby can be pre-started).
-
-    The batch size of a ``trigger_change`` round comes from an RNG of its own (seed, round),
-    so it is the same whether or not the round was resumed.
-    """
-    tag = f"round{round_no:04d}-{fault}"
-    if fault == "crash_apply_pending":  # dies at the next flush: the next batch, or the end of --once
-        return tag, {"crash_at": f"{_crash_point(fault)}@0", "once": True}
-    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
-        return tag, {"crash_at": f"{_crash_point(fault)}@0"}
-    if fault == "trigger_change":
-        return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
-    if fault == VERIFY_KILL:
-        return tag, {"once": True}
-    if fault in CLUSTER_FAULTS:  # WARN level shows Spark's "Lost task" / "Lost executor" lines
-        return tag, {"env": {"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"}}
-    return tag, {}
-
-
-def _inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: SinkTarget,
-            rng: random.Random, timeout: float, t0: float, cluster: StandaloneCluster | None = None) -> None:
-    """Run one round's driver (``start()``, see :func:`_spec`) and inject ``fault`` into it."""
-    before = rec.markers_before
-
-    def progressed() -> bool:
-        return target.committed_batches() > before
-
-    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
-        point = _crash_point(fault)
-        d = start()
-        try:
-            rec.exit_code = d.wait(timeout=timeout)
-        except Exception:
-            d.kill()
-            rec.outcome = "fault not reached in time; killed"
-            return
-        rec.fault_s = time.monotonic() - t0
-        expected = 1 if fault == "ambiguous_commit" else -9
-        rec.outcome = (f"driver died at {point}" if rec.exit_code == expected
-                       else f"unexpected exit code {rec.exit_code}")
-        return
-    if fault == "trigger_change":
-        _drain(start(), rec, timeout,
-               "restarted with another batch size, drained")
-        return
-    d = start()
-    try:
-        wait_until(progressed, timeout, "a committed batch")
-        if fault == "executor_kill":
-            pid = busy_executor(d.proc.pid, timeout=60)  # mid-batch: an executor running tasks
-            if pid is None:
-                rec.outcome = "no busy executor found"
-            else:
-                os.kill(pid, 9)
-                rec.fault_s = time.monotonic() - t0
-                after = target.committed_batches()
-                wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the kill")
-                lost = d.output().count("Lost task")
-                rec.outcome = (f"executor SIGKILLed while busy ({lost} task attempts lost and "
-                               "retried by Spark), query went on")
-        elif fault == "worker_kill" and cluster is not None:
-            _kill_worker(cluster, d, rec, target, timeout, t0)
-        else:  # kill_random
-            time.sleep(rng.uniform(0.0, 2.0))
-            rec.fault_s = time.monotonic() - t0
-            rec.outcome = "driver and JVM SIGKILLed at a random moment"
-    except AssertionError as exc:
-        rec.outcome = f"timed out: {exc}"
-    finally:
-        d.kill()
-        rec.exit_code = d.proc.returncode
-
-
-def _kill_worker(cluster: StandaloneCluster, d: Driver, rec: RoundRecord, target: SinkTarget,
-                 timeout: float, t0: float) -> None:
-    """``worker_kill``: SIGKILL a busy worker with its executor; restart it once the query went on."""
-    i = cluster.busy_worker(timeout_s=60)
-    if i is None:
-        rec.outcome = "no busy worker found"
-        return
-    cluster.kill_worker(i)
-    running = cluster.tasks_cut_off(i)
-    rec.fault_s = time.monotonic() - t0
-    after = target.committed_batches()
-    wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the worker kill")
-    cluster.start_worker(i)
-    rec.outcome = (f"worker {i} and its executor SIGKILLed while busy ({len(running)} tasks cut off "
-                   f"mid-run: {', '.join(running[:4]) or 'none'}; Spark: "
-                   f"{d.output().count('Lost executor')} executor lost), query went on; worker restarted")

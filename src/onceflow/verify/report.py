@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.verify.chaos import VerifyResult
+from onceflow.verify.faulting import RoundRecord
 
 _COLORS = {
     "kill_random": "#d62728", "crash_before_sink_write": "#ff7f0e",
@@ -34,6 +35,8 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
         "wall_seconds": round(result.wall_s, 1),
         "final_exit_code": result.final_exit_code,
         "faults_by_kind": result.faults_by_kind(),
+        "tested_by_kind": result.tested_by_kind(),
+        "untested_faults": result.untested(),
         "verdict": result.verdict.to_json(),
         "rounds": [asdict(r) for r in result.rounds],
         "batches": result.batches,
@@ -47,9 +50,15 @@ def print_summary(result: VerifyResult, console: Console | None = None) -> None:
     faults = Table(title="faults injected")
     faults.add_column("fault")
     faults.add_column("rounds", justify="right")
+    faults.add_column("with data at risk", justify="right")
+    tested = result.tested_by_kind()
     for kind, n in sorted(result.faults_by_kind().items()):
-        faults.add_row(kind, str(n))
+        faults.add_row(kind, str(n), str(tested[kind]) if tested[kind] else "[yellow]0[/yellow]")
     console.print(faults)
+    untested = result.untested()
+    if untested:
+        console.print(f"[yellow]NOT TESTED[/yellow] {', '.join(untested)}: no round of these faults hit a "
+                      "batch with input rows (more rounds or more events per round test them)")
     v = result.verdict
     table = Table(title=f"verdict for {v.sink}")
     for col in ("table", "rows expected", "rows found", "lost", "duplicated"):
@@ -77,12 +86,27 @@ def _flag(n: int) -> str:
     return "0" if n == 0 else f"[red]{n}[/red]"
 
 
+STARTUP_PX = 70
+"""Width of the start-up span (verify's start to the first committed batch) on the timeline."""
+
+
+def first_batch_s(result: VerifyResult) -> float:
+    """Seconds from the run's start to its first committed batch (0: no marker time known)."""
+    times = [b["committed_ms"] for b in result.batches if b.get("committed_ms")]
+    return max(0.0, (min(times) - result.started_epoch_ms) / 1000.0) if times else 0.0
+
+
 def _svg_timeline(result: VerifyResult) -> str:
+    """Rounds, faults and committed batches over time; start-up drawn as one narrow span."""
     width, height, left, top = 900, 260, 60, 20
     end = max([r.ended_s for r in result.rounds] + [result.final_drain_s[1], 1.0])
+    first = min(first_batch_s(result), end * 0.99)
+    lead = STARTUP_PX if first > 0 else 0
 
     def x(seconds: float) -> float:
-        return left + (width - left - 20) * seconds / end
+        if seconds < first:
+            return left + lead * seconds / first
+        return left + lead + (width - left - 20 - lead) * (seconds - first) / (end - first)
 
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              'font-family="sans-serif" font-size="11">']
@@ -99,6 +123,11 @@ def _svg_timeline(result: VerifyResult) -> str:
     if d1 > d0:
         parts.append(f'<rect x="{x(d0):.1f}" y="{top}" width="{max(x(d1) - x(d0), 1):.1f}" height="24" '
                      'fill="#2ca02c" opacity="0.35"><title>final drain (--once)</title></rect>')
+    if lead:
+        parts.append(f'<rect x="{left}" y="{top + 30}" width="{lead - 2}" height="{height - 100}" '
+                     f'fill="#eee"><title>start-up: {first:.0f} s to the first batch</title></rect>'
+                     f'<text x="{left + 4}" y="{top + 46}">start-up</text>'
+                     f'<text x="{left + 4}" y="{top + 60}">{first:.0f} s</text>')
     parts.append(f'<text x="4" y="{top + 16}">rounds</text>')
     # committed batches over time (from the sink's marker timestamps)
     n = len(result.batches)
@@ -112,9 +141,18 @@ def _svg_timeline(result: VerifyResult) -> str:
         parts.append(f'<text x="4" y="{top + 60}">batches</text><text x="4" y="{top + 74}">committed</text>')
     parts.append(f'<line x1="{left}" x2="{width - 20}" y1="{height - 40}" y2="{height - 40}" stroke="#333"/>')
     parts.append(f'<text x="{left}" y="{height - 24}">0 s</text>'
-                 f'<text x="{width - 60}" y="{height - 24}">{end:.0f} s</text>')
+                 + (f'<text x="{left + lead}" y="{height - 24}">{first:.0f} s</text>' if lead else "")
+                 + f'<text x="{width - 60}" y="{height - 24}">{end:.0f} s</text>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _risk(r: RoundRecord) -> str:
+    """A round's "at risk" cell: the batches its fault hit and their input rows."""
+    if r.rows_at_risk is None:
+        return "n/a"
+    hit = ", ".join(str(b) for b in r.fault_batches) or "none"
+    return f"{r.rows_at_risk:,} rows (batch {hit})" if r.rows_at_risk else f"nothing (batch {hit})"
 
 
 def write_reports(result: VerifyResult, directory: Path) -> tuple[Path, Path]:
@@ -138,21 +176,44 @@ def write_reports(result: VerifyResult, directory: Path) -> tuple[Path, Path]:
     legend += '<span style="background:#2ca02c;opacity:.6;padding:2px 6px;margin:2px">final drain</span>'
     legend += " &nbsp; vertical lines: the moment each fault hit; blue: batches committed"
     rows = "".join(
-        f"<tr><td>{r.round}</td><td>{html.escape(r.fault)}</td><td>{html.escape(r.outcome)}</td>"
+        f'<tr{"" if r.tested else " class=untested"}><td>{r.round}</td><td>{html.escape(r.fault)}</td>'
+        f"<td>{_risk(r)}</td><td>{html.escape(r.outcome)}</td>"
         f"<td>{r.exit_code}</td><td>{r.markers_before}&rarr;{r.markers_after}</td></tr>"
         for r in result.rounds
     )
+    tested = result.tested_by_kind()
+    faults = "".join(
+        f'<tr{"" if tested[k] else " class=untested"}><td>{html.escape(k)}</td><td>{n}</td>'
+        f"<td>{tested[k]}</td></tr>"
+        for k, n in sorted(result.faults_by_kind().items()))
+    tables = "".join(
+        f'<tr class="{"bad" if d.lost_events or d.duplicated_events or d.extra_rows else "good"}">'
+        f"<td>{html.escape(name)}</td><td>{d.expected_rows}</td><td>{d.actual_rows}</td>"
+        f"<td>{d.lost_events}</td><td>{d.duplicated_events + d.extra_rows}</td></tr>"
+        for name, d in v.tables.items())
+    tables += (f'<tr class="{"bad" if v.late_mismatches else "good"}"><td>late drops</td>'
+               f"<td>{v.late_expected}</td><td>{v.late_recorded}</td><td>{len(v.late_mismatches)}</td>"
+               "<td></td></tr>")
     violations = "".join(f"<li>{html.escape(x)}</li>" for x in v.violations) or "<li>none</li>"
+    untested = (f"<p class=untested>Not tested: {html.escape(', '.join(result.untested()))} (no round of "
+                "these faults hit a batch with input rows).</p>" if result.untested() else "")
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>onceflow verify</title>
 <style>body{{font-family:sans-serif;margin:24px}} .c{{display:inline-block;width:150px;
 text-align:center;padding:10px;margin:4px;border-radius:6px;font-size:14px}} .c b{{font-size:28px}}
-.good{{background:#d8f3dc}} .bad{{background:#ffccd5}} td,th{{padding:2px 8px;text-align:left}}</style>
+.good{{background:#d8f3dc}} .bad{{background:#ffccd5}} td,th{{padding:2px 8px;text-align:left}}
+.untested{{background:#fff3bf}}</style>
 </head><body><h1>onceflow verify: {"OK" if result.ok else "FAILED"}</h1>
 <p>{len(result.rounds)} rounds, {result.input_rows:,} input rows, sink {html.escape(v.sink)},
 seed {result.config["seed"]}, {result.wall_s:.0f} s.</p>{counters}
+<h2>Tables</h2><table id="tables"><tr><th>table</th><th>rows expected</th><th>rows found</th>
+<th>lost</th><th>duplicated</th></tr>{tables}</table>
 <h2>Timeline</h2><p>{legend}</p>{_svg_timeline(result)}
 <h2>Violations</h2><ul>{violations}</ul>
-<h2>Rounds</h2><table><tr><th>#</th><th>fault</th><th>outcome</th><th>exit</th><th>markers</th></tr>
+<h2>Faults</h2><table id="faults"><tr><th>fault</th><th>rounds</th><th>with data at risk</th></tr>
+{faults}</table>
+{untested}
+<h2>Rounds</h2><table id="rounds"><tr><th>#</th><th>fault</th><th>at risk</th><th>outcome</th><th>exit</th>
+<th>markers</th></tr>
 {rows}</table></body></html>"""
     hpath = directory / "report.html"
     hpath.write_text(page)

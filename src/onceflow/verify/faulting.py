@@ -1,0 +1,206 @@
+"""One round's fault, injected into a running driver, and what it put at risk.
+
+:func:`inject` runs the round's driver (:func:`spec` says which: a crash point armed, a batch
+size, a log level) and injects the fault: it waits for a crash point's SIGKILL (crash points
+fire on batches with input only, :mod:`onceflow.faults`), kills the driver at a random moment,
+or kills a busy executor or worker. It records the batches the fault hit (the crash point's
+line in the driver's output, or the batches Spark had planned and not committed when a
+process was killed); :func:`at_risk` turns them into input rows from the final markers. A
+round whose fault hit no input rows proves nothing: it is reported and not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from onceflow.verify import spark_log
+from onceflow.verify.driver import Driver, busy_executor, wait_until
+from onceflow.verify.fault_kinds import CLUSTER_FAULTS, CRASH_FAULTS, VERIFY_KILL
+from onceflow.verify.standalone import StandaloneCluster
+from onceflow.verify.targets import SinkTarget
+
+
+@dataclass
+class RoundRecord:
+    """What happened in one round (for the report)."""
+
+    round: int
+    fault: str
+    started_s: float
+    ended_s: float = 0.0
+    fault_s: float | None = None
+    exit_code: int | None = None
+    markers_before: int = 0
+    markers_after: int = 0
+    segments_appended: int = 0
+    outcome: str = ""
+    fault_batches: list[int] = field(default_factory=list)
+    """The batches the fault hit: a crash point's batch, or those planned and not committed
+    when a process was killed."""
+    rows_at_risk: int | None = None
+    """Input rows of :attr:`fault_batches` (their final markers); None: not a fault on batches
+    (a restart with another trigger, an ingest fault). 0: the fault hit no data and proves
+    nothing (it does not count as a tested fault)."""
+
+    @property
+    def tested(self) -> bool:
+        """Whether the round's fault put data at risk (or is not a fault on batches)."""
+        return self.rows_at_risk is None or self.rows_at_risk > 0
+
+
+def drain(d: Driver, rec: RoundRecord, timeout: float, done: str) -> None:
+    """Wait for a ``--once`` driver; record ``done``, or how it failed (killed after ``timeout``)."""
+    try:
+        rec.exit_code = d.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+        rec.outcome = f"timed out after {timeout} s draining; killed"
+        return
+    rec.outcome = done if rec.exit_code == 0 else f"unexpected exit code {rec.exit_code}"
+
+
+Spec = tuple[str, dict[str, Any]]
+"""A round's driver: its tag (output file name) and :class:`Driver` keywords."""
+
+FINAL: Spec = ("final", {"once": True, "max_files": 3})
+"""The final drain's driver."""
+
+STANDBYS = 2
+"""Drivers pre-started ahead (``fast_start``): a standby needs ~2 rounds to be ready."""
+
+
+def _crash_point(fault: str) -> str:
+    """The crash point a crash fault (or ``ambiguous_commit``) arms."""
+    return CRASH_FAULTS.get(fault, "ambiguous_commit")
+
+
+def spec(fault: str, round_no: int, seed: int) -> Spec:
+    """The driver a round with ``fault`` runs (known ahead, so a standby can be pre-started).
+
+    The batch size of a ``trigger_change`` round comes from an RNG of its own (seed, round),
+    so it is the same whether or not the round was resumed.
+    """
+    tag = f"round{round_no:04d}-{fault}"
+    if fault == "crash_apply_pending":  # dies at the next flush: the next batch, or the end of --once
+        return tag, {"crash_at": f"{_crash_point(fault)}@0", "once": True}
+    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
+        return tag, {"crash_at": f"{_crash_point(fault)}@0"}
+    if fault == "trigger_change":
+        return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
+    if fault == VERIFY_KILL:
+        return tag, {"once": True}
+    if fault in CLUSTER_FAULTS:  # WARN level shows Spark's "Lost task" / "Lost executor" lines
+        return tag, {"env": {"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"}}
+    return tag, {}
+
+
+_HIT = re.compile(r"crash point \S+ at batch (\d+)|injected fault: batch (\d+) committed")
+
+
+def crash_batches(output: str) -> list[int]:
+    """The batch a crash point fired at, from the driver's output."""
+    return sorted({int(a or b) for a, b in _HIT.findall(output)})
+
+
+def at_risk(records: list[RoundRecord], markers: list[dict[str, Any]]) -> None:
+    """Each round's rows at risk: the input rows of the batches its fault hit (final markers)."""
+    rows = {int(m["batch_id"]): int(m.get("input_rows") or 0) for m in markers}
+    for r in records:
+        if r.fault in CRASH_FAULTS or r.fault in ("ambiguous_commit", "kill_random", *CLUSTER_FAULTS):
+            r.rows_at_risk = sum(rows.get(b, 0) for b in r.fault_batches)
+            if not r.rows_at_risk:
+                r.outcome += "; no input rows were in flight: the round does not count as a tested fault"
+
+
+def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: SinkTarget,
+            rng: random.Random, timeout: float, t0: float, cluster: StandaloneCluster | None = None,
+            ck: Path | None = None) -> None:
+    """Run one round's driver (``start()``, see :func:`spec`) and inject ``fault`` into it.
+
+    Records the batches the fault hit in ``rec.fault_batches`` (from the crash point's line in
+    the driver's output, or Spark's batches in flight when a process was killed: ``ck``).
+    """
+    before = rec.markers_before
+
+    def in_flight() -> list[int]:
+        return spark_log.in_flight(ck) if ck is not None else []
+
+    def progressed() -> bool:
+        return target.committed_batches() > before
+
+    if fault in CRASH_FAULTS or fault == "ambiguous_commit":
+        point = _crash_point(fault)
+        d = start()
+        try:
+            rec.exit_code = d.wait(timeout=timeout)
+        except Exception:
+            d.kill()
+            rec.outcome = "fault not reached in time; killed"
+            return
+        rec.fault_s = time.monotonic() - t0
+        rec.fault_batches = crash_batches(d.output())
+        expected = 1 if fault == "ambiguous_commit" else -9
+        rec.outcome = (f"driver died at {point}" if rec.exit_code == expected
+                       else f"unexpected exit code {rec.exit_code}")
+        return
+    if fault == "trigger_change":
+        drain(start(), rec, timeout,
+               "restarted with another batch size, drained")
+        return
+    d = start()
+    try:
+        wait_until(progressed, timeout, "a committed batch")
+        if fault == "executor_kill":
+            pid = busy_executor(d.proc.pid, timeout=60)  # mid-batch: an executor running tasks
+            if pid is None:
+                rec.outcome = "no busy executor found"
+            else:
+                os.kill(pid, 9)
+                rec.fault_s = time.monotonic() - t0
+                rec.fault_batches = in_flight()
+                after = target.committed_batches()
+                wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the kill")
+                lost = d.output().count("Lost task")
+                rec.outcome = (f"executor SIGKILLed while busy ({lost} task attempts lost and "
+                               "retried by Spark), query went on")
+        elif fault == "worker_kill" and cluster is not None:
+            _kill_worker(cluster, d, rec, target, timeout, t0, in_flight)
+        else:  # kill_random
+            time.sleep(rng.uniform(0.0, 2.0))
+            rec.fault_s = time.monotonic() - t0
+            d.kill()
+            rec.fault_batches = in_flight()
+            rec.outcome = "driver and JVM SIGKILLed at a random moment"
+    except AssertionError as exc:
+        rec.outcome = f"timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+
+
+def _kill_worker(cluster: StandaloneCluster, d: Driver, rec: RoundRecord, target: SinkTarget,
+                 timeout: float, t0: float, in_flight: Callable[[], list[int]]) -> None:
+    """``worker_kill``: SIGKILL a busy worker with its executor; restart it once the query went on."""
+    i = cluster.busy_worker(timeout_s=60)
+    if i is None:
+        rec.outcome = "no busy worker found"
+        return
+    cluster.kill_worker(i)
+    running = cluster.tasks_cut_off(i)
+    rec.fault_s = time.monotonic() - t0
+    rec.fault_batches = in_flight()
+    after = target.committed_batches()
+    wait_until(lambda: target.committed_batches() > after, timeout, "a batch after the worker kill")
+    cluster.start_worker(i)
+    rec.outcome = (f"worker {i} and its executor SIGKILLed while busy ({len(running)} tasks cut off "
+                   f"mid-run: {', '.join(running[:4]) or 'none'}; Spark: "
+                   f"{d.output().count('Lost executor')} executor lost), query went on; worker restarted")
