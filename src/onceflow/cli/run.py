@@ -16,7 +16,7 @@ from onceflow.cli.options import Duration, secret_dsn
 from onceflow.errors import BadSegmentError, ConfigError, OnceflowError, from_spark
 from onceflow.examples.user_counts import KafkaTopic
 from onceflow.sources.log import EventLog
-from onceflow.verify.sinks import SINKS, SinkOptions, make_sink
+from onceflow.verify.sinks import SINKS, USER_SINK_ID, USER_SINKS, SinkOptions, make_sink
 
 
 @dataclass(frozen=True)
@@ -184,27 +184,38 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--standby", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="Hot standby (verify --fast-start): start Spark, then wait until this file "
                    "exists before touching the log, the sink or the checkpoint.")
-@click.option("--pipeline", type=click.Choice(["user_counts", "billing"]), default="user_counts",
-              show_default=True,
+@click.option("--pipeline", default="user_counts", show_default=True, metavar="NAME|PATH.py:FUNCTION",
               help="user_counts: Example 5-1 per-user/global counts per minute "
                    "(onceflow/examples/user_counts.py); billing: bytes per account and hour, late "
-                   "records kept in late_events (onceflow/examples/billing.py).")
+                   "records kept in late_events (onceflow/examples/billing.py); or your own: "
+                   "PATH.py:FUNCTION, a function (spark, input, sink, checkpoint, once) that builds "
+                   "the query with onceflow.write_stream and returns it (reads --input).")
+@click.option("--input", "input_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The directory a --pipeline PATH.py:FUNCTION reads (its input argument).")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
         checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
         effects_url: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
-        standby: Path | None, pipeline: str) -> None:
+        standby: Path | None, pipeline: str, input_dir: Path | None) -> None:
     """Run a pipeline over the event log, exactly once into its sink.
 
     The default pipeline is Streaming Systems Example 5-1 (per-user and global counts per
-    minute); --pipeline billing sums bytes per account and hour (default sink postgres-staged).
+    minute); --pipeline billing sums bytes per account and hour (default sink postgres-staged);
+    --pipeline PATH.py:FUNCTION runs your own over --input.
     """
     from onceflow.spark import session
 
+    if pipeline not in PIPELINES and ":" not in pipeline:
+        raise click.BadParameter(f"{pipeline!r}: use {', '.join(PIPELINES)} or PATH.py:FUNCTION",
+                                 param_hint="--pipeline")
     conf = {}
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
+    if pipeline not in PIPELINES:
+        _run_user_pipeline(pipeline, input_dir, checkpoint, db, delta_root, pg_dsn, sink_kind, once,
+                           master, conf, standby)
+        return
     spark = None
     if standby is not None:
         spark = session(master=master, conf=conf)
@@ -229,6 +240,35 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         f"{result.input_rows} rows read, {result.duplicates_dropped} duplicates removed, "
         f"{result.late_dropped} late dropped, {result.events_per_second:,.0f} events/s"
     )
+
+
+def _run_user_pipeline(spec: str, input_dir: Path | None, checkpoint: Path, db: Path | None,
+                       delta_root: Path | None, pg_dsn: str | None, sink_kind: str | None, once: bool,
+                       master: str | None, conf: dict[str, str], standby: Path | None) -> None:
+    """``--pipeline PATH.py:FUNCTION``: the user's function builds the query over ``--input``."""
+    from onceflow import pipelines
+    from onceflow.spark import session
+
+    if input_dir is None:
+        raise click.UsageError(f"--pipeline {spec} needs --input DIR (the directory the pipeline reads)")
+    try:
+        fn = pipelines.load(spec)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    kind = sink_kind or "sqlite"
+    if kind not in USER_SINKS:
+        raise click.UsageError(f"--pipeline PATH.py:FUNCTION writes with --sink {', '.join(USER_SINKS)}")
+    input_dir.mkdir(parents=True, exist_ok=True)
+    spark = session(master=master, conf=conf)
+    if standby is not None:
+        wait_for_release(standby)
+    sink = make_sink(kind, SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root), sink_id=USER_SINK_ID)
+    try:
+        query = pipelines.start(fn, spark, input_dir.absolute(), sink, checkpoint.absolute(), once)
+        query.awaitTermination()
+    finally:
+        sink.close()
+    click.echo("done")
 
 
 def _source(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets: int | None,

@@ -38,7 +38,7 @@ from onceflow.errors import ConfigError
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
-from onceflow.verify import inputs
+from onceflow.verify import inputs, sample
 from onceflow.verify.driver import (
     Driver,
     ProcessGroup,
@@ -64,8 +64,10 @@ from onceflow.verify.ingest_rig import DROP_ACKS, INGEST_ROUND_FAULTS, RECEIVER_
 from onceflow.verify.inputs import TOPIC, Feeder, KafkaInput, LogInput
 from onceflow.verify.oracle import expect
 from onceflow.verify.resume import kill_stale, load_state, rng_state, save_state
+from onceflow.verify.sample import SampleInput
+from onceflow.verify.sinks import USER_SINK_ID, USER_SINKS
 from onceflow.verify.standalone import StandaloneCluster
-from onceflow.verify.targets import KINDS, SinkTarget
+from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget
 from onceflow.verify.verdict import Verdict
 
 
@@ -91,6 +93,10 @@ class VerifyConfig:
         round_timeout_s: Longest a round may wait for its fault to happen.
         fast_start: Start drivers from a class-data archive with the quick JIT
             (:mod:`onceflow.jvmstart`): ~3x faster restarts, the same commits.
+        pipeline: The user's pipeline, ``PATH.py:FUNCTION`` (:mod:`onceflow.pipelines`), instead
+            of Example 5-1; judged by :mod:`onceflow.verify.pipeline_oracle`.
+        input_dir: With ``pipeline``: the directory of sample files fed in rounds
+            (:mod:`onceflow.verify.sample`).
     """
 
     workdir: Path
@@ -106,6 +112,8 @@ class VerifyConfig:
     segment_size: int = 1_000
     round_timeout_s: float = 240.0
     fast_start: bool = True
+    pipeline: str | None = None
+    input_dir: Path | None = None
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.faults if f not in ALL_FAULTS]
@@ -131,12 +139,32 @@ class VerifyConfig:
             raise ConfigError(f"--sink {self.sink} never reaches the faults {unreachable} "
                               "(crash_apply_pending needs --sink sqlite, crash_effects_* an http sink, "
                               "which has no inside_sink_txn point)")
+        if self.pipeline is not None:
+            self._check_pipeline()
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if self.sink not in KINDS:
             raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {self.sink!r}")
         if self.sink.startswith("postgres"):
             pg.resolve_dsn(self.pg_dsn)  # fails early, with what to set
+
+
+    def _check_pipeline(self) -> None:
+        """``--pipeline``: its own input, a sink with one marker per batch, no generated input faults."""
+        from onceflow import pipelines
+
+        pipelines.load(str(self.pipeline))  # a bad spec or module fails here, before any round
+        if self.input_dir is None:
+            raise ConfigError("--pipeline needs --input DIR: the sample files verify feeds to your pipeline")
+        if self.source != "log" or self.ingest:
+            raise ConfigError("--pipeline reads the files of --input: it does not combine with --source "
+                              "kafka or --ingest")
+        if self.sink not in USER_SINKS:
+            raise ConfigError(f"--pipeline runs with --sink {', '.join(USER_SINKS)}")
+        generated = [f for f in self.faults if f in INPUT_FAULTS]
+        if generated:
+            raise ConfigError(f"the faults {generated} change verify's generated events; with --pipeline the "
+                              "sample is the input (put resends and late records in it)")
 
 
 @dataclass
@@ -187,6 +215,7 @@ class VerifyResult:
 def _config(cfg: VerifyConfig) -> dict[str, Any]:
     conf = asdict(cfg)
     conf["workdir"] = str(cfg.workdir)
+    conf["input_dir"] = str(cfg.input_dir) if cfg.input_dir else None
     conf["pg_dsn"] = None  # reports never hold connection strings
     return conf
 
@@ -210,15 +239,20 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
     if resume and cfg.source == "kafka":
         raise ConfigError("--resume is not possible with --source kafka: the mock broker that held the "
                           "topic ended with the interrupted run; start a new run")
-    src: LogInput | KafkaInput = KafkaInput(rows_per_file=cfg.segment_size) if cfg.source == "kafka" \
-        else LogInput(cfg.workdir / "log")
+    src: Any
+    if cfg.source == "kafka":
+        src = KafkaInput(rows_per_file=cfg.segment_size)
+    elif cfg.pipeline:
+        src = SampleInput(cfg.workdir / "input", cfg.pipeline)
+    else:
+        src = LogInput(cfg.workdir / "log")
     cluster = None
     try:
         if cfg.cluster == "standalone":
             cluster = StandaloneCluster(cfg.workdir / "cluster").start()
             say(f"cluster: standalone master {cluster.master_url}, {len(cluster.workers)} workers")
         if cfg.source == "kafka":
-            say(f"source: Kafka topic {TOPIC} on a mock broker at {src.broker.bootstrap}")  # type: ignore[union-attr]
+            say(f"source: Kafka topic {TOPIC} on a mock broker at {src.broker.bootstrap}")
         return _run(cfg, say, resume, src, cluster)
     finally:
         src.close()
@@ -226,7 +260,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
             cluster.stop()
 
 
-def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: LogInput | KafkaInput,
+def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: Any,
          cluster: StandaloneCluster | None) -> VerifyResult:
     """:func:`run_verify` once its input (and cluster) are up."""
     run = _Run(cfg, say, resume, src, cluster)
@@ -244,7 +278,7 @@ class _Run:
     """
 
     def __init__(self, cfg: VerifyConfig, say: Callable[[str], None], resume: bool,
-                 src: LogInput | KafkaInput, cluster: StandaloneCluster | None) -> None:
+                 src: Any, cluster: StandaloneCluster | None) -> None:
         self.cfg, self.say, self.src, self.cluster = cfg, say, src, cluster
         work = cfg.workdir
         self.log_dir, self.ck, self.outs = work / "log", work / "checkpoint", work / "out"
@@ -259,12 +293,19 @@ class _Run:
         self.rng = random.Random(cfg.seed)
         if state:
             self.rng.setstate(rng_state(state["rng"]))
-        self.target = SinkTarget(cfg.sink, work, cfg.pg_dsn)
+        sink_id = USER_SINK_ID if cfg.pipeline else SINK_ID
+        self.target = SinkTarget(cfg.sink, work, cfg.pg_dsn, sink_id=sink_id)
         self.target.prepare(state.get("schema"))
         say(f"sink: {self.target.name}")
-        log = EventLog(self.log_dir)
-        self.chunks = inputs.chunks(cfg.events_per_round * cfg.rounds, cfg.rounds, cfg.segment_size, cfg.seed,
-                                    "producer_duplicates" in cfg.faults, "late_events" in cfg.faults)
+        if cfg.pipeline and cfg.input_dir is not None:
+            self.chunks: list[list[Any]] = sample.pieces(cfg.input_dir, cfg.rounds)
+            fed = src.in_place()
+            say(f"pipeline: {cfg.pipeline} over {sum(len(c) for c in self.chunks)} pieces of {cfg.input_dir}")
+        else:
+            self.chunks = inputs.chunks(cfg.events_per_round * cfg.rounds, cfg.rounds, cfg.segment_size,
+                                        cfg.seed, "producer_duplicates" in cfg.faults,
+                                        "late_events" in cfg.faults)
+            fed = len(EventLog(self.log_dir).segments())
         self.kinds = [f for f in cfg.faults if f in ROUND_FAULTS]
         self.master = CLUSTER_MASTER if cfg.cluster == "local" else cluster.master_url if cluster else None
         self.records = [RoundRecord(**r) for r in state.get("rounds", [])]
@@ -279,8 +320,7 @@ class _Run:
             self.rig.start_receiver()
             say(f"ingest: receiver on {self.rig.url}")
         # segments of a cut-off round that already reached the log (resume step 3)
-        self.in_log = len(log.segments()) - sum(len(c) for c in self.chunks[:len(self.records)]) \
-            if self.rig is None else 0
+        self.in_log = fed - sum(len(c) for c in self.chunks[:len(self.records)]) if self.rig is None else 0
         self.jvm: dict[str, str] = {}
         if cfg.fast_start:
             archive = fast_start_archive(work / "jvm-training", say)
@@ -350,6 +390,21 @@ class _Run:
         self.say(f"round {rec.round}/{cfg.rounds} {fault}: {rec.outcome} "
                  f"(markers {rec.markers_before} -> {rec.markers_after})")
 
+    def _judge_pipeline(self) -> Verdict:
+        """The user's pipeline: its oracle over the checkpoint (a Spark session of verify's own)."""
+        from onceflow.spark import session
+        from onceflow.verify.pipeline_oracle import PipelineOracle
+        from onceflow.verify.pipeline_verdict import judge
+
+        self.say("oracle: rebuilding every committed batch from the checkpoint and the input files")
+        spark = session()
+        try:
+            oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck)
+            oracle.run()
+            return judge(self.target.name, oracle, self.target.reader())
+        finally:
+            spark.stop()
+
     def finish(self) -> VerifyResult:
         """Stop the ingest rig, drain with a final ``--once`` driver, judge the sink."""
         ingest = None
@@ -364,7 +419,8 @@ class _Run:
         final_rc = final.wait(timeout=self.cfg.round_timeout_s * 2)
         drain = (drain_start, time.monotonic() - self.t0)
         self.say(f"final drain: exit code {final_rc}")
-        verdict = self.target.judge(expect(self.ck, self.src.oracle_inputs(self.ck)))
+        verdict = self._judge_pipeline() if self.cfg.pipeline else \
+            self.target.judge(expect(self.ck, self.src.oracle_inputs(self.ck)))
         batches = self.target.batches()
         at_risk(self.records, batches)
         self.target.close()

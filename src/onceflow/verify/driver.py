@@ -118,15 +118,19 @@ class Driver(ProcessGroup):
         kafka: ``(bootstrap, topic, rows per file)``: read the topic instead of ``log``, with
             ``max_files`` x rows per file offsets per batch.
         extra_args: More ``onceflow run`` arguments (e.g. the demo service's ``--effects-url``).
+        pipeline: ``(PATH.py:FUNCTION, input directory)``: run the user's pipeline over that
+            directory instead of Example 5-1 over ``log`` (``max_files`` does not apply).
     """
 
     def __init__(self, log: Path, ck: Path, db: Path | None, out: Path, *, once: bool = False,
                  crash_at: str | None = None, sink: str = "sqlite", max_files: int = 2,
                  master: str | None = None, env: dict[str, str] | None = None,
                  standby: Path | None = None, kafka: tuple[str, str, int] | None = None,
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, pipeline: tuple[str, Path] | None = None) -> None:
         source = ["--log", str(log), "--max-files-per-trigger", str(max_files)]
-        if kafka is not None:
+        if pipeline is not None:
+            source = ["--pipeline", pipeline[0], "--input", str(pipeline[1])]
+        elif kafka is not None:
             source = ["--kafka", kafka[0], "--topic", kafka[1],
                       "--max-offsets-per-trigger", str(max_files * kafka[2])]
         args = ["run", *source, "--checkpoint", str(ck), "--sink", sink, "--trigger", "200 milliseconds",

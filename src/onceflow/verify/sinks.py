@@ -31,8 +31,8 @@ from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 
-__all__ = ["SINKS", "LossySQLiteSink", "NaiveDeltaSink", "NaiveHttpSink", "NaivePostgresSink",
-           "NaiveSQLiteSink", "SinkOptions", "make_sink", "marker_id"]
+__all__ = ["SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink", "NaiveDeltaSink", "NaiveHttpSink",
+           "NaivePostgresSink", "NaiveSQLiteSink", "SinkOptions", "make_sink", "marker_id"]
 
 SQLITE_SINKS = ("sqlite", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
@@ -40,6 +40,10 @@ POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
 EFFECT_SINKS = ("http", "http-naive")
 DELTA_SINKS = ("delta", "delta-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS
+USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta", "delta-naive")
+"""The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
+USER_SINK_ID = "pipeline"
+"""The sink id (markers' namespace) a user's pipeline writes under in ``onceflow run``/``verify``."""
 EXAMPLE_SINK_ID = "user_counts"
 """The sink id ``onceflow run`` writes Example 5-1 under (its markers' namespace)."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,14 +61,15 @@ class SinkTarget:
         ConfigError: Unknown kind, or a postgres kind without a DSN.
     """
 
-    def __init__(self, kind: str, workdir: Path, pg_dsn: str | None = None) -> None:
+    def __init__(self, kind: str, workdir: Path, pg_dsn: str | None = None, sink_id: str = SINK_ID) -> None:
         if kind not in KINDS:
             raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {kind!r}")
         self.kind = kind
+        self.sink_id = sink_id
         self.db: Path | None = None
         self.dsn = ""
         self.schema = ""
-        self.marker_id = marker_id(kind, "user_counts")
+        self.marker_id = marker_id(kind, "user_counts", sink_id)
         """The sink id of the markers of ``user_counts`` (per batch, or per table and batch)."""
         self.service: Any = None
         self.workdir = workdir
@@ -143,7 +145,7 @@ class SinkTarget:
         """The sink's batch markers with metrics."""
         if self.kind in DELTA_SINKS:
             assert self.db is not None
-            return delta_batches(self.db, SINK_ID)
+            return delta_batches(self.db, self.sink_id)
         if self.db is not None:
             return read_batches(self.db, self.marker_id)
         return pg.read_batches(self.dsn, self.marker_id)
@@ -160,6 +162,17 @@ class SinkTarget:
             row = conn.execute("SELECT count(*) FROM onceflow_batches WHERE sink_id = %s",
                                (self.marker_id,)).fetchone()
         return int(row[0])
+
+    def reader(self) -> Callable[[str], list[dict[str, Any]] | None]:
+        """Reads one of the sink's tables by name (a user pipeline's verdict)."""
+        from onceflow.verify import pipeline_verdict as pv
+
+        if self.kind in DELTA_SINKS:
+            assert self.db is not None
+            return pv.delta_reader(self.db)
+        if self.db is not None:
+            return pv.sqlite_reader(self.db)
+        return pv.postgres_reader(self.dsn)
 
     def judge(self, expectation: Expectation) -> Verdict:
         """The auditor's verdict on this sink."""

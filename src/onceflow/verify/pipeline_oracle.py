@@ -1,0 +1,280 @@
+"""The oracle of a user's pipeline: its tables rebuilt from Spark's checkpoint, not from onceflow.
+
+``onceflow verify --pipeline PATH.py:FUNCTION`` proves the user's own query. The oracle never
+uses what onceflow uses to write (the sinks, the batch writer, :mod:`onceflow.checkpoint`): a bug
+there would pass unseen. It may run the user's code, which is what is being proven.
+
+Procedure, for each batch N in Spark's commit log, in order (:class:`PipelineOracle`):
+
+1. Read N's input files from the checkpoint (:mod:`onceflow.verify.spark_log`: the file source's
+   log between the end offsets of N-1 and N) and N's two watermarks (``offsets/N-1``: rows at
+   or before it are late; ``offsets/N``: dedup state expires against it).
+2. Call the user's function with a session whose ``readStream`` reads N's files as a batch
+   DataFrame (same format, schema and options), and with the oracle's own ``deduplicate`` and
+   ``write_stream`` in place of onceflow's (installed while the call runs).
+3. The oracle's ``deduplicate`` applies the documented rules to N's rows (:class:`Deduplication`):
+   a row whose event time is at or before the late watermark is late (kept aside for the
+   ``late=`` table); a row whose id is remembered is a duplicate; else it is kept and its id
+   remembered until the watermark passes its event time plus ``within``.
+4. The oracle's ``write_stream`` runs the user's ``per_batch`` on the static batch (with the
+   batch id when it takes one) and keeps its outputs and the tables' specs.
+5. The outputs are folded into the expected tables by each table's mode
+   (:mod:`onceflow.verify.pipeline_verdict`); with ``output_mode="update"`` the static batch
+   holds every kept row so far (the aggregate Spark updates), upserted by key.
+
+Limits (documented in docs/verify.md): the input is files in the ``input`` directory (one file
+source); rows with the same id are resends (same content: which copy Spark keeps within one
+batch is its choice); a streaming aggregation needs ``output_mode="update"``; ``rejects=`` is not
+judged; a ``per_batch`` that reads the clock or random numbers is judged only with ``stable=``
+tables (and then only its deterministic columns can match).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow import pipelines
+from onceflow.durations import parse_duration
+from onceflow.errors import ConfigError
+from onceflow.tables import Table
+from onceflow.verify import spark_log
+
+
+@dataclass
+class Deduplication:
+    """The oracle's own deduplication and late rule (step 3), state over batches."""
+
+    ids: list[str] = field(default_factory=list)
+    event_time: str = ""
+    within_us: int = 0
+    expiry: dict[tuple[Any, ...], int] = field(default_factory=dict)
+    """Remembered id -> the event time (us) after which the watermark forgets it."""
+    late: list[dict[str, Any]] = field(default_factory=list)
+    """Every row dropped as late, with ``batch_id``."""
+    kept: list[pa.Table] = field(default_factory=list)
+    """Every batch's kept rows (for ``output_mode="update"``)."""
+
+    def apply(self, rows: pa.Table, batch_id: int, late_wm_ms: int) -> pa.Table:
+        """Batch ``batch_id``'s rows without late rows and duplicates."""
+        times = rows.column(self.event_time).cast(pa.timestamp("us", tz="UTC")).cast(pa.int64()).to_pylist()
+        keys = list(zip(*(rows.column(c).to_pylist() for c in self.ids), strict=True))
+        keep = []
+        for i, (key, ts) in enumerate(zip(keys, times, strict=True)):
+            if ts is None or any(k is None or k == "" for k in key):
+                keep.append(False)  # a bad record: never one id (rejects are not judged)
+            elif ts <= late_wm_ms * 1000:
+                keep.append(False)
+                self.late.append({**rows.slice(i, 1).to_pylist()[0], "batch_id": batch_id})
+            elif key in self.expiry:
+                keep.append(False)
+            else:
+                keep.append(True)
+                self.expiry[key] = ts + self.within_us
+        out = rows.filter(pa.array(keep, pa.bool_()))
+        self.kept.append(out)
+        return out
+
+    def evict(self, watermark_ms: int) -> None:
+        """Forget ids whose expiry the watermark of the batch reached."""
+        limit = watermark_ms * 1000
+        self.expiry = {k: t for k, t in self.expiry.items() if t > limit}
+
+
+@dataclass
+class Captured:
+    """What the user's function built for one batch (step 4)."""
+
+    tables: dict[str, Table]
+    outputs: dict[str, pa.Table]
+    late: str | None
+    output_mode: str
+
+
+class _BatchReader:
+    """``spark.readStream`` of the proxy session: the same reader, over one batch's files."""
+
+    def __init__(self, spark: Any, files: Sequence[Path]) -> None:
+        self._spark, self._files = spark, files
+        self._format, self._schema, self._options = "parquet", None, {}  # type: ignore[var-annotated]
+
+    def format(self, source: str) -> _BatchReader:  # noqa: D102
+        self._format = source
+        return self
+
+    def schema(self, schema: Any) -> _BatchReader:  # noqa: D102
+        self._schema = schema
+        return self
+
+    def option(self, key: str, value: Any) -> _BatchReader:  # noqa: D102
+        self._options[key] = value
+        return self
+
+    def options(self, **options: Any) -> _BatchReader:  # noqa: D102
+        self._options.update(options)
+        return self
+
+    def load(self, path: str | None = None, format: str | None = None,  # noqa: A002, D102
+             schema: Any = None, **options: Any) -> Any:
+        self._format = format or self._format
+        self._schema = schema if schema is not None else self._schema
+        self._options.update(options)
+        if self._format in ("kafka", "onceflow_kafka", "rate", "socket"):
+            raise ConfigError(f"verify --pipeline: the oracle reads file sources only, not {self._format!r}")
+        reader = self._spark.read.format(self._format).options(**self._options)
+        if self._schema is not None:
+            reader = reader.schema(self._schema)
+        return reader.load([str(f) for f in self._files])
+
+    def parquet(self, path: str, **options: Any) -> Any:  # noqa: D102
+        return self.load(path, "parquet", **options)
+
+    def json(self, path: str, schema: Any = None, **options: Any) -> Any:  # noqa: D102
+        return self.load(path, "json", schema, **options)
+
+    def csv(self, path: str, schema: Any = None, **options: Any) -> Any:  # noqa: D102
+        return self.load(path, "csv", schema, **options)
+
+    def orc(self, path: str, **options: Any) -> Any:  # noqa: D102
+        return self.load(path, "orc", **options)
+
+    def text(self, path: str, **options: Any) -> Any:  # noqa: D102
+        return self.load(path, "text", **options)
+
+
+class _Session:
+    """The user's ``spark`` during the oracle's call: ``readStream`` reads one batch's files."""
+
+    def __init__(self, spark: Any, files: Sequence[Path]) -> None:
+        self._spark, self._files = spark, files
+
+    @property
+    def readStream(self) -> _BatchReader:  # noqa: N802, D102
+        return _BatchReader(self._spark, self._files)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._spark, name)
+
+
+def _takes_batch_id(fn: Callable[..., Any]) -> bool:
+    try:
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+    except (TypeError, ValueError):
+        return False
+    return len(params) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)
+
+
+class PipelineOracle:
+    """Steps 1-5 of the module over a checkpoint; :meth:`run` gives the expected tables.
+
+    Args:
+        spark: A SparkSession for the static batches (any: the oracle's own).
+        pipeline: The user's function, ``PATH.py:FUNCTION``; its module is imported again while
+            the oracle's functions are in place (so that ``from onceflow import deduplicate``
+            binds the oracle's).
+        checkpoint: The verified query's checkpoint.
+    """
+
+    def __init__(self, spark: Any, pipeline: str, checkpoint: Path) -> None:
+        self.spark, self.spec, self.checkpoint = spark, pipeline, checkpoint
+        self.pipeline: Callable[..., Any] = lambda *a: None
+        self.dedup = Deduplication()
+        self.captured: list[tuple[int, Captured]] = []
+        self.output_mode = "append"
+        self._batch_id = -1
+        self._late_wm_ms = 0
+
+    # the oracle's deduplicate and write_stream (steps 3 and 4)
+    def deduplicate(self, df: Any, id: str | list[str], event_time: str,  # noqa: A002
+                    within: str | float | None = None, **unknown: Any) -> Any:
+        """Step 3 on the static batch ``df``."""
+        ids = [id] if isinstance(id, str) else list(id)
+        missing = [c for c in [*ids, event_time] if c not in df.columns]
+        if missing or within is None:
+            raise ConfigError(f"deduplicate: no column(s) {missing} or no within= (the pipeline fails too)")
+        d = self.dedup
+        d.ids, d.event_time, d.within_us = ids, event_time, int(parse_duration(within) * 1_000_000)
+        kept = d.apply(df.toArrow(), self._batch_id, self._late_wm_ms)
+        if self.output_mode == "update":  # the aggregate Spark updates covers every row kept so far
+            kept = pa.concat_tables(d.kept)
+        return self.spark.createDataFrame(kept, schema=df.schema)
+
+    def write_stream(self, df: Any, sink: Any = None, checkpoint: Any = None,
+                     tables: Mapping[str, Table] | None = None, per_batch: Callable[..., Any] | None = None,
+                     **kw: Any) -> Captured:
+        """Step 4: ``per_batch`` on the static batch; its outputs and the specs."""
+        if kw.get("rejects") is not None:
+            raise ConfigError("verify --pipeline does not judge rejects= yet: run the pipeline without it")
+        specs = dict(tables or {})
+        late = kw.get("late")
+        mode = kw.get("output_mode", "append")
+        if mode == "append" and "Aggregate" in df._jdf.queryExecution().analyzed().toString():
+            raise ConfigError("verify --pipeline: a streaming aggregation in append mode writes a window "
+                              "once the watermark passes it; the oracle judges it with "
+                              "output_mode='update' (or aggregate in per_batch)")
+        if per_batch is None:
+            outs = {next(n for n in specs if n != late): df}
+        else:
+            got = per_batch(df, self._batch_id) if _takes_batch_id(per_batch) else per_batch(df)
+            outs = dict(got) if isinstance(got, Mapping) else {next(n for n in specs if n != late): got}
+        arrow = {n: f if isinstance(f, pa.Table) else f.toArrow() for n, f in outs.items()}
+        return Captured(specs, arrow, late, mode)
+
+    def _call(self, batch_id: int, files: list[Path]) -> Captured:
+        self._batch_id = batch_id
+        built = self.pipeline(_Session(self.spark, files), "", None, "", True)
+        if not isinstance(built, Captured):
+            raise ConfigError("the pipeline function did not return what onceflow.write_stream returned")
+        return built
+
+    def run(self) -> list[tuple[int, Captured]]:
+        """Steps 1-4 for every committed batch; each batch's captured outputs, in batch order."""
+        ck = self.checkpoint
+        planned = spark_log.planned(ck)
+        if planned and planned[0] != 0:
+            raise ConfigError(f"checkpoint {ck} no longer holds batches 0..{planned[0] - 1} (Spark purged "
+                              "them): verify runs the pipeline with every batch retained")
+        entries = spark_log.source_entries(ck)
+        with installed(self):
+            self.pipeline = pipelines.load(self.spec, fresh=True)
+            for batch_id in spark_log.committed(ck):
+                files = spark_log.batch_files(ck, batch_id, entries=entries)
+                self._late_wm_ms = spark_log.late_watermark_ms(ck, batch_id)
+                if files:
+                    captured = self._call(batch_id, files)
+                    self.output_mode = captured.output_mode
+                    self.captured.append((batch_id, captured))
+                self.dedup.evict(spark_log.read_offsets(ck, batch_id).watermark_ms)
+        return self.captured
+
+
+@contextlib.contextmanager
+def installed(oracle: PipelineOracle) -> Iterator[None]:
+    """The oracle's ``deduplicate`` and ``write_stream`` in place of onceflow's while inside."""
+    import onceflow
+    from onceflow import api
+
+    saved = {m: (m.deduplicate, m.write_stream) for m in (onceflow, api)}
+    for m in saved:
+        setattr(m, "deduplicate", oracle.deduplicate)  # noqa: B010 - a module's function, replaced
+        setattr(m, "write_stream", oracle.write_stream)  # noqa: B010
+    try:
+        yield
+    finally:
+        for m, (dedup, write) in saved.items():
+            setattr(m, "deduplicate", dedup)  # noqa: B010
+            setattr(m, "write_stream", write)  # noqa: B010
+
+
+def late_ids(oracle: PipelineOracle) -> list[tuple[Any, ...]]:
+    """The ids of the rows the oracle dropped as late (one per id)."""
+    ids = oracle.dedup.ids
+    return sorted({tuple(r[c] for c in ids) for r in oracle.dedup.late}, key=repr)
+

@@ -1,0 +1,229 @@
+"""Fold a user pipeline's per-batch outputs into the expected tables; judge the sink's tables.
+
+The fold is the oracle's own reading of the documented table modes (:class:`onceflow.Table`),
+never the sinks' code:
+
+* ``append``: every row of every batch once (a multiset);
+* ``upsert``: by key, the row of the latest batch;
+* ``merge``: by key, ``add`` columns summed, ``max``/``min`` columns the greater/smaller value
+  (a null is ignored, as SQL's aggregates ignore it), the other columns replaced.
+
+Values are compared in one canonical form (:func:`canon`): timestamps as UTC text with
+microseconds, dates as ISO text, decimals and floats as floats to 12 significant digits,
+booleans as integers (SQLite keeps them so). A table is judged by key (``upsert``/``merge``:
+missing keys are lost, unexpected keys extra, a differing row is lost when an ``add`` column is
+lower, duplicated when higher, else wrong) or as a multiset of rows (``append``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import sqlite3
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from onceflow.tables import Table
+from onceflow.verify.pipeline_oracle import Captured, PipelineOracle, late_ids
+from onceflow.verify.recompute import CountDiff
+from onceflow.verify.verdict import Verdict
+
+Rows = list[dict[str, Any]]
+Reader = Callable[[str], "Rows | None"]
+"""Reads a sink's table by name (None: the table does not exist)."""
+
+
+def canon(value: Any) -> Any:
+    """A value in the form both sides are compared in (see the module)."""
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is not None:
+            value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (float, decimal.Decimal)):
+        return float(f"{float(value):.12g}")
+    return value
+
+
+def _merge(how: str, stored: Any, new: Any) -> Any:
+    if stored is None:
+        return new
+    if new is None:
+        return stored
+    if how == "add":
+        return stored + new
+    return max(stored, new) if how == "max" else min(stored, new)
+
+
+class Folded:
+    """One table's expected contents, built batch by batch."""
+
+    def __init__(self, spec: Table) -> None:
+        self.spec = spec
+        self.appended: Counter[tuple[tuple[str, Any], ...]] = Counter()
+        self.keyed: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def add(self, rows: Rows) -> None:
+        """Fold one batch's rows for this table."""
+        spec = self.spec
+        for raw in rows:
+            row = {k: canon(v) for k, v in raw.items()}
+            if spec.mode == "append":
+                self.appended[tuple(sorted(row.items()))] += 1
+                continue
+            key = tuple(row[c] for c in spec.key)
+            stored = self.keyed.get(key)
+            if spec.mode == "upsert" or stored is None:
+                self.keyed[key] = row
+                continue
+            merged = spec.merged
+            self.keyed[key] = {c: _merge(merged[c], stored.get(c), v) if c in merged else v
+                               for c, v in row.items()}
+
+    def rows(self) -> int:
+        """Rows the table must hold."""
+        return sum(self.appended.values()) if self.spec.mode == "append" else len(self.keyed)
+
+
+def fold(captured: list[tuple[int, Captured]]) -> dict[str, Folded]:
+    """The expected tables from every batch's outputs, in batch order."""
+    out: dict[str, Folded] = {}
+    for _, batch in captured:
+        for name, table in batch.outputs.items():
+            spec = batch.tables.get(name)
+            if spec is None:
+                continue  # per_batch returned a table write_stream has no spec for: the query fails too
+            out.setdefault(name, Folded(spec)).add(table.to_pylist())
+        for name, spec in batch.tables.items():
+            if name != batch.late:
+                out.setdefault(name, Folded(spec))
+    return out
+
+
+def _compare(name: str, want: Folded, got: Rows, violations: list[str]) -> CountDiff:
+    spec = want.spec
+    found = [{k: canon(v) for k, v in r.items()} for r in got]
+    if spec.mode == "append":
+        cols = {k for row in want.appended for k, _ in row} or {k for r in found for k in r}
+        have = Counter(tuple(sorted((k, v) for k, v in r.items() if k in cols)) for r in found)
+        missing = want.appended - have
+        extra = have - want.appended
+        lost, dup = sum(missing.values()), sum(extra.values())
+        if lost:
+            violations.append(f"{name}: {lost} rows lost, e.g. {dict(next(iter(missing)))}")
+        if dup:
+            violations.append(f"{name}: {dup} rows too many (duplicated or invented), e.g. "
+                              f"{dict(next(iter(extra)))}")
+        return CountDiff(want.rows(), len(found), lost, 0, 0, dup, lost, dup)
+    by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in found:
+        by_key.setdefault(tuple(r.get(c) for c in spec.key), []).append(r)
+    missing_keys = [k for k in want.keyed if k not in by_key]
+    extra_keys = [k for k in by_key if k not in want.keyed]
+    twice = [k for k, rs in by_key.items() if len(rs) > 1]
+    low = high = wrong = 0
+    example = ""
+    for key, row in want.keyed.items():
+        rs = by_key.get(key)
+        if not rs:
+            continue
+        diff = {c: (v, rs[0].get(c)) for c, v in row.items() if rs[0].get(c) != v}
+        if not diff:
+            continue
+        adds = [c for c in diff if spec.merged.get(c) == "add" and None not in diff[c]]
+        if adds and all(diff[c][1] > diff[c][0] for c in adds):
+            high += 1
+        elif adds and all(diff[c][1] < diff[c][0] for c in adds):
+            low += 1
+        else:
+            wrong += 1
+        example = example or f"key {key}: expected {row}, found {rs[0]}"
+    lost = len(missing_keys) + low + wrong
+    dup = len(extra_keys) + high + len(twice)
+    if missing_keys:
+        violations.append(f"{name}: {len(missing_keys)} keys lost, e.g. {missing_keys[0]}")
+    if extra_keys:
+        violations.append(f"{name}: {len(extra_keys)} unexpected keys, e.g. {extra_keys[0]}")
+    if twice:
+        violations.append(f"{name}: {len(twice)} keys stored more than once, e.g. {twice[0]}")
+    if low or high or wrong:
+        violations.append(f"{name}: {low} rows too low (lost), {high} too high (duplicated), {wrong} "
+                          f"different; {example}")
+    return CountDiff(want.rows(), len(found), len(missing_keys), low + wrong, high, len(extra_keys), lost,
+                     dup)
+
+
+def judge(sink: str, oracle: PipelineOracle, read: Reader) -> Verdict:
+    """The verdict on the sink's tables against the oracle's (late rows: by id)."""
+    violations: list[str] = []
+    tables: dict[str, CountDiff] = {}
+    for name, want in sorted(fold(oracle.captured).items()):
+        got = read(name)
+        if got is None:
+            got = []
+            if want.rows():
+                violations.append(f"{name}: the table does not exist; {want.rows()} rows expected")
+        tables[name] = _compare(name, want, got, violations)
+    late_expected = late_recorded = 0
+    late = next((c.late for _, c in oracle.captured if c.late), None)
+    if late is not None:
+        ids = late_ids(oracle)
+        rows = read(late) or []
+        cols = oracle.dedup.ids
+        found = {tuple(canon(r.get(c)) for c in cols) for r in rows}
+        late_want = {tuple(canon(v) for v in k) for k in ids}
+        late_expected, late_recorded = len(late_want), len(found)
+        if found != late_want:
+            violations.append(f"{late} (late rows): {len(late_want - found)} ids missing, "
+                              f"{len(found - late_want)} unexpected (e.g. "
+                              f"{sorted(late_want ^ found, key=repr)[:3]})")
+    return Verdict(sink, tables, late_expected, late_recorded, violations=violations)
+
+
+def sqlite_reader(db: Path) -> Reader:
+    """A SQLite database's tables as rows."""
+    def read(name: str) -> Rows | None:
+        if not db.exists():
+            return None
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            exists = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
+            if conn.execute(exists, (name,)).fetchone() is None:
+                return None
+            cur = conn.execute(f'SELECT * FROM "{name}"')
+            cols = [d[0] for d in cur.description]
+            return [dict(zip(cols, r, strict=True)) for r in cur]
+        finally:
+            conn.close()
+    return read
+
+
+def postgres_reader(dsn: str) -> Reader:
+    """A PostgreSQL schema's tables as rows (the DSN's ``search_path``)."""
+    def read(name: str) -> Rows | None:
+        import psycopg
+        from psycopg import sql
+        from psycopg.rows import dict_row
+
+        with psycopg.connect(dsn, autocommit=True, row_factory=dict_row) as conn:
+            if conn.execute("SELECT to_regclass(%s) IS NOT NULL AS e", (name,)).fetchone()["e"] is False:  # type: ignore[index]
+                return None
+            return list(conn.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(name))))
+    return read
+
+
+def delta_reader(root: Path) -> Reader:
+    """Delta tables under ``root`` (one directory per table) as rows."""
+    def read(name: str) -> Rows | None:
+        from deltalake import DeltaTable
+
+        path = root / name
+        if not (path / "_delta_log").is_dir():
+            return None
+        return DeltaTable(str(path)).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
+    return read
