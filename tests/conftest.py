@@ -13,6 +13,9 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
 
+pytest_plugins = ["onceflow.testing"]  # onceflow_sink, onceflow_verify (as a user's conftest has)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     from onceflow.jvmstart import JAVA_OPTIONS_ENV

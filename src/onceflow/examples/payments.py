@@ -68,6 +68,11 @@ def start(spark: SparkSession, source: str | Path, db: str | Path, checkpoint: s
                                                           f"{b['rows_out']} payments", flush=True))
 
 
+def build(spark: SparkSession, input: str, sink: Any, checkpoint: str, once: bool) -> onceflow.OnceQuery:  # noqa: A002
+    """The pipeline as ``onceflow verify --pipeline .../payments.py:build`` calls it (two files a batch)."""
+    return start(spark, input, "", checkpoint, once=once, max_files_per_trigger=2, sink=sink)
+
+
 def generate(out: Path, payments: int, accounts: int = 50, duplicates: float = 0.05, per_file: int = 1000,
              seed: int = 0, first: int = 0) -> list[Path]:
     """Write payment files as a producer would: ids unique, some payments sent twice.

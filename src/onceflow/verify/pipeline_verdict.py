@@ -119,7 +119,7 @@ def _compare(name: str, want: Folded, got: Rows, violations: list[str]) -> Count
         if dup:
             violations.append(f"{name}: {dup} rows too many (duplicated or invented), e.g. "
                               f"{dict(next(iter(extra)))}")
-        return CountDiff(want.rows(), len(found), lost, 0, 0, dup, lost, dup)
+        return CountDiff(want.rows(), len(found), lost, 0, 0, 0, lost, dup)
     by_key: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in found:
         by_key.setdefault(tuple(r.get(c) for c in spec.key), []).append(r)
@@ -144,7 +144,13 @@ def _compare(name: str, want: Folded, got: Rows, violations: list[str]) -> Count
             wrong += 1
         example = example or f"key {key}: expected {row}, found {rs[0]}"
     lost = len(missing_keys) + low + wrong
-    dup = len(extra_keys) + high + len(twice)
+    dup = high + len(twice)  # unexpected keys are extra rows (reported beside)
+    if missing_keys and extra_keys and len(missing_keys) == len(want.keyed):
+        violations.append(f"{name}: none of the {len(want.keyed)} keys the oracle computed is in the table, "
+                          f"which has {len(by_key)} others: does per_batch mint its key "
+                          f"({', '.join(spec.key)}) with uuid4(), the clock or random numbers? A replayed "
+                          "batch then writes new rows; derive the key from the input (e.g. the "
+                          "producer's id)")
     if missing_keys:
         violations.append(f"{name}: {len(missing_keys)} keys lost, e.g. {missing_keys[0]}")
     if extra_keys:
