@@ -117,11 +117,16 @@ def batch_events(records: pa.Table, topic: str, start: dict[str, Any] | None,
 
 def batch_reader(checkpoint: str | Path, records: pa.Table, topic: str) -> Callable[[int], pa.Table]:
     """The input of each batch of a Kafka-fed checkpoint, for :func:`onceflow.verify.oracle.expect`."""
-    from onceflow import checkpoint as ckpt
+    from onceflow.verify import spark_log
+
+    ck = Path(checkpoint)
+
+    def offset(batch_id: int) -> Any:
+        return spark_log.read_offsets(ck, batch_id).offsets[0]
 
     def read(batch_id: int) -> pa.Table:
-        end: Any = ckpt.source_offset(checkpoint, batch_id) or {}
-        start: Any = ckpt.source_offset(checkpoint, batch_id - 1) if batch_id > 0 else None
+        end: Any = offset(batch_id) or {}
+        start: Any = offset(batch_id - 1) if batch_id > 0 else None
         return batch_events(records, topic, start, end)
 
     return read

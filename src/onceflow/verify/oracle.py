@@ -1,6 +1,8 @@
 """The oracle: exact expected sink contents from the raw log and Spark's checkpoint only.
 
-It never reads the pipeline's memory or metrics. For every batch in Spark's commit log,
+It never reads the pipeline's memory or metrics, and never uses what the pipeline uses: Spark's
+checkpoint is read by the auditor's own reader (:mod:`onceflow.verify.spark_log`, not
+:mod:`onceflow.checkpoint`) and the late rule below is its own. For every batch in Spark's commit log,
 in batch order, it reads the batch's input files (``sources/0``; for Kafka, the records of the
 offset ranges in ``offsets/N``, read by the auditor's own consumer) and the late watermark
 (``offsets/N-1``), then applies the pipeline's rules:
@@ -28,9 +30,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from onceflow import checkpoint as ckpt
 from onceflow.errors import CheckpointReadError
 from onceflow.records import WINDOW_MS
+from onceflow.verify import spark_log
 
 
 @dataclass
@@ -90,8 +92,9 @@ def expect(checkpoint: str | Path, inputs: Callable[[int], pa.Table] | None = No
     Returns:
         The expected counts and per-batch drops.
     """
-    committed = ckpt.committed_batches(checkpoint)
-    planned = ckpt.offset_batches(checkpoint)
+    ck = Path(checkpoint)
+    committed = spark_log.committed(ck)
+    planned = spark_log.planned(ck)
     if planned and planned[0] != 0:
         raise CheckpointReadError(
             f"checkpoint {checkpoint} no longer holds batches 0..{planned[0] - 1}: Spark purged "
@@ -103,24 +106,25 @@ def expect(checkpoint: str | Path, inputs: Callable[[int], pa.Table] | None = No
     seen: set[str] = set()
     users: Counter[tuple[str, int]] = Counter()
     batches: list[BatchExpectation] = []
+    entries = spark_log.source_entries(ck) if inputs is None else {}
     for batch_id in committed:
+        exp = BatchExpectation(batch_id, [], spark_log.late_watermark_ms(ck, batch_id))
         if inputs is None:
-            bi = ckpt.batch_input(checkpoint, batch_id)
-            exp = BatchExpectation(batch_id, bi.files, bi.late_watermark_ms)
-            table = pq.read_table(bi.files, columns=["event_id", "user", "event_time"]) if bi.files else None
+            exp.files = spark_log.batch_files(ck, batch_id, entries=entries)
+            cols = ["event_id", "user", "event_time"]
+            table = pq.read_table(exp.files, columns=cols) if exp.files else None
         else:
-            exp = BatchExpectation(batch_id, [], ckpt.late_watermark_ms(checkpoint, batch_id))
             table = inputs(batch_id)
         batches.append(exp)
         if table is None or not table.num_rows:
             continue
         exp.input_rows = table.num_rows
-        late = ckpt.late_mask(table.column("event_time"), exp.late_watermark_ms).tolist()
         ids = table.column("event_id").to_pylist()
         names = table.column("user").to_pylist()
         micros = table.column("event_time").cast("int64").to_pylist()
-        for is_late, eid, user, ts in zip(late, ids, names, micros, strict=True):
-            if is_late:
+        watermark_us = exp.late_watermark_ms * 1000
+        for eid, user, ts in zip(ids, names, micros, strict=True):
+            if exp.late_watermark_ms > 0 and ts <= watermark_us:  # Spark's rule: at or before it is late
                 exp.late_ids.append(eid)
             elif eid in seen:
                 exp.duplicates += 1

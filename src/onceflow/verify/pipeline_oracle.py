@@ -69,7 +69,7 @@ class Deduplication:
         for i, (key, ts) in enumerate(zip(keys, times, strict=True)):
             if ts is None or any(k is None or k == "" for k in key):
                 keep.append(False)  # a bad record: never one id (rejects are not judged)
-            elif ts <= late_wm_ms * 1000:
+            elif late_wm_ms > 0 and ts <= late_wm_ms * 1000:  # 0: no watermark yet, nothing late
                 keep.append(False)
                 self.late.append({**rows.slice(i, 1).to_pylist()[0], "batch_id": batch_id})
             elif key in self.expiry:
