@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-long: what is too long for make test (RELIABILITY.md records the results).
 # 1. the tests marked `long` (pytest -m long); 2. many-round verifies of every sink and source,
-# each into build/long/<name> (report.html, report.json). PostgreSQL sinks run when
+# each into build/long/<name> (report.html, report.json), and of a user-style pipeline
+# (verify --pipeline) per sink. PostgreSQL sinks run when
 # ONCEFLOW_PG_DSN names a database verify may create schemas in. Exit 1 at the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +23,15 @@ verify delta --rounds 40 --seed 16 --sink delta
 verify http --rounds 20 --seed 17 --sink http
 verify kafka --rounds 20 --seed 18 --source kafka
 verify ingest --ingest --rounds 16 --seed 15 --faults all
+# a user-style pipeline (tests/verify/pipelines/orders.py, judged by the pipeline oracle) per sink
+rm -rf "$OUT/orders-sample"
+"$PY" -c "from pathlib import Path; from tests.verify.pipelines import sample; \
+sample.write(Path('$OUT/orders-sample'), files=8, per_file=1500, seed=21)"
+ORDERS=(--pipeline tests/verify/pipelines/orders.py:build --input "$OUT/orders-sample" --rounds 40 --seed 21)
+verify orders-sqlite "${ORDERS[@]}" --sink sqlite
+verify orders-delta "${ORDERS[@]}" --sink delta
 if [[ -n "${ONCEFLOW_PG_DSN:-}" ]]; then
+  verify orders-postgres "${ORDERS[@]}" --sink postgres
   for sink in postgres postgres-staged postgres-2pc; do
     verify "$sink" --rounds 40 --seed 16 --sink "$sink"
   done

@@ -77,7 +77,7 @@ def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sqlite", "postgres",
+@pytest.mark.parametrize("backend", [pytest.param("sqlite", marks=pytest.mark.long), "postgres",  # long:
                                      pytest.param("postgres-staged", marks=pytest.mark.long),  # test-long
                                      "postgres-2pc", "delta"])
 def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_path: Path, backend: str,

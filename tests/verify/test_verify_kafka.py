@@ -29,6 +29,7 @@ def _rounds_ok(rep: dict[str, object]) -> list[dict[str, object]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (tests/sources/test_kafka_crash.py covers the crash points in make test)
 def test_kafka_source_under_crash_points_and_kills(tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "5", "--seed", "18", "--events-per-round", "2000",
                            "--faults", "kill_random,crash_inside_sink_txn,crash_after_sink_commit,"
