@@ -30,6 +30,7 @@ from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError, from_spark, refuse_unknown
 from onceflow.faults import CrashPoint, armed, commit_log_listener
 from onceflow.query import OnceQuery
+from onceflow.retry import retrying
 from onceflow.sinks.base import TablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.stable import StableOutputs
@@ -291,10 +292,12 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     with_id = per_batch is not None and takes_batch_id(per_batch)
     schemas = startup.output_schemas(df, per_batch, with_id, outputs)
     startup.check_columns_of(schemas, outputs)
-    sink.check(specs, {**schemas, **({rejects: rj.ARROW_SCHEMA} if rejects else {})})
+    retry_s = parse_duration(retry_for)
+    retrying("checking the sink before the query starts", retry_s,
+             lambda: sink.check(specs, {**schemas, **({rejects: rj.ARROW_SCHEMA} if rejects else {})}))
     startup.print_note(startup.append_note(df, output_mode))
     options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows,
-                            the_contract, rejects, parse_duration(retry_for))
+                            the_contract, rejects, retry_s)
     writer = BatchWriter(sink, path, options, df.sparkSession)
     listener = None
     selected = armed()

@@ -43,16 +43,20 @@ def orders_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_every_fault_kind_on_the_orders_pipeline_leaves_exact_tables(orders_sample: Path,
                                                                       tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build", "--input", str(orders_sample),
-                           "--rounds", "8", "--seed", "5", "--faults", "all")
+                           "--rounds", "9", "--seed", "5", "--faults", "all")
     assert rc == 0, out
     kinds = [r["fault"] for r in rep["rounds"]]
     assert sorted(kinds) == sorted(["kill_random", "crash_before_sink_write", "crash_inside_sink_txn",
                                     "crash_after_sink_commit", "crash_after_commit_log",
-                                    "crash_apply_pending", "ambiguous_commit", "trigger_change"])
+                                    "crash_apply_pending", "ambiguous_commit", "trigger_change",
+                                    "sink_outage"])
     for r in rep["rounds"]:
         assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
-        if r["fault"].startswith("crash_") or r["fault"] == "ambiguous_commit":
+        if r["fault"].startswith("crash_") or r["fault"] in ("ambiguous_commit", "sink_outage"):
             assert r["rows_at_risk"] > 0, r  # each crash met a batch with orders in it
+    outage = next(r for r in rep["rounds"] if r["fault"] == "sink_outage")
+    assert "locked by another process" in outage["outcome"] and "the query went on" in outage["outcome"]
+    assert " 0 retries" not in outage["outcome"], outage  # the batch waited out the lock by retrying
     tables = rep["verdict"]["tables"]
     assert set(tables) == {"customers", "hourly"}
     assert tables["customers"]["expected_rows"] == 40 and tables["hourly"]["expected_rows"] > 1

@@ -41,10 +41,12 @@ def reaches(sink: str, fault: str) -> bool:
         return sink not in NO_TXN_SINKS
     if fault == "crash_after_sink_commit":
         return sink != "http-naive"  # no ledger commit: the naive sink returns after its calls
+    if fault == "sink_outage":
+        return sink not in NO_TXN_SINKS  # a database or table to take away (not a service)
     return True
 
 SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill",
-                "worker_kill"]
+                "worker_kill", "sink_outage"]
 """Faults of the Spark side that make a round."""
 
 ROUND_FAULTS = SPARK_FAULTS + INGEST_ROUND_FAULTS

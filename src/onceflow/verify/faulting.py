@@ -115,7 +115,8 @@ def at_risk(records: list[RoundRecord], markers: list[dict[str, Any]]) -> None:
     """Each round's rows at risk: the input rows of the batches its fault hit (final markers)."""
     rows = {int(m["batch_id"]): int(m.get("input_rows") or 0) for m in markers}
     for r in records:
-        if r.fault in CRASH_FAULTS or r.fault in ("ambiguous_commit", "kill_random", *CLUSTER_FAULTS):
+        if r.fault in CRASH_FAULTS or r.fault in ("ambiguous_commit", "kill_random", "sink_outage",
+                                                   *CLUSTER_FAULTS):
             r.rows_at_risk = sum(rows.get(b, 0) for b in r.fault_batches)
             if not r.rows_at_risk:
                 r.outcome += "; no input rows were in flight: the round does not count as a tested fault"
@@ -152,6 +153,11 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
         rec.outcome = (f"driver died at {point}" if rec.exit_code == expected
                        else f"unexpected exit code {rec.exit_code}")
         return
+    if fault == "sink_outage":
+        before_plans = max(spark_log.planned(ck), default=-1) if ck is not None else -1
+        _outage(start(), rec, target, rng, timeout, t0, in_flight,
+                lambda: ck is not None and max(spark_log.planned(ck), default=-1) > before_plans)
+        return
     if fault == "trigger_change":
         drain(start(), rec, timeout,
                "restarted with another batch size, drained")
@@ -180,6 +186,40 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
             d.kill()
             rec.fault_batches = in_flight()
             rec.outcome = "driver and JVM SIGKILLed at a random moment"
+    except AssertionError as exc:
+        rec.outcome = f"timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+
+
+def _outage(d: Driver, rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float, t0: float,
+            in_flight: Callable[[], list[int]], planned_new: Callable[[], bool]) -> None:
+    """``sink_outage``: the sink goes away as the round's first batch is planned; it must retry, go on.
+
+    The round's input is fed as the driver starts; the outage starts the moment Spark planned
+    a new batch (``planned_new``: an ``offsets/N`` after those of the round's start; its sink
+    write is still ahead), so that batch meets it. The batches in flight during the outage are
+    the fault's batches.
+    """
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + timeout
+        while not planned_new() and d.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out waiting for the round's first batch")
+            time.sleep(0.03)
+        rec.fault_s = time.monotonic() - t0
+        how = target.outage(target.outage_seconds(rng), lambda: seen.update(in_flight()))
+        rec.fault_batches = sorted(seen)
+        wait_until(lambda: target.committed_batches() > rec.markers_before or d.proc.poll() is not None,
+                   timeout, "a batch committed after the outage")
+        if d.proc.poll() is not None:
+            rec.outcome = f"{how}; the driver exited with {d.proc.returncode} instead of retrying"
+        else:
+            out = d.output()
+            n = out.count("; retry ") + out.count("a concurrent Delta commit won")
+            rec.outcome = f"{how}; {n} {'retry' if n == 1 else 'retries'} logged, the query went on"
     except AssertionError as exc:
         rec.outcome = f"timed out: {exc}"
     finally:

@@ -22,7 +22,7 @@ _COLORS = {
     "trigger_change": "#17becf", "executor_kill": "#7f7f7f",
     "receiver_kill": "#1f77b4", "receiver_crash_after_stage": "#aec7e8",
     "receiver_crash_after_record": "#98df8a", "receiver_crash_after_publish": "#ffbb78",
-    "sender_kill": "#c49c94", "verify_kill": "#393b79",
+    "sender_kill": "#c49c94", "verify_kill": "#393b79", "sink_outage": "#637939",
 }
 
 

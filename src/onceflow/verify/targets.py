@@ -14,6 +14,8 @@ through the connection's ``search_path``; the DSN reaches the driver processes t
 
 from __future__ import annotations
 
+import random
+import sqlite3
 import time
 import uuid
 from collections.abc import Callable
@@ -45,6 +47,8 @@ def delta_batches(root: Path, sink_id: str) -> list[dict[str, Any]]:
     raise OnceflowError(f"cannot read the Delta sink's markers under {root}: {last}")
 
 KINDS = SINKS
+DRIVER_APP = "onceflow-verify-driver"
+"""The ``application_name`` of the drivers' PostgreSQL connections (a ``sink_outage`` ends them)."""
 SQLITE_KINDS = SQLITE_SINKS
 SINK_ID = EXAMPLE_SINK_ID
 
@@ -117,6 +121,7 @@ class SinkTarget:
         with pg.session(self._base_dsn) as conn:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
         self.dsn = make_conninfo(self._base_dsn, options=f"-c search_path={self.schema}")
+        self.driver_dsn = make_conninfo(self.dsn, application_name=DRIVER_APP)
 
     @property
     def name(self) -> str:
@@ -133,7 +138,7 @@ class SinkTarget:
 
     def env(self) -> dict[str, str]:
         """Environment for the driver process."""
-        return {pg.DSN_ENV: self.dsn} if self.is_postgres else {}
+        return {pg.DSN_ENV: self.driver_dsn} if self.is_postgres else {}
 
     def close(self) -> None:
         """Stop what :meth:`prepare` started (the demo service)."""
@@ -162,6 +167,59 @@ class SinkTarget:
             row = conn.execute("SELECT count(*) FROM onceflow_batches WHERE sink_id = %s",
                                (self.marker_id,)).fetchone()
         return int(row[0])
+
+    def outage_seconds(self, rng: random.Random) -> float:
+        """How long a ``sink_outage`` lasts: SQLite's longer than a statement waits for a lock."""
+        return rng.uniform(12.0, 15.0) if self.kind in SQLITE_KINDS else rng.uniform(6.0, 10.0)
+
+    def outage(self, seconds: float, during: Callable[[], None]) -> str:
+        """Make the sink unavailable for ``seconds``, calling ``during`` every 0.2 s; what was done.
+
+        SQLite: another connection holds ``BEGIN EXCLUSIVE`` (longer than the sink waits for a
+        lock). PostgreSQL: the drivers' connections (``application_name`` :data:`DRIVER_APP`) are
+        terminated again and again. Delta: another writer changes the tables' metadata without pause
+        (a table property; every concurrent commit of the sink's conflicts with it, the rows stay
+        the same). The sink must retry inside the batch.
+        """
+        end = time.monotonic() + seconds
+        if self.kind in SQLITE_KINDS:
+            assert self.db is not None
+            conn = sqlite3.connect(self.db, timeout=30, isolation_level=None)
+            conn.execute("BEGIN EXCLUSIVE")
+            try:
+                while time.monotonic() < end:
+                    during()
+                    time.sleep(0.2)
+            finally:
+                conn.execute("COMMIT")
+                conn.close()
+            return f"database locked by another process (BEGIN EXCLUSIVE) for {seconds:.0f} s"
+        if self.kind in DELTA_SINKS:
+            from deltalake import DeltaTable
+
+            assert self.db is not None
+            commits = 0
+            while time.monotonic() < end:
+                for i, table in enumerate(sorted(self.db.glob("*/_delta_log"))):
+                    try:  # a metadata change: every concurrent commit of the sink's conflicts with it
+                        DeltaTable(str(table.parent)).alter.set_table_properties(
+                            {"delta.logRetentionDuration": f"interval {30 + (commits + i) % 2} days"})
+                        commits += 1
+                    except Exception:  # noqa: BLE001 - the other writer lost a race: it tries again
+                        pass
+                during()
+                time.sleep(0.05)
+            return (f"another writer changed the tables' metadata for {seconds:.0f} s ({commits} commits, "
+                    "each conflicting with the sink's)")
+        killed = 0
+        while time.monotonic() < end:
+            with pg.session(self._base_dsn) as conn:
+                row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                   "WHERE application_name = %s", (DRIVER_APP,)).fetchone()
+            killed += int(row[0])
+            during()
+            time.sleep(0.2)
+        return f"the drivers' database connections terminated for {seconds:.0f} s ({killed} killed)"
 
     def reader(self) -> Callable[[str], list[dict[str, Any]] | None]:
         """Reads one of the sink's tables by name (a user pipeline's verdict)."""
