@@ -9,6 +9,7 @@ a key minted by ``uuid4()`` in ``per_batch``) and the payments example (an ``add
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -26,9 +27,10 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]
 ORDERS = str(Path(__file__).parent / "pipelines" / "orders.py")
 
 
-def _verify(report: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
+def _verify(report: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, dict[str, Any]]:
     proc = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report),
-                           *args], capture_output=True, text=True, timeout=900)
+                           *args], capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **env} if env else None)
     data = json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else {}
     return proc.returncode, proc.stdout + proc.stderr, data
 
@@ -89,6 +91,19 @@ def test_a_key_minted_with_uuid4_in_per_batch_is_caught(orders_sample: Path, tmp
     assert receipts["lost_events"] == receipts["expected_rows"] > 0
     assert "uuid4()" in out
     assert rep["verdict"]["tables"]["customers"]["lost_events"] == 0  # the rest of the pipeline is exact
+
+
+def test_postgres_outage_and_a_crash_inside_the_transaction(orders_sample: Path, tmp_path: Path,
+                                                             pg_dsn: str) -> None:
+    """The orders pipeline on PostgreSQL: its connections terminated mid-batch, then a crash."""
+    rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build", "--input", str(orders_sample),
+                           "--rounds", "2", "--seed", "6", "--faults", "sink_outage,crash_inside_sink_txn",
+                           "--sink", "postgres", env={"ONCEFLOW_PG_DSN": pg_dsn})
+    assert rc == 0, out
+    outage, crash = rep["rounds"]
+    assert "connections terminated" in outage["outcome"] and "the query went on" in outage["outcome"], outage
+    assert outage["rows_at_risk"] > 0 and crash["rows_at_risk"] > 0, rep["rounds"]
+    assert rep["verdict"]["tables"]["customers"]["expected_rows"] == 40
 
 
 def test_the_payments_example_through_onceflow_testing_on_delta(tmp_path: Path) -> None:
