@@ -30,6 +30,16 @@ sample.write(Path('$OUT/orders-sample'), files=8, per_file=1500, seed=21)"
 ORDERS=(--pipeline tests/verify/pipelines/orders.py:build --input "$OUT/orders-sample" --rounds 40 --seed 21)
 verify orders-sqlite "${ORDERS[@]}" --sink sqlite
 verify orders-delta "${ORDERS[@]}" --sink delta
+# the payments example with every fault kind, and its negative control (must exit 1)
+rm -rf "$OUT/payments-sample"
+"$PY" -m onceflow.examples.payments generate --out "$OUT/payments-sample" --payments 30000 >/dev/null
+PAYMENTS=(--pipeline src/onceflow/examples/payments.py:build --input "$OUT/payments-sample" --seed 22)
+verify payments-sqlite "${PAYMENTS[@]}" --rounds 9 --sink sqlite
+step "onceflow verify ${PAYMENTS[*]} --rounds 2 --faults crash_after_sink_commit --sink naive (must fail)"
+if .venv/bin/onceflow verify "${PAYMENTS[@]}" --rounds 2 --faults crash_after_sink_commit --sink naive \
+    --report "$OUT/payments-naive"; then
+  echo "== the negative control passed: verify missed its duplicates"; exit 1
+fi
 if [[ -n "${ONCEFLOW_PG_DSN:-}" ]]; then
   verify orders-postgres "${ORDERS[@]}" --sink postgres
   for sink in postgres postgres-staged postgres-2pc; do

@@ -288,6 +288,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     if count_rows is not None and not callable(count_rows):
         raise ConfigError("count_rows must be a function {table: rows} -> int")
     startup.check_output_mode(output_mode, specs, late)
+    startup.check_late_source(df, late, the_contract is not None)
     outputs = {n: s for n, s in specs.items() if n not in own}
     with_id = per_batch is not None and takes_batch_id(per_batch)
     schemas = startup.output_schemas(df, per_batch, with_id, outputs)

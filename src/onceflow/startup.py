@@ -104,6 +104,48 @@ def check_columns_of(schemas: Mapping[str, pa.Schema], specs: Mapping[str, Table
         check_columns(name, specs[name], schema)
 
 
+def source_kinds(df: DataFrame) -> list[str]:
+    """The kinds of the query's streaming sources.
+
+    Returns:
+        ``file`` for each of Spark's file sources, else the source's name (e.g.
+        ``onceflow_kafka``); empty when the plan cannot be read.
+    """
+    try:
+        leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+        out = []
+        for i in range(leaves.size()):
+            leaf = leaves.apply(i)
+            kind = leaf.getClass().getSimpleName()
+            if kind == "StreamingRelation":
+                out.append("file")
+            elif kind == "StreamingRelationV2":
+                out.append(str(leaf.sourceName()))
+        return out
+    except Exception:  # noqa: BLE001 - py4j of another Spark build: no check
+        return []
+
+
+def check_late_source(df: DataFrame, late: str | None, has_contract: bool) -> None:
+    """Refuse ``late=`` where onceflow could not write the late rows (they would be lost unseen).
+
+    The late rows are read back from the batch's input: a file source's files, or, for another
+    source, the records the input contract (:func:`onceflow.expect`) parses from the batch's
+    offsets. A Kafka source without a contract has neither.
+
+    Raises:
+        ConfigError: ``late=`` on a source other than files, without an input contract.
+    """
+    if late is None or has_contract:
+        return
+    other = sorted({k for k in source_kinds(df) if k != "file"})
+    if other:
+        raise ConfigError(f"late={late!r}: the query reads {', '.join(other)}, whose late rows onceflow can "
+                          "read back only through an input contract: parse the records with "
+                          "onceflow.expect(raw, json='value', schema=...) and deduplicate that, or leave "
+                          "out late= (Spark still drops the late rows)")
+
+
 def _is_event_time_aggregation(df: DataFrame) -> bool:
     try:
         plan = str(df._jdf.queryExecution().analyzed().toString())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -190,14 +191,15 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "records kept in late_events (onceflow/examples/billing.py); or your own: "
                    "PATH.py:FUNCTION, a function (spark, input, sink, checkpoint, once) that builds "
                    "the query with onceflow.write_stream and returns it (reads --input).")
-@click.option("--input", "input_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The directory a --pipeline PATH.py:FUNCTION reads (its input argument).")
+@click.option("--input", "input_dir", default=None, metavar="DIR|HOST:PORT/TOPIC",
+              help="What a --pipeline PATH.py:FUNCTION reads (its input argument): a directory, or "
+                   "a Kafka bootstrap server and topic.")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
         checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
         effects_url: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
-        standby: Path | None, pipeline: str, input_dir: Path | None) -> None:
+        standby: Path | None, pipeline: str, input_dir: str | None) -> None:
     """Run a pipeline over the event log, exactly once into its sink.
 
     The default pipeline is Streaming Systems Example 5-1 (per-user and global counts per
@@ -242,7 +244,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     )
 
 
-def _run_user_pipeline(spec: str, input_dir: Path | None, checkpoint: Path, db: Path | None,
+def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, db: Path | None,
                        delta_root: Path | None, pg_dsn: str | None, sink_kind: str | None, once: bool,
                        master: str | None, conf: dict[str, str], standby: Path | None) -> None:
     """``--pipeline PATH.py:FUNCTION``: the user's function builds the query over ``--input``."""
@@ -258,13 +260,16 @@ def _run_user_pipeline(spec: str, input_dir: Path | None, checkpoint: Path, db: 
     kind = sink_kind or "sqlite"
     if kind not in USER_SINKS:
         raise click.UsageError(f"--pipeline PATH.py:FUNCTION writes with --sink {', '.join(USER_SINKS)}")
-    input_dir.mkdir(parents=True, exist_ok=True)
+    where: str | Path = input_dir
+    if not re.fullmatch(r"[^/\s]+:\d+/[^/\s]+", input_dir):  # not HOST:PORT/TOPIC: a directory
+        where = Path(input_dir).absolute()
+        where.mkdir(parents=True, exist_ok=True)
     spark = session(master=master, conf=conf)
     if standby is not None:
         wait_for_release(standby)
     sink = make_sink(kind, SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root), sink_id=USER_SINK_ID)
     try:
-        query = pipelines.start(fn, spark, input_dir.absolute(), sink, checkpoint.absolute(), once)
+        query = pipelines.start(fn, spark, where, sink, checkpoint.absolute(), once)
         query.awaitTermination()
     finally:
         sink.close()

@@ -35,8 +35,9 @@ from onceflow.verify.sinks import SINKS
                    "standalone master and two workers as separate processes on loopback (enables "
                    "worker_kill: a busy worker and its executor SIGKILLed, then restarted).")
 @click.option("--source", type=click.Choice(["log", "kafka"]), default="log", show_default=True,
-              help="Where the pipeline reads: the event log, or a Kafka topic on a mock broker "
-                   "(librdkafka's, real protocol on loopback) that verify starts and produces to.")
+              help="Where the pipeline reads: the event log (or --input's files with --pipeline), or a "
+                   "Kafka topic on a mock broker (librdkafka's, real protocol on loopback) that verify "
+                   "starts and produces to (with --pipeline, input is '<bootstrap>/<topic>').")
 @click.option("--ingest", is_flag=True,
               help="Feed the log through real senders and an 'onceflow ingest serve' receiver "
                    "(enables the receiver_*, sender_kill and dropped_acks faults).")
@@ -44,9 +45,11 @@ from onceflow.verify.sinks import SINKS
               help="Verify your own pipeline instead of Example 5-1: a function (spark, input, sink, "
                    "checkpoint, once) that builds the query with onceflow.write_stream over the "
                    "directory input and returns it (see docs/verify.md). Needs --input.")
-@click.option("--input", "input_dir", default=None, type=click.Path(file_okay=False, path_type=Path),
+@click.option("--input", "input_dir", default=None, type=click.Path(exists=True, path_type=Path),
               help="With --pipeline: a directory of sample files your pipeline reads (JSON lines, CSV, "
-                   "Parquet...); verify cuts them into pieces and feeds them in rounds.")
+                   "Parquet...); verify cuts them into pieces and feeds them in rounds. With --source "
+                   "kafka: a JSON-lines file (or directory) of records ({\"key\", \"value\", "
+                   "\"headers\"} or the value itself) verify produces to the topic in rounds.")
 @click.option("--report", "report_dir", required=True,
               type=click.Path(file_okay=False, path_type=Path),
               help="Directory for report.json, report.html and the run's work files.")

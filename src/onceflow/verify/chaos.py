@@ -38,7 +38,7 @@ from onceflow.errors import ConfigError
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
-from onceflow.verify import inputs, sample
+from onceflow.verify import inputs, pipeline_kafka, sample
 from onceflow.verify.driver import (
     Driver,
     ProcessGroup,
@@ -59,10 +59,21 @@ from onceflow.verify.fault_kinds import (
     default_faults,
     reaches,
 )
-from onceflow.verify.faulting import FINAL, STANDBYS, RoundRecord, Spec, at_risk, drain, inject, spec
+from onceflow.verify.faulting import (
+    FINAL,
+    STANDBYS,
+    RoundRecord,
+    Spec,
+    at_risk,
+    drain,
+    error_line,
+    inject,
+    spec,
+)
 from onceflow.verify.ingest_rig import DROP_ACKS, INGEST_ROUND_FAULTS, RECEIVER_CRASHES, IngestRig
 from onceflow.verify.inputs import TOPIC, Feeder, KafkaInput, LogInput
 from onceflow.verify.oracle import expect
+from onceflow.verify.pipeline_kafka import KafkaRecordsInput
 from onceflow.verify.resume import kill_stale, load_state, rng_state, save_state
 from onceflow.verify.sample import SampleInput
 from onceflow.verify.sinks import USER_SINK_ID, USER_SINKS
@@ -156,9 +167,9 @@ class VerifyConfig:
         pipelines.load(str(self.pipeline))  # a bad spec or module fails here, before any round
         if self.input_dir is None:
             raise ConfigError("--pipeline needs --input DIR: the sample files verify feeds to your pipeline")
-        if self.source != "log" or self.ingest:
-            raise ConfigError("--pipeline reads the files of --input: it does not combine with --source "
-                              "kafka or --ingest")
+        if self.ingest:
+            raise ConfigError("--pipeline reads --input (files, or records verify produces to Kafka with "
+                              "--source kafka): it does not combine with --ingest")
         if self.sink not in USER_SINKS:
             raise ConfigError(f"--pipeline runs with --sink {', '.join(USER_SINKS)}")
         generated = [f for f in self.faults if f in INPUT_FAULTS]
@@ -240,7 +251,9 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         raise ConfigError("--resume is not possible with --source kafka: the mock broker that held the "
                           "topic ended with the interrupted run; start a new run")
     src: Any
-    if cfg.source == "kafka":
+    if cfg.pipeline and cfg.source == "kafka":
+        src = KafkaRecordsInput(cfg.pipeline, TOPIC)
+    elif cfg.source == "kafka":
         src = KafkaInput(rows_per_file=cfg.segment_size)
     elif cfg.pipeline:
         src = SampleInput(cfg.workdir / "input", cfg.pipeline)
@@ -298,7 +311,8 @@ class _Run:
         self.target.prepare(state.get("schema"))
         say(f"sink: {self.target.name}")
         if cfg.pipeline and cfg.input_dir is not None:
-            self.chunks: list[list[Any]] = sample.pieces(cfg.input_dir, cfg.rounds)
+            cut = pipeline_kafka.pieces if cfg.source == "kafka" else sample.pieces
+            self.chunks: list[list[Any]] = cut(cfg.input_dir, cfg.rounds)
             fed = src.in_place()
             say(f"pipeline: {cfg.pipeline} over {sum(len(c) for c in self.chunks)} pieces of {cfg.input_dir}")
         else:
@@ -362,7 +376,7 @@ class _Run:
         else:
             fault, self.scheduled = kinds[self.scheduled % len(kinds)], self.scheduled + 1
         rec = RoundRecord(i + 1, fault, time.monotonic() - self.t0, markers_before=target.committed_batches())
-        self.input_rows += sum(t.num_rows for t in chunk)
+        self.input_rows += sum(t.num_rows if hasattr(t, "num_rows") else len(t) for t in chunk)
         ahead = min(STANDBYS, len(self.chunks) - i - 1)
         upcoming = ([spec(kinds[(self.scheduled + k) % len(kinds)], i + 2 + k, cfg.seed)
                      for k in range(ahead)] + [FINAL])[:STANDBYS]
@@ -399,7 +413,8 @@ class _Run:
         self.say("oracle: rebuilding every committed batch from the checkpoint and the input files")
         spark = session()
         try:
-            oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck)
+            kafka = (self.src.broker.bootstrap, TOPIC) if self.cfg.source == "kafka" else None
+            oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck, kafka)
             oracle.run()
             return judge(self.target.name, oracle, self.target.reader())
         finally:
@@ -418,7 +433,7 @@ class _Run:
         final = self.launch(FINAL, [])
         final_rc = final.wait(timeout=self.cfg.round_timeout_s * 2)
         drain = (drain_start, time.monotonic() - self.t0)
-        self.say(f"final drain: exit code {final_rc}")
+        self.say(f"final drain: exit code {final_rc}" + (f" ({error_line(final)})" if final_rc else ""))
         verdict = self._judge_pipeline() if self.cfg.pipeline else \
             self.target.judge(expect(self.ck, self.src.oracle_inputs(self.ck)))
         batches = self.target.batches()

@@ -111,6 +111,13 @@ def crash_batches(output: str) -> list[int]:
     return sorted({int(a or b) for a, b in _HIT.findall(output)})
 
 
+def error_line(d: Driver) -> str:
+    """The driver's last ``onceflow: error`` line (or its last line)."""
+    lines = [ln for ln in d.output().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("onceflow: error")]
+    return (errors or lines or ["no output"])[-1][:400]
+
+
 def at_risk(records: list[RoundRecord], markers: list[dict[str, Any]]) -> None:
     """Each round's rows at risk: the input rows of the batches its fault hit (final markers)."""
     rows = {int(m["batch_id"]): int(m.get("input_rows") or 0) for m in markers}
@@ -164,7 +171,11 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
         return
     d = start()
     try:
-        wait_until(progressed, timeout, "a committed batch")
+        wait_until(lambda: progressed() or d.proc.poll() is not None, timeout, "a committed batch")
+        if not progressed() and d.proc.poll() is not None:
+            rec.outcome = (f"the driver exited with {d.proc.returncode} before a batch committed: "
+                           f"{error_line(d)}")
+            return
         if fault == "executor_kill":
             pid = busy_executor(d.proc.pid, timeout=60)  # mid-batch: an executor running tasks
             if pid is None:

@@ -22,8 +22,11 @@ Procedure, for each batch N in Spark's commit log, in order (:class:`PipelineOra
    (:mod:`onceflow.verify.pipeline_verdict`); with ``output_mode="update"`` the static batch
    holds every kept row so far (the aggregate Spark updates), upserted by key.
 
-Limits (documented in docs/verify.md): the input is files in the ``input`` directory (one file
-source); rows with the same id are resends (same content: which copy Spark keeps within one
+With ``--source kafka`` the batches come from the topic instead (:mod:`onceflow.verify.pipeline_kafka`:
+the ``onceflow_kafka`` source's reader, over the records Spark's offset log gives each batch).
+
+Limits (documented in docs/verify.md): one source, files in the ``input`` directory or onceflow's
+Kafka source; rows with the same id are resends (same content: which copy Spark keeps within one
 batch is its choice); a streaming aggregation needs ``output_mode="update"``; ``rejects=`` is not
 judged; a ``per_batch`` that reads the clock or random numbers is judged only with ``stable=``
 tables (and then only its deterministic columns can match).
@@ -32,6 +35,7 @@ tables (and then only its deterministic columns can match).
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +48,7 @@ from onceflow import pipelines
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.tables import Table
-from onceflow.verify import spark_log
+from onceflow.verify import pipeline_kafka, spark_log
 
 
 @dataclass
@@ -100,8 +104,9 @@ class Captured:
 class _BatchReader:
     """``spark.readStream`` of the proxy session: the same reader, over one batch's files."""
 
-    def __init__(self, spark: Any, files: Sequence[Path]) -> None:
-        self._spark, self._files = spark, files
+    def __init__(self, spark: Any, files: Sequence[Path],
+                 kafka: Callable[[dict[str, Any]], pa.Table] | None = None) -> None:
+        self._spark, self._files, self._kafka = spark, files, kafka
         self._format, self._schema, self._options = "parquet", None, {}  # type: ignore[var-annotated]
 
     def format(self, source: str) -> _BatchReader:  # noqa: D102
@@ -125,8 +130,11 @@ class _BatchReader:
         self._format = format or self._format
         self._schema = schema if schema is not None else self._schema
         self._options.update(options)
+        if self._format == "onceflow_kafka" and self._kafka is not None:
+            return self._spark.createDataFrame(self._kafka(dict(self._options)))
         if self._format in ("kafka", "onceflow_kafka", "rate", "socket"):
-            raise ConfigError(f"verify --pipeline: the oracle reads file sources only, not {self._format!r}")
+            raise ConfigError(f"verify --pipeline: the oracle reads files (or onceflow's Kafka source with "
+                              f"--source kafka), not {self._format!r}")
         reader = self._spark.read.format(self._format).options(**self._options)
         if self._schema is not None:
             reader = reader.schema(self._schema)
@@ -151,12 +159,13 @@ class _BatchReader:
 class _Session:
     """The user's ``spark`` during the oracle's call: ``readStream`` reads one batch's files."""
 
-    def __init__(self, spark: Any, files: Sequence[Path]) -> None:
-        self._spark, self._files = spark, files
+    def __init__(self, spark: Any, files: Sequence[Path],
+                 kafka: Callable[[dict[str, Any]], pa.Table] | None = None) -> None:
+        self._spark, self._files, self._kafka = spark, files, kafka
 
     @property
     def readStream(self) -> _BatchReader:  # noqa: N802, D102
-        return _BatchReader(self._spark, self._files)
+        return _BatchReader(self._spark, self._files, self._kafka)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._spark, name)
@@ -180,10 +189,12 @@ class PipelineOracle:
             the oracle's functions are in place (so that ``from onceflow import deduplicate``
             binds the oracle's).
         checkpoint: The verified query's checkpoint.
+        kafka: ``(bootstrap, topic)`` of a pipeline that reads onceflow's Kafka source.
     """
 
-    def __init__(self, spark: Any, pipeline: str, checkpoint: Path) -> None:
-        self.spark, self.spec, self.checkpoint = spark, pipeline, checkpoint
+    def __init__(self, spark: Any, pipeline: str, checkpoint: Path,
+                 kafka: tuple[str, str] | None = None) -> None:
+        self.spark, self.spec, self.checkpoint, self.kafka = spark, pipeline, checkpoint, kafka
         self.pipeline: Callable[..., Any] = lambda *a: None
         self.dedup = Deduplication()
         self.captured: list[tuple[int, Captured]] = []
@@ -227,9 +238,11 @@ class PipelineOracle:
         arrow = {n: f if isinstance(f, pa.Table) else f.toArrow() for n, f in outs.items()}
         return Captured(specs, arrow, late, mode)
 
-    def _call(self, batch_id: int, files: list[Path]) -> Captured:
+    def _call(self, batch_id: int, files: list[Path],
+              kafka: Callable[[dict[str, Any]], pa.Table] | None = None) -> Captured:
         self._batch_id = batch_id
-        built = self.pipeline(_Session(self.spark, files), "", None, "", True)
+        where = f"{self.kafka[0]}/{self.kafka[1]}" if self.kafka else ""
+        built = self.pipeline(_Session(self.spark, files, kafka), where, None, "", True)
         if not isinstance(built, Captured):
             raise ConfigError("the pipeline function did not return what onceflow.write_stream returned")
         return built
@@ -241,14 +254,22 @@ class PipelineOracle:
         if planned and planned[0] != 0:
             raise ConfigError(f"checkpoint {ck} no longer holds batches 0..{planned[0] - 1} (Spark purged "
                               "them): verify runs the pipeline with every batch retained")
-        entries = spark_log.source_entries(ck)
+        records: list[dict[str, Any]] = []
+        if self.kafka is not None:
+            records = pipeline_kafka.read_topic(*self.kafka)
+        entries = spark_log.source_entries(ck) if self.kafka is None else {}
         with installed(self):
             self.pipeline = pipelines.load(self.spec, fresh=True)
             for batch_id in spark_log.committed(ck):
-                files = spark_log.batch_files(ck, batch_id, entries=entries)
                 self._late_wm_ms = spark_log.late_watermark_ms(ck, batch_id)
-                if files:
-                    captured = self._call(batch_id, files)
+                files, kafka = [], None
+                if self.kafka is None:
+                    files = spark_log.batch_files(ck, batch_id, entries=entries)
+                else:
+                    kafka = functools.partial(pipeline_kafka.batch_table, records, ck, batch_id,
+                                              self.kafka[1])
+                if files or (kafka is not None and kafka({}).num_rows):
+                    captured = self._call(batch_id, files, kafka)
                     self.output_mode = captured.output_mode
                     self.captured.append((batch_id, captured))
                 self.dedup.evict(spark_log.read_offsets(ck, batch_id).watermark_ms)

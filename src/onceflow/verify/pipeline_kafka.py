@@ -1,0 +1,187 @@
+"""A user pipeline that reads Kafka: verify produces the user's records; the oracle reads them back.
+
+``onceflow verify --pipeline PATH.py:FUNCTION --source kafka --input RECORDS`` feeds a topic on the
+mock broker verify starts (:class:`onceflow.verify.broker.BrokerProcess`) and calls the user's
+function with ``input = "<bootstrap>/<topic>"`` (split it with ``input.rsplit("/", 1)``).
+
+``RECORDS`` is a file (or a directory of files) of JSON lines, one record each: an object with
+``value`` (a string, or any JSON value: it is produced as its JSON text) and optionally ``key``
+(a string) and ``headers`` (``{name: string}``); any other line is produced as the value itself.
+:func:`pieces` cuts them into rounds; :class:`KafkaRecordsInput` produces a piece (all of it
+acknowledged before the round goes on).
+
+The oracle reads the whole topic with its own consumer (:func:`read_topic`) and cuts each
+committed batch out of it by the offsets Spark logged (``offsets/N-1`` to ``offsets/N`` of the
+``onceflow_kafka`` source: per partition the next offset to read; ``from``: where a batch resumed
+after skipped offsets). :func:`batch_table` builds the batch with the source's documented columns
+(``key, value, topic, partition, offset, timestamp, timestampType, headers, record_id``); the
+record id is the header ``idHeader``, else the JSON field ``idField`` of the value, else
+``topic/partition/offset``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow.errors import ConfigError
+from onceflow.verify import spark_log
+
+COLUMNS = pa.schema([
+    ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
+    ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ("record_id", pa.string()),
+])
+"""The ``onceflow_kafka`` source's columns, as its documentation gives them."""
+
+Record = dict[str, Any]
+
+
+def _record(line: str) -> Record:
+    try:
+        raw = json.loads(line)
+    except ValueError:
+        raw = None
+    if isinstance(raw, dict) and "value" in raw:
+        value = raw["value"]
+        return {"key": raw.get("key"), "headers": dict(raw.get("headers") or {}),
+                "value": value if isinstance(value, str) else json.dumps(value)}
+    return {"key": None, "headers": {}, "value": line}
+
+
+def pieces(records: Path, rounds: int, per_round: int = 3) -> list[list[list[Record]]]:
+    """The records cut into ``rounds`` lists of about ``per_round`` pieces each, in file order.
+
+    Raises:
+        ConfigError: No such file or directory, or no records in it.
+    """
+    if not records.exists():
+        raise ConfigError(f"--input {records}: no such file or directory (give a JSON-lines file of "
+                          "records)")
+    files = sorted(p for p in records.iterdir() if p.is_file()) if records.is_dir() else [records]
+    every = [_record(ln) for f in files for ln in f.read_text().splitlines() if ln.strip()]
+    if not every:
+        raise ConfigError(f"--input {records} has no records")
+    wanted = rounds * per_round
+    step = max(-(-len(every) // wanted), 1)
+    cut = [every[i:i + step] for i in range(0, len(every), step)]
+    per = max(len(cut) // rounds, 1)
+    out = [cut[i * per:(i + 1) * per] for i in range(rounds)]
+    out[-1].extend(cut[rounds * per:])
+    return out
+
+
+class KafkaRecordsInput:
+    """The topic a user's Kafka pipeline reads, on a mock broker this input starts.
+
+    Args:
+        pipeline: ``PATH.py:FUNCTION``.
+        topic: The topic.
+        partitions: Its partitions.
+    """
+
+    def __init__(self, pipeline: str, topic: str, partitions: int = 4) -> None:
+        from onceflow.verify.broker import BrokerProcess
+
+        self.pipeline, self.topic = pipeline, topic
+        self.broker = BrokerProcess({topic: partitions})
+
+    def append(self, piece: list[Record]) -> None:
+        """Produce one piece's records, every one acknowledged."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.broker.bootstrap, "linger.ms": 5,
+                             "enable.idempotence": True})
+        failed: list[str] = []
+        for r in piece:
+            producer.produce(self.topic, value=r["value"].encode(),
+                             key=r["key"].encode() if r["key"] is not None else None,
+                             headers=[(k, str(v).encode()) for k, v in r["headers"].items()],
+                             on_delivery=lambda err, _m: failed.append(str(err)) if err else None)
+            producer.poll(0)
+        if producer.flush(60) or failed:
+            raise ConfigError(f"producing to {self.topic} failed: {failed[:3] or 'not all acknowledged'}")
+
+    def in_place(self) -> int:
+        """Pieces already produced (a Kafka-fed run does not resume)."""
+        return 0
+
+    def driver_kw(self) -> dict[str, Any]:
+        """``--pipeline``/``--input <bootstrap>/<topic>``."""
+        return {"pipeline": (self.pipeline, f"{self.broker.bootstrap}/{self.topic}")}
+
+    def close(self) -> None:
+        """Stop the broker."""
+        self.broker.stop()
+
+
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Record]:
+    """Every record of ``topic`` with its coordinates, read by the auditor's own consumer."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer: Any = Consumer({"bootstrap.servers": bootstrap, "group.id": "onceflow-pipeline-oracle",
+                              "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    out: list[Record] = []
+    try:
+        parts = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
+        for part in sorted(parts):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout_s)
+            consumer.assign([TopicPartition(topic, part, low)])
+            position, deadline = low, time.monotonic() + timeout_s
+            while position < high:
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"oracle: {topic}/{part} stopped at offset {position} of {high}")
+                for m in consumer.consume(1000, timeout=1.0):
+                    if m.error() is not None or m.offset() >= high:
+                        continue
+                    kind, ms = m.timestamp()
+                    out.append({"partition": part, "offset": m.offset(), "key": m.key(), "value": m.value(),
+                                "timestamp_ms": ms, "timestamp_type": kind,
+                                "headers": [(k, v) for k, v in (m.headers() or [])]})
+                    position = m.offset() + 1
+    finally:
+        consumer.close()
+    return out
+
+
+def _record_id(r: Record, topic: str, id_header: str | None, id_field: str | None) -> str:
+    if id_header:
+        for name, raw in r["headers"]:
+            if name == id_header and raw is not None:
+                return str(raw.decode("utf-8", "replace"))
+    if id_field and r["value"]:
+        try:
+            found = json.loads(r["value"]).get(id_field)
+        except (ValueError, AttributeError):
+            found = None
+        if found is not None:
+            return str(found)
+    return f"{topic}/{r['partition']}/{r['offset']}"
+
+
+def batch_table(records: list[Record], checkpoint: Path, batch_id: int, topic: str,
+                options: dict[str, Any]) -> pa.Table:
+    """Batch ``batch_id``'s records (see the module), with the source's columns."""
+    def ends(b: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        value = spark_log.read_offsets(checkpoint, b).offsets[0] if b >= 0 else None
+        if not isinstance(value, dict):
+            return {}, {}
+        return value.get("offsets", {}).get(topic, {}), value.get("from", {}).get(topic, {})
+
+    begin, _ = ends(batch_id - 1)
+    end, resumed = ends(batch_id)
+    chosen = [r for r in records if str(r["partition"]) in end
+              and int(resumed.get(str(r["partition"]), begin.get(str(r["partition"]), 0))) <= r["offset"]
+              < int(end[str(r["partition"])])]
+    chosen.sort(key=lambda r: (r["partition"], r["offset"]))
+    header, field = options.get("idHeader"), options.get("idField")
+    return pa.Table.from_pylist([
+        {"key": r["key"], "value": r["value"], "topic": topic, "partition": r["partition"],
+         "offset": r["offset"], "timestamp": r["timestamp_ms"] * 1000, "timestampType": r["timestamp_type"],
+         "headers": [{"key": k, "value": v} for k, v in r["headers"]],
+         "record_id": _record_id(r, topic, header, field)} for r in chosen], schema=COLUMNS)
