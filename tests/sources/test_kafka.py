@@ -157,6 +157,22 @@ def test_bad_options_are_refused_before_the_query(spark: Any) -> None:
                                     "sasl.mechanism": "PLAIN"}
 
 
+def test_late_rows_of_a_kafka_source_need_an_input_contract(spark: Any, tmp_path: Path) -> None:
+    """Without onceflow.expect, onceflow cannot read a Kafka batch's late rows back: late= is refused."""
+    from pyspark.sql import functions as F
+
+    import onceflow
+
+    raw = read_kafka(spark, "127.0.0.1:1", subscribe="t", id_field="id")
+    events = raw.select("record_id", F.from_json(F.col("value").cast("string"), "ts TIMESTAMP").alias("v"))
+    clean = onceflow.deduplicate(events.select("record_id", "v.ts"), id="record_id", event_time="ts",
+                                 within="1 minute")
+    with pytest.raises(ConfigError, match="reads onceflow_kafka.*onceflow.expect"):
+        onceflow.write_stream(clean, onceflow.sqlite(tmp_path / "x.db"), tmp_path / "ck",
+                              tables={"t": onceflow.Table()}, late="late")
+    assert not (tmp_path / "ck").exists()  # refused before the query started
+
+
 def test_a_read_limit_is_shared_by_backlog() -> None:
     starts = {("t", 0): 0, ("t", 1): 100, ("t", 2): 5}
     ends = {("t", 0): 700, ("t", 1): 400, ("t", 2): 5}

@@ -25,6 +25,7 @@ from tests.verify.pipelines import sample
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 ORDERS = str(Path(__file__).parent / "pipelines" / "orders.py")
+KAFKA = str(Path(__file__).parent / "pipelines" / "orders_kafka.py")
 
 
 def _verify(report: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, dict[str, Any]]:
@@ -118,6 +119,22 @@ def test_the_payments_example_through_onceflow_testing_on_delta(tmp_path: Path) 
     assert result.verdict.tables["payments"].expected_rows == 6_000  # append: each payment once
     assert (tmp_path / "v" / "report.html").exists()
     assert "with data at risk" in text
+
+
+@pytest.mark.long  # ~150 s (the Kafka source reads ~500 offsets a batch): make test-long
+def test_a_kafka_pipeline_under_crashes(orders_sample: Path, tmp_path: Path) -> None:
+    """``--source kafka``: verify produces the records (resends included) to a topic in rounds."""
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(f.read_text() for f in sorted(orders_sample.iterdir())))
+    kafka = ["--pipeline", f"{KAFKA}:build", "--source", "kafka", "--input", str(records), "--seed", "7"]
+    rc, out, rep = _verify(tmp_path / "report", *kafka, "--rounds", "3",
+                           "--faults", "crash_inside_sink_txn,crash_after_sink_commit,kill_random")
+    assert rc == 0, out
+    assert all(r["rows_at_risk"] > 0 for r in rep["rounds"] if r["fault"].startswith("crash_")), rep["rounds"]
+    assert rep["verdict"]["tables"]["customers"]["expected_rows"] == 40
+    rc, out, rep = _verify(tmp_path / "naive", *kafka, "--rounds", "1", "--faults", "crash_after_sink_commit",
+                           "--sink", "naive")
+    assert rc == 1 and rep["verdict"]["tables"]["customers"]["duplicated_events"] > 0, out
 
 
 def test_pipeline_mistakes_are_named_before_any_round(tmp_path: Path, orders_sample: Path) -> None:
