@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from onceflow.tables import Table
 from onceflow.verify.pipeline_oracle import Captured, Deduplication
-from onceflow.verify.pipeline_verdict import Folded, _compare, canon, fold
+from onceflow.verify.pipeline_verdict import Folded, _compare, canon, fold, unmarked
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -94,3 +94,9 @@ def test_the_compare_says_lost_duplicated_and_extra() -> None:
     bad: list[str] = []
     d = _compare("a", rows, [{"v": 1}, {"v": 1}], bad)
     assert (d.lost_events, d.duplicated_events) == (1, 1)
+
+
+def test_a_committed_batch_without_a_marker_is_named() -> None:
+    markers = [{"batch_id": 0}, {"batch_id": 2}]
+    assert unmarked([0, 1, 2, 3], markers) == [1, 3]
+    assert unmarked([0, 2], markers) == []

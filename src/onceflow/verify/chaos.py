@@ -38,7 +38,7 @@ from onceflow.errors import ConfigError
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
-from onceflow.verify import inputs, pipeline_kafka, sample
+from onceflow.verify import inputs, pipeline_kafka, sample, spark_log
 from onceflow.verify.driver import (
     Driver,
     ProcessGroup,
@@ -80,6 +80,9 @@ from onceflow.verify.sinks import USER_SINK_ID, USER_SINKS
 from onceflow.verify.standalone import StandaloneCluster
 from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget
 from onceflow.verify.verdict import Verdict
+
+KEEP_MARKERS = ("sqlite", "postgres", "delta", "lossy")
+"""Sinks whose markers verify checks against Spark's commit log (the naive ones never read theirs)."""
 
 
 @dataclass
@@ -408,7 +411,7 @@ class _Run:
         """The user's pipeline: its oracle over the checkpoint (a Spark session of verify's own)."""
         from onceflow.spark import session
         from onceflow.verify.pipeline_oracle import PipelineOracle
-        from onceflow.verify.pipeline_verdict import judge
+        from onceflow.verify.pipeline_verdict import judge, unmarked
 
         self.say("oracle: rebuilding every committed batch from the checkpoint and the input files")
         spark = session()
@@ -416,9 +419,15 @@ class _Run:
             kafka = (self.src.broker.bootstrap, TOPIC) if self.cfg.source == "kafka" else None
             oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck, kafka)
             oracle.run()
-            return judge(self.target.name, oracle, self.target.reader())
+            verdict = judge(self.target.name, oracle, self.target.reader())
         finally:
             spark.stop()
+        if self.cfg.sink in KEEP_MARKERS:  # every batch Spark committed has its marker in the sink
+            verdict.missing_markers = unmarked(spark_log.committed(self.ck), self.target.batches())
+            if verdict.missing_markers:
+                verdict.violations.append(f"{len(verdict.missing_markers)} batches Spark committed have no "
+                                          f"marker in the sink: {verdict.missing_markers[:10]}")
+        return verdict
 
     def finish(self) -> VerifyResult:
         """Stop the ingest rig, drain with a final ``--once`` driver, judge the sink."""

@@ -164,6 +164,12 @@ def _compare(name: str, want: Folded, got: Rows, violations: list[str]) -> Count
                      dup)
 
 
+def unmarked(committed: list[int], markers: list[dict[str, Any]]) -> list[int]:
+    """The batches in Spark's commit log without a marker in the sink (each one needs its marker)."""
+    marked = {int(m["batch_id"]) for m in markers}
+    return [b for b in committed if b not in marked]
+
+
 def judge(sink: str, oracle: PipelineOracle, read: Reader) -> Verdict:
     """The verdict on the sink's tables against the oracle's (late rows: by id)."""
     violations: list[str] = []

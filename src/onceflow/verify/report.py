@@ -171,9 +171,9 @@ def write_reports(result: VerifyResult, directory: Path) -> tuple[Path, Path]:
                            ("late mismatches", len(v.late_mismatches)),
                            ("missing markers", len(v.missing_markers)))
     )
-    legend = "".join(f'<span style="background:{c};opacity:.6;padding:2px 6px;margin:2px">{k}</span>'
+    legend = "".join(f'<span class=key style="background:{c}">{k}</span>'
                      for k, c in _COLORS.items() if k in result.faults_by_kind())
-    legend += '<span style="background:#2ca02c;opacity:.6;padding:2px 6px;margin:2px">final drain</span>'
+    legend += '<span class=key style="background:#2ca02c">final drain</span>'
     legend += " &nbsp; vertical lines: the moment each fault hit; blue: batches committed"
     rows = "".join(
         f'<tr{"" if r.tested else " class=untested"}><td>{r.round}</td><td>{html.escape(r.fault)}</td>'
@@ -201,7 +201,7 @@ def write_reports(result: VerifyResult, directory: Path) -> tuple[Path, Path]:
 <style>body{{font-family:sans-serif;margin:24px}} .c{{display:inline-block;width:150px;
 text-align:center;padding:10px;margin:4px;border-radius:6px;font-size:14px}} .c b{{font-size:28px}}
 .good{{background:#d8f3dc}} .bad{{background:#ffccd5}} td,th{{padding:2px 8px;text-align:left}}
-.untested{{background:#fff3bf}}</style>
+.untested{{background:#fff3bf}} .key{{display:inline-block;opacity:.6;padding:2px 6px;margin:2px}}</style>
 </head><body><h1>onceflow verify: {"OK" if result.ok else "FAILED"}</h1>
 <p>{len(result.rounds)} rounds, {result.input_rows:,} input rows, sink {html.escape(v.sink)},
 seed {result.config["seed"]}, {result.wall_s:.0f} s.</p>{counters}
