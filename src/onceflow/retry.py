@@ -37,6 +37,13 @@ PATTERNS = (
 )
 """Lower-case texts of errors that pass (PostgreSQL, SQLite, Delta), found in an error's message."""
 
+PERMANENT = (
+    "password authentication failed", "authentication failed", "no pg_hba.conf entry", "does not exist",
+    "permission denied", "invalid dsn", "invalid connection option", "could not translate host name",
+)
+"""Lower-case texts of errors that stay until someone fixes the setup (a wrong password, a missing
+database or role): never retried, even when the driver reports them as an OperationalError."""
+
 _PSYCOPG_TRANSIENT = ("OperationalError", "InterfaceError", "SerializationFailure", "DeadlockDetected",
                       "LockNotAvailable", "AdminShutdown", "CannotConnectNow", "ConnectionFailure")
 
@@ -60,7 +67,10 @@ def transient(exc: BaseException) -> str | None:
 
     if isinstance(exc, BatchRejectedError | ConfigError):
         return None
-    for e in _chain(exc):
+    chain = _chain(exc)
+    if any(p in str(e).lower() for e in chain for p in PERMANENT):
+        return None
+    for e in chain:
         name = type(e).__name__
         module = type(e).__module__
         if module.startswith("psycopg") and name in _PSYCOPG_TRANSIENT:

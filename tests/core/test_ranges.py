@@ -114,6 +114,14 @@ def test_what_is_transient() -> None:
     assert transient(sqlite3.OperationalError("no such table: t")) is None
     assert transient(BatchRejectedError("database is locked, and a null key")) is None
     assert transient(ValueError("wrong password")) is None
+    try:  # psycopg reports a wrong password as an OperationalError: it is not an outage
+        try:
+            raise ConnectionError('FATAL:  password authentication failed for user "app"')
+        except ConnectionError:
+            raise PostgresError("cannot connect to PostgreSQL") from None
+    except PostgresError as exc:
+        assert transient(exc) is None
+    assert transient(RuntimeError('connection refused; database "app" does not exist')) is None
 
 
 def test_retrying_runs_again_while_transient_and_logs_each_retry(caplog: pytest.LogCaptureFixture) -> None:

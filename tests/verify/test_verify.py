@@ -130,6 +130,8 @@ def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long; make test has 2pc's crash points in test_contract_example51 and
+# test_postgres_two_phase
 def test_postgres_two_phase_sink_under_the_crash_points(tmp_path: Path,
                                                          request: pytest.FixtureRequest) -> None:
     # the full seven-kind run against each Postgres sink is a documented command (RELIABILITY.md)
