@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.verify.chaos import VerifyConfig, VerifyResult, run_verify
-from onceflow.verify.fault_kinds import INPUT_FAULTS, default_faults
+from onceflow.verify.fault_kinds import default_faults
 from onceflow.verify.report import print_summary, write_reports
 
 __all__ = ["explain", "verify_pipeline"]
@@ -76,7 +76,7 @@ def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, ro
     """
     names = [faults] if isinstance(faults, str) else list(faults)
     if names == ["all"]:
-        names = [f for f in default_faults(sink, "", False) if f not in INPUT_FAULTS]
+        names = default_faults(sink, pipeline=True)
     work = Path(workdir).absolute()
     cfg = VerifyConfig(workdir=work / "work", rounds=rounds, faults=names, seed=seed, sink=sink,
                        pg_dsn=pg_dsn, fast_start=fast_start, pipeline=pipeline,

@@ -72,14 +72,12 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
     """
     from onceflow.errors import ConfigError
     from onceflow.verify.chaos import VerifyConfig, run_verify
-    from onceflow.verify.fault_kinds import INPUT_FAULTS, default_faults
+    from onceflow.verify.fault_kinds import default_faults
     from onceflow.verify.report import print_summary, write_reports
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if names == ["all"]:
-        names = default_faults(sink, cluster or "", ingest)
-        if pipeline:  # the sample is the input: verify generates no resends or late events
-            names = [n for n in names if n not in INPUT_FAULTS]
+        names = default_faults(sink, cluster or "", ingest, pipeline=bool(pipeline))
     report_dir = report_dir.absolute()
     work = report_dir / "work"
     try:

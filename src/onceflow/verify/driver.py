@@ -270,8 +270,8 @@ def busy_executor(group: int, timeout: float, interval: float = 0.05) -> int | N
     return None
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``predicate`` every 0.2 s.
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, poll_s: float = 0.2) -> None:
+    """Poll ``predicate`` every ``poll_s`` seconds.
 
     Raises:
         AssertionError: It stayed false for ``timeout`` seconds.
@@ -280,7 +280,7 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.2)
+        time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 

@@ -72,20 +72,24 @@ CLUSTER_FAULTS = {"executor_kill": "local", "worker_kill": "standalone"}
 or a whole standalone worker (with its executor) killed and restarted."""
 
 
-def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool = False) -> list[str]:
+def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool = False,
+                   pipeline: bool = False) -> list[str]:
     """What ``--faults all`` means for a run: every fault the sink and options can reach.
 
     Args:
         sink: The run's ``--sink``.
         cluster: One of :data:`CLUSTERS` (True: ``local``).
         ingest: Senders and a receiver feed the log (the ingest faults).
+        pipeline: A user's pipeline (``--pipeline``): its sample is the input, so none of the
+            input faults verify generates.
 
     Returns:
         Fault names, in :data:`ALL_FAULTS` order.
     """
     kind = cluster_kind(cluster)
     return [f for f in ALL_FAULTS if CLUSTER_FAULTS.get(f, kind) == kind
-            and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)]
+            and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)
+            and not (pipeline and f in INPUT_FAULTS)]
 
 
 def cluster_kind(cluster: bool | str) -> str:

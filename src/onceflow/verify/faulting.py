@@ -215,11 +215,8 @@ def _outage(d: Driver, rec: RoundRecord, target: SinkTarget, rng: random.Random,
     """
     seen: set[int] = set()
     try:
-        deadline = time.monotonic() + timeout
-        while not planned_new() and d.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise AssertionError("timed out waiting for the round's first batch")
-            time.sleep(0.03)
+        wait_until(lambda: planned_new() or d.proc.poll() is not None, timeout, "the round's first batch",
+                   poll_s=0.03)  # the outage must be in place before the batch's sink write
         rec.fault_s = time.monotonic() - t0
         how = target.outage(target.outage_seconds(rng), lambda: seen.update(in_flight()))
         rec.fault_batches = sorted(seen)

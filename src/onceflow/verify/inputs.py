@@ -11,12 +11,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
 from onceflow.sources.log import EventLog
 from onceflow.verify.generator import GeneratorConfig, generate_segments
+
+T = TypeVar("T")
 
 TOPIC = "verify-events"
 """The topic a Kafka-fed verify run produces to."""
@@ -37,10 +39,14 @@ def chunks(total: int, rounds: int, segment_size: int, seed: int, duplicates: bo
     gen = GeneratorConfig(events=total, users=50, minutes=max(total / 2_000, 1.0), seed=seed,
                           duplicates=0.05 if duplicates else 0.0, late=0.02 if late else 0.0,
                           segment_size=segment_size)
-    segments = list(generate_segments(gen))
-    per = max(len(segments) // rounds, 1)
-    out = [segments[i * per:(i + 1) * per] for i in range(rounds)]
-    out[-1].extend(segments[rounds * per:])
+    return rounds_of(list(generate_segments(gen)), rounds)
+
+
+def rounds_of(items: list[T], rounds: int) -> list[list[T]]:
+    """``items`` in order, cut into ``rounds`` lists of equal length; the last takes what is left."""
+    per = max(len(items) // rounds, 1)
+    out = [items[i * per:(i + 1) * per] for i in range(rounds)]
+    out[-1].extend(items[rounds * per:])
     return out
 
 

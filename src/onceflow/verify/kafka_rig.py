@@ -56,14 +56,21 @@ def produce_events(bootstrap: str, topic: str, events: pa.Table) -> int:
     return int(events.num_rows)
 
 
-def topic_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Table:
-    """Every record of ``topic``: ``partition, offset, event_id, user, event_time`` (offset order)."""
+def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """Every record of ``topic`` as the broker holds it, read by the auditor's own consumer.
+
+    Returns:
+        One dict per record, partition by partition in offset order: ``partition, offset, key,
+        value, timestamp_ms, timestamp_type, headers`` (a list of ``(name, bytes)``).
+
+    Raises:
+        SourceReadError: A partition stopped short of its end offset for ``timeout_s``.
+    """
     from confluent_kafka import Consumer, TopicPartition
 
     consumer: Any = Consumer({"bootstrap.servers": bootstrap, "group.id": "onceflow-oracle",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    cols: dict[str, list[Any]] = {name: [] for name in ("partition", "offset", "event_id", "user",
-                                                        "event_time_us")}
+                              "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    out: list[dict[str, Any]] = []
     try:
         parts = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
         for part in sorted(parts):
@@ -76,19 +83,44 @@ def topic_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Tab
                 for m in consumer.consume(1000, timeout=1.0):
                     if m.error() is not None or m.offset() >= high:
                         continue
-                    value = json.loads(m.value())
-                    eid = dict(m.headers() or []).get("event_id", b"").decode()
-                    for name, item in (("partition", part), ("offset", m.offset()), ("event_id", eid),
-                                       ("user", value["user"]), ("event_time_us", value["event_time_us"])):
-                        cols[name].append(item)
+                    kind, ms = m.timestamp()
+                    out.append({"partition": part, "offset": m.offset(), "key": m.key(), "value": m.value(),
+                                "timestamp_ms": ms, "timestamp_type": kind,
+                                "headers": list(m.headers() or [])})
                     position = m.offset() + 1
     finally:
         consumer.close()
-    return pa.table({"partition": pa.array(cols["partition"], pa.int32()),
-                     "offset": pa.array(cols["offset"], pa.int64()),
-                     "event_id": pa.array(cols["event_id"], pa.string()),
-                     "user": pa.array(cols["user"], pa.string()),
-                     "event_time": pa.array(cols["event_time_us"], pa.int64()).cast(pa.timestamp("us"))})
+    return out
+
+
+def topic_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Table:
+    """Every record of ``topic``: ``partition, offset, event_id, user, event_time`` (offset order)."""
+    raw = read_topic(bootstrap, topic, timeout_s)
+    values = [json.loads(r["value"]) for r in raw]
+    return pa.table({"partition": pa.array([r["partition"] for r in raw], pa.int32()),
+                     "offset": pa.array([r["offset"] for r in raw], pa.int64()),
+                     "event_id": pa.array([dict(r["headers"]).get("event_id", b"").decode() for r in raw],
+                                          pa.string()),
+                     "user": pa.array([v["user"] for v in values], pa.string()),
+                     "event_time": pa.array([v["event_time_us"] for v in values], pa.int64())
+                     .cast(pa.timestamp("us"))})
+
+
+def offset_ranges(topic: str, start: Any, end: Any) -> dict[int, tuple[int, int]]:
+    """Per partition of ``topic``, the offsets ``[lo, until)`` a batch of onceflow's Kafka source read.
+
+    Args:
+        topic: The topic.
+        start: The previous batch's logged source offset (None for batch 0: from offset 0).
+        end: This batch's logged source offset (``from``, where it resumed after skipped
+            offsets, honoured).
+    """
+    if not isinstance(end, dict):
+        return {}
+    begin = (start if isinstance(start, dict) else {}).get("offsets", {}).get(topic, {})
+    resumed = end.get("from", {}).get(topic, {})
+    return {int(part): (int(resumed.get(part, begin.get(part, 0))), int(until))
+            for part, until in end.get("offsets", {}).get(topic, {}).items()}
 
 
 def batch_events(records: pa.Table, topic: str, start: dict[str, Any] | None,
@@ -101,14 +133,11 @@ def batch_events(records: pa.Table, topic: str, start: dict[str, Any] | None,
         start: The previous batch's logged source offset (None for batch 0: from offset 0).
         end: This batch's logged source offset (``from`` honoured: skipped offsets).
     """
-    begin = (start or {}).get("offsets", {}).get(topic, {})
-    resumed = end.get("from", {}).get(topic, {})
     pieces = []
-    for part, until in end.get("offsets", {}).get(topic, {}).items():
-        lo = int(resumed.get(part, begin.get(part, 0)))
+    for part, (lo, until) in offset_ranges(topic, start, end).items():
         offsets = records["offset"]
-        mask = pc.and_(pc.equal(records["partition"], int(part)),
-                       pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, int(until))))
+        mask = pc.and_(pc.equal(records["partition"], part),
+                       pc.and_(pc.greater_equal(offsets, lo), pc.less(offsets, until)))
         pieces.append(records.filter(mask))
     if not pieces:
         return records.slice(0, 0)

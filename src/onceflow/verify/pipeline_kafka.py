@@ -10,19 +10,18 @@ function with ``input = "<bootstrap>/<topic>"`` (split it with ``input.rsplit("/
 :func:`pieces` cuts them into rounds; :class:`KafkaRecordsInput` produces a piece (all of it
 acknowledged before the round goes on).
 
-The oracle reads the whole topic with its own consumer (:func:`read_topic`) and cuts each
-committed batch out of it by the offsets Spark logged (``offsets/N-1`` to ``offsets/N`` of the
-``onceflow_kafka`` source: per partition the next offset to read; ``from``: where a batch resumed
-after skipped offsets). :func:`batch_table` builds the batch with the source's documented columns
-(``key, value, topic, partition, offset, timestamp, timestampType, headers, record_id``); the
-record id is the header ``idHeader``, else the JSON field ``idField`` of the value, else
-``topic/partition/offset``.
+The oracle reads the whole topic with its own consumer (:func:`onceflow.verify.kafka_rig.read_topic`)
+and cuts each committed batch out of it (:func:`batch_records`) by the offsets Spark logged
+(``offsets/N-1`` to ``offsets/N`` of the ``onceflow_kafka`` source: per partition the next offset
+to read; ``from``: where a batch resumed after skipped offsets); :func:`batch_table` builds the
+batch with the source's documented columns (``key, value, topic, partition, offset, timestamp,
+timestampType, headers, record_id``); the record id is the header ``idHeader``, else the JSON field
+``idField`` of the value, else ``topic/partition/offset``.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,8 @@ import pyarrow as pa
 
 from onceflow.errors import ConfigError
 from onceflow.verify import spark_log
+from onceflow.verify.inputs import rounds_of
+from onceflow.verify.kafka_rig import offset_ranges
 
 COLUMNS = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
@@ -70,10 +71,7 @@ def pieces(records: Path, rounds: int, per_round: int = 3) -> list[list[list[Rec
     wanted = rounds * per_round
     step = max(-(-len(every) // wanted), 1)
     cut = [every[i:i + step] for i in range(0, len(every), step)]
-    per = max(len(cut) // rounds, 1)
-    out = [cut[i * per:(i + 1) * per] for i in range(rounds)]
-    out[-1].extend(cut[rounds * per:])
-    return out
+    return rounds_of(cut, rounds)
 
 
 class KafkaRecordsInput:
@@ -120,35 +118,6 @@ class KafkaRecordsInput:
         self.broker.stop()
 
 
-def read_topic(bootstrap: str, topic: str, timeout_s: float = 60.0) -> list[Record]:
-    """Every record of ``topic`` with its coordinates, read by the auditor's own consumer."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer: Any = Consumer({"bootstrap.servers": bootstrap, "group.id": "onceflow-pipeline-oracle",
-                              "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    out: list[Record] = []
-    try:
-        parts = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
-        for part in sorted(parts):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=timeout_s)
-            consumer.assign([TopicPartition(topic, part, low)])
-            position, deadline = low, time.monotonic() + timeout_s
-            while position < high:
-                if time.monotonic() > deadline:
-                    raise ConfigError(f"oracle: {topic}/{part} stopped at offset {position} of {high}")
-                for m in consumer.consume(1000, timeout=1.0):
-                    if m.error() is not None or m.offset() >= high:
-                        continue
-                    kind, ms = m.timestamp()
-                    out.append({"partition": part, "offset": m.offset(), "key": m.key(), "value": m.value(),
-                                "timestamp_ms": ms, "timestamp_type": kind,
-                                "headers": [(k, v) for k, v in (m.headers() or [])]})
-                    position = m.offset() + 1
-    finally:
-        consumer.close()
-    return out
-
-
 def _record_id(r: Record, topic: str, id_header: str | None, id_field: str | None) -> str:
     if id_header:
         for name, raw in r["headers"]:
@@ -164,21 +133,19 @@ def _record_id(r: Record, topic: str, id_header: str | None, id_field: str | Non
     return f"{topic}/{r['partition']}/{r['offset']}"
 
 
-def batch_table(records: list[Record], checkpoint: Path, batch_id: int, topic: str,
-                options: dict[str, Any]) -> pa.Table:
-    """Batch ``batch_id``'s records (see the module), with the source's columns."""
-    def ends(b: int) -> tuple[dict[str, Any], dict[str, Any]]:
-        value = spark_log.read_offsets(checkpoint, b).offsets[0] if b >= 0 else None
-        if not isinstance(value, dict):
-            return {}, {}
-        return value.get("offsets", {}).get(topic, {}), value.get("from", {}).get(topic, {})
+def batch_records(records: list[Record], checkpoint: Path, batch_id: int, topic: str) -> list[Record]:
+    """Batch ``batch_id``'s records (see the module), by partition and offset."""
+    def logged(b: int) -> Any:
+        return spark_log.read_offsets(checkpoint, b).offsets[0] if b >= 0 else None
 
-    begin, _ = ends(batch_id - 1)
-    end, resumed = ends(batch_id)
-    chosen = [r for r in records if str(r["partition"]) in end
-              and int(resumed.get(str(r["partition"]), begin.get(str(r["partition"]), 0))) <= r["offset"]
-              < int(end[str(r["partition"])])]
-    chosen.sort(key=lambda r: (r["partition"], r["offset"]))
+    ranges = offset_ranges(topic, logged(batch_id - 1), logged(batch_id))
+    chosen = [r for r in records if r["partition"] in ranges
+              and ranges[r["partition"]][0] <= r["offset"] < ranges[r["partition"]][1]]
+    return sorted(chosen, key=lambda r: (r["partition"], r["offset"]))
+
+
+def batch_table(chosen: list[Record], topic: str, options: dict[str, Any]) -> pa.Table:
+    """A batch's records (:func:`batch_records`) with the source's columns, ids as ``options`` say."""
     header, field = options.get("idHeader"), options.get("idField")
     return pa.Table.from_pylist([
         {"key": r["key"], "value": r["value"], "topic": topic, "partition": r["partition"],

@@ -48,7 +48,7 @@ from onceflow import pipelines
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.tables import Table
-from onceflow.verify import pipeline_kafka, spark_log
+from onceflow.verify import kafka_rig, pipeline_kafka, spark_log
 
 
 @dataclass
@@ -256,19 +256,19 @@ class PipelineOracle:
                               "them): verify runs the pipeline with every batch retained")
         records: list[dict[str, Any]] = []
         if self.kafka is not None:
-            records = pipeline_kafka.read_topic(*self.kafka)
+            records = kafka_rig.read_topic(*self.kafka)
         entries = spark_log.source_entries(ck) if self.kafka is None else {}
         with installed(self):
             self.pipeline = pipelines.load(self.spec, fresh=True)
             for batch_id in spark_log.committed(ck):
                 self._late_wm_ms = spark_log.late_watermark_ms(ck, batch_id)
-                files, kafka = [], None
+                files, chosen, kafka = [], [], None
                 if self.kafka is None:
                     files = spark_log.batch_files(ck, batch_id, entries=entries)
                 else:
-                    kafka = functools.partial(pipeline_kafka.batch_table, records, ck, batch_id,
-                                              self.kafka[1])
-                if files or (kafka is not None and kafka({}).num_rows):
+                    chosen = pipeline_kafka.batch_records(records, ck, batch_id, self.kafka[1])
+                    kafka = functools.partial(pipeline_kafka.batch_table, chosen, self.kafka[1])
+                if files or chosen:
                     captured = self._call(batch_id, files, kafka)
                     self.output_mode = captured.output_mode
                     self.captured.append((batch_id, captured))

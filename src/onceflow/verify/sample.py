@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow.errors import ConfigError
+from onceflow.verify.inputs import rounds_of
 
 LINES = (".json", ".jsonl", ".ndjson", ".csv", ".txt", ".tsv")
 """Suffixes cut by lines."""
@@ -72,10 +73,7 @@ def pieces(sample: Path, rounds: int, per_round: int = 3) -> list[list[Piece]]:
     wanted = rounds * per_round
     each = max(-(-wanted // len(files)), 1)
     cut = [p for f in files for p in _cut(f, each)]
-    per = max(len(cut) // rounds, 1)
-    out = [cut[i * per:(i + 1) * per] for i in range(rounds)]
-    out[-1].extend(cut[rounds * per:])
-    return out
+    return rounds_of(cut, rounds)
 
 
 class SampleInput:

@@ -212,13 +212,13 @@ class SinkTarget:
             return (f"another writer changed the tables' metadata for {seconds:.0f} s ({commits} commits, "
                     "each conflicting with the sink's)")
         killed = 0
-        while time.monotonic() < end:
-            with pg.session(self._base_dsn) as conn:
+        with pg.session(self._base_dsn) as conn:
+            while time.monotonic() < end:
                 row = conn.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                                    "WHERE application_name = %s", (DRIVER_APP,)).fetchone()
-            killed += int(row[0])
-            during()
-            time.sleep(0.2)
+                killed += int(row[0])
+                during()
+                time.sleep(0.2)
         return f"the drivers' database connections terminated for {seconds:.0f} s ({killed} killed)"
 
     def reader(self) -> Callable[[str], list[dict[str, Any]] | None]:
