@@ -1,19 +1,22 @@
-"""Kafka throughput: onceflow's Kafka source vs a plain consumer loop, and Example 5-1 from Kafka vs the log.
+"""Kafka throughput: Spark's connector and onceflow's source, and Example 5-1 from Kafka vs the log.
 
-One broker (librdkafka's mock cluster in a helper process, loopback), one Spark session
-(``local[*]``), the same records for every variant of a round:
+One real Kafka broker (:class:`onceflow.verify.kafka_server.KafkaServer`, one KRaft node on
+loopback), one Spark session (``local[*]``) with Spark's Kafka connector on its classpath, the
+same records for every variant of a round:
 
-* ``consumer``   — a plain confluent-kafka consumer loop in this process: every partition
-                   assigned from its first offset, ``consume(10000)`` until each partition's
-                   end, touching each record's value;
-* ``source``     — ``onceflow_kafka`` alone: ``trigger(availableNow=True)`` into Spark's
-                   ``noop`` sink (one task per partition range, Arrow batches on the executors);
-* ``ex51-kafka`` — Example 5-1 (``onceflow.examples.user_counts``, dedup + per-batch window
-                   deltas, exactly once into ``onceflow.sqlite``) reading the topic;
-* ``ex51-log``   — the same pipeline and events read from the embedded event log (Parquet).
+* ``consumer``        — a plain confluent-kafka consumer loop in this process: every partition
+                        assigned from its first offset, ``consume(10000)`` until each partition's
+                        end, touching each record's value;
+* ``src-spark``       — ``read_kafka(connector="spark")`` alone: ``trigger(availableNow=True)``
+                        into Spark's ``noop`` sink;
+* ``src-onceflow``    — the same with onceflow's Python source (``connector="onceflow"``);
+* ``ex51-kafka``      — Example 5-1 (``onceflow.examples.user_counts``, dedup + per-batch window
+                        deltas, exactly once into ``onceflow.sqlite``) reading the topic with
+                        Spark's connector;
+* ``ex51-kafka-py``   — the same reading with onceflow's Python source;
+* ``ex51-log``        — the same pipeline and events read from the embedded event log (Parquet).
 
-The mock broker keeps about 5 MiB per partition (older records are deleted), so records are
-spread over enough partitions to stay under it. Ratios are printed per round and as medians.
+Ratios are printed per round and as medians.
 
 Usage: python benchmarks/bench_kafka.py [--events 400000] [--partitions 12] [--rounds 3]
 """
@@ -21,6 +24,7 @@ Usage: python benchmarks/bench_kafka.py [--events 400000] [--partitions 12] [--r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import statistics
 import tempfile
@@ -32,9 +36,9 @@ import onceflow
 from onceflow.examples.user_counts import KafkaTopic, start
 from onceflow.sources.log import EventLog
 from onceflow.spark import session
-from onceflow.verify.broker import BrokerProcess
 from onceflow.verify.generator import GeneratorConfig, generate_table
 from onceflow.verify.kafka_rig import produce_events
+from onceflow.verify.kafka_server import KafkaServer
 
 
 def plain_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[int, float]:
@@ -59,9 +63,9 @@ def plain_consumer(bootstrap: str, topic: str, partitions: int) -> tuple[int, fl
     return records, time.perf_counter() - started
 
 
-def source_alone(spark: Any, bootstrap: str, topic: str, ck: Path) -> float:
+def source_alone(spark: Any, bootstrap: str, topic: str, ck: Path, connector: str) -> float:
     started = time.perf_counter()
-    df = onceflow.read_kafka(spark, bootstrap, subscribe=topic)
+    df = onceflow.read_kafka(spark, bootstrap, subscribe=topic, connector=connector)
     q = df.writeStream.format("noop").option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
     q.awaitTermination()
     return time.perf_counter() - started
@@ -85,27 +89,34 @@ def main() -> None:
     table = generate_table(GeneratorConfig(events=args.events, users=1000, minutes=args.events / 50_000,
                                            duplicates=0.02, seed=7))
     rows = table.num_rows
-    spark = session()
-    ratios: dict[str, list[float]] = {"source/consumer": [], "ex51-kafka/ex51-log": []}
-    with BrokerProcess({"bench": args.partitions}) as broker:
+    spark = session(kafka=True)
+    ratios: dict[str, list[float]] = {"src-spark/consumer": [], "src-onceflow/consumer": [],
+                                      "ex51-kafka/ex51-log": [], "ex51-kafka-py/ex51-log": [],
+                                      "ex51-kafka/ex51-kafka-py": []}
+    with KafkaServer({"bench": args.partitions}) as broker:
         produce_events(broker.bootstrap, "bench", table)
         work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
         EventLog(work / "log").append(table)
         try:
-            source_alone(spark, broker.bootstrap, "bench", work / "warm")  # JIT, Python workers
+            for connector in ("spark", "onceflow"):  # JIT, Python workers
+                source_alone(spark, broker.bootstrap, "bench", work / f"warm-{connector}", connector)
             for r in range(args.rounds):
                 got, consumer_s = plain_consumer(broker.bootstrap, "bench", args.partitions)
                 assert got == rows, (got, rows)
-                source_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-src-{r}")
-                kafka_s = example(spark, KafkaTopic(broker.bootstrap, "bench"), work, f"k{r}")
+                spark_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-s-{r}", "spark")
+                own_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-o-{r}", "onceflow")
+                topic = KafkaTopic(broker.bootstrap, "bench", connector="spark")
+                kafka_s = example(spark, topic, work, f"k{r}")
+                py_s = example(spark, dataclasses.replace(topic, connector="onceflow"), work, f"p{r}")
                 log_s = example(spark, work / "log", work, f"l{r}")
-                rate = {n: rows / s for n, s in (("consumer", consumer_s), ("source", source_s),
-                                                 ("ex51-kafka", kafka_s), ("ex51-log", log_s))}
-                ratios["source/consumer"].append(rate["source"] / rate["consumer"])
-                ratios["ex51-kafka/ex51-log"].append(rate["ex51-kafka"] / rate["ex51-log"])
+                rate = {n: rows / s for n, s in (("consumer", consumer_s), ("src-spark", spark_s),
+                                                 ("src-onceflow", own_s), ("ex51-kafka", kafka_s),
+                                                 ("ex51-kafka-py", py_s), ("ex51-log", log_s))}
+                for name in ratios:
+                    a, b = name.split("/")
+                    ratios[name].append(rate[a] / rate[b])
                 print(f"round {r}: " + ", ".join(f"{n} {v:,.0f} rec/s" for n, v in rate.items())
-                      + f" | source/consumer {ratios['source/consumer'][-1]:.2f}"
-                      + f", ex51 kafka/log {ratios['ex51-kafka/ex51-log'][-1]:.2f}", flush=True)
+                      + " | " + ", ".join(f"{n} {v[-1]:.2f}" for n, v in ratios.items()), flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(f"{rows:,} records, {args.partitions} partitions, {args.rounds} rounds: median "

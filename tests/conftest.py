@@ -18,12 +18,13 @@ pytest_plugins = ["onceflow.testing"]  # onceflow_sink, onceflow_verify (as a us
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
+    from onceflow import jars
     from onceflow.jvmstart import JAVA_OPTIONS_ENV
     from onceflow.spark import session
 
     child_options = os.environ.pop(JAVA_OPTIONS_ENV, None)  # the children's, not this long-lived JVM's
     try:
-        s = session(app_name="onceflow-tests")
+        s = session(app_name="onceflow-tests", kafka=bool(jars.fetch(jars.CONNECTOR)))  # read_kafka: Spark's
     finally:
         if child_options is not None:
             os.environ[JAVA_OPTIONS_ENV] = child_options

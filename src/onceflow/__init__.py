@@ -9,7 +9,7 @@ The names a user needs::
                                   per_batch=to_revenue)
 """
 
-from onceflow.api import deduplicate, delta, http, postgres, sqlite, write_stream
+from onceflow.api import deduplicate, delta, http, kafka, postgres, sqlite, write_stream
 from onceflow.contract import expect
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
 from onceflow.query import OnceQuery
@@ -20,5 +20,5 @@ from onceflow.tables import Table
 __version__ = "0.1.0"
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
-           "__version__", "deduplicate", "delta", "expect", "http", "postgres", "read_kafka", "sqlite",
-           "write_stream"]
+           "__version__", "deduplicate", "delta", "expect", "http", "kafka", "postgres", "read_kafka",
+           "sqlite", "write_stream"]

@@ -137,6 +137,33 @@ def delta(root: str | Path, sink_id: str = "default") -> TablesSink:
     return DeltaTablesSink(root, sink_id=sink_id)
 
 
+def kafka(bootstrap_servers: str, sink_id: str = "default", *,
+          marker_topic: str = "onceflow_batches.{sink_id}", partitions: int = 1,
+          options: Mapping[str, str] | None = None) -> TablesSink:
+    """The exactly-once Kafka sink: each table a topic, each batch one Kafka transaction.
+
+    Consumers with ``isolation.level=read_committed`` see every batch's records once (see
+    :mod:`onceflow.sinks.kafka` for the records' keys, values and headers, and the protocol).
+
+    Args:
+        bootstrap_servers: ``host:port`` of the brokers.
+        sink_id: Marker namespace and transactional id ``onceflow.<sink_id>``: one running query
+            per sink id (a second driver fences the first).
+        marker_topic: Topic of the batch markers (``{sink_id}`` replaced; one partition, created
+            when missing; one per sink).
+        partitions: Partitions of an output topic the sink creates.
+        options: librdkafka settings (e.g. ``{"security.protocol": "SASL_SSL", ...}``).
+
+    Raises:
+        ConfigError: confluent-kafka is missing (``pip install 'onceflow[kafka]'``) or a bad
+            sink id.
+    """
+    from onceflow.sinks.kafka import KafkaTopicsSink
+
+    return KafkaTopicsSink(bootstrap_servers, sink_id=sink_id, marker_topic=marker_topic,
+                           partitions=partitions, options=options)
+
+
 def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: bool = True,
          concurrency: int = 16, retries: int = 5, timeout_s: float = 10.0,
          headers: Mapping[str, str] | None = None) -> TablesSink:

@@ -224,7 +224,8 @@ class BatchWriter:
 
     def _count(self, batch_id: int) -> tuple[_FileCounts | None, ckpt.BatchInput | None]:
         """Step 2: N's input files, and their rows and late rows (None: not countable from files)."""
-        if not (self.checkpoint / "sources" / "0").is_dir():  # not a file source: nothing to count
+        end = ckpt.source_offset(self.checkpoint, batch_id)
+        if end is None or "logOffset" not in end:  # not a file source (Kafka): Spark's plan counts
             return None, None
         batch = ckpt.batch_input(self.checkpoint, batch_id)
         if self.o.check_files is not None:

@@ -61,7 +61,8 @@ class SourceRef:
 
     Attributes:
         kind: ``file`` (Spark's file source: parquet, json, csv, text, ...) or ``kafka``
-            (``onceflow_kafka``).
+            (what :func:`onceflow.read_kafka` returned, read with either connector; a batch is
+            read again with ``onceflow_kafka``'s range reader).
         format: The format name.
         options: Its options (for a file source without ``path``).
         schema_json: The schema the stream was declared with (file sources), as JSON.
@@ -80,6 +81,9 @@ def source_of(df: DataFrame) -> SourceRef | None:
         The source, or None when ``df`` is not one source read as it is (a transformed, joined
         or unioned stream).
     """
+    given = getattr(df, "_onceflow_kafka_options", None)
+    if given is not None:  # what onceflow.read_kafka returned (either connector)
+        return SourceRef("kafka", "onceflow_kafka", dict(given), None)
     plan = df._jdf.queryExecution().analyzed()
     if plan.children().size() != 0:
         return None

@@ -89,7 +89,12 @@ def batch_records(spark: Any, checkpoint: Path, batch_id: int, contract: Contrac
         end = ckpt.source_offset(checkpoint, batch_id)
         if end is None:
             return None
-        start = (ckpt.source_offset(checkpoint, batch_id - 1) or {}) if batch_id > 0 else {}
+        if batch_id > 0:
+            start = ckpt.source_offset(checkpoint, batch_id - 1) or {}
+        else:  # Spark's connector logged where batch 0 started; onceflow's source starts at 0
+            from onceflow.sources.kafka_native import initial_offsets
+
+            start = initial_offsets(checkpoint) or {}
         raw = (spark.read.format(src.format).options(**src.options)
                .option("onceflow.range.start", json.dumps(start))
                .option("onceflow.range.end", json.dumps(end)).load())

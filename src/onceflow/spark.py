@@ -37,6 +37,7 @@ def session(
     shuffle_partitions: int | None = None,
     conf: dict[str, str] | None = None,
     fast_start: bool = False,
+    kafka: bool = False,
 ) -> SparkSession:
     """Get or create a SparkSession with onceflow's defaults.
 
@@ -51,12 +52,17 @@ def session(
             normally, the next ones start faster (a restart after a crash gets to its first batch
             sooner). Changes nothing a query computes. Ignored when
             ``ONCEFLOW_DRIVER_JAVA_OPTIONS`` is set.
+        kafka: Put Spark's own Kafka connector on ``spark.jars`` (the jars of
+            ``onceflow jars fetch kafka-connector``, :mod:`onceflow.jars`), so that
+            ``format("kafka")`` and :func:`onceflow.read_kafka` read with it. Applies to a new
+            session only (``spark.jars`` is read when the JVM starts).
 
     Returns:
         The session. Its JVM is registered as a crash-point companion.
 
     Raises:
         JavaNotFoundError: No Java runtime.
+        ConfigError: ``kafka=True`` and the connector's jars were not fetched.
     """
     find_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -84,6 +90,11 @@ def session(
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
     )
     conf = dict(conf or {})
+    if kafka:
+        from onceflow import jars
+
+        given = [j for j in conf.get("spark.jars", "").split(",") if j]
+        conf["spark.jars"] = ",".join([*given, *(str(p) for p in jars.require(jars.CONNECTOR))])
     key = "spark.driver.extraJavaOptions"
     extra = os.environ.get(JAVA_OPTIONS_ENV, "").strip()
     if fast_start and not extra:

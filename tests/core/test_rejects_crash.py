@@ -31,9 +31,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 @pytest.fixture
 def kafka_broker() -> Any:
-    from onceflow.verify.broker import BrokerProcess
+    from onceflow.verify.kafka_server import KafkaServer
 
-    with BrokerProcess() as b:
+    with KafkaServer() as b:
         yield b
 
 

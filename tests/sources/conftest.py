@@ -1,4 +1,4 @@
-"""A Kafka-protocol broker (librdkafka's mock cluster in a helper process) for the module."""
+"""A real Kafka broker per module (one KRaft node on loopback: onceflow.verify.kafka_server.KafkaServer)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from onceflow.verify.broker import BrokerProcess
+from onceflow.verify.kafka_server import KafkaServer
 
 
 @pytest.fixture(scope="module")
-def broker() -> Iterator[BrokerProcess]:
-    with BrokerProcess() as b:
+def broker() -> Iterator[KafkaServer]:
+    with KafkaServer() as b:
         yield b

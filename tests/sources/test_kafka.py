@@ -1,4 +1,4 @@
-"""onceflow_kafka against a real Kafka-protocol broker on loopback: replay, ids, partitions, data loss."""
+"""onceflow_kafka (``connector="onceflow"``) on a real Kafka broker: replay, ids, partitions, data loss."""
 
 from __future__ import annotations
 
@@ -19,6 +19,11 @@ from onceflow.sources.kafka_read import OffsetRange, ReadSpec, read_range
 pytestmark = pytest.mark.spark
 
 
+def _read(*args: Any, **kwargs: Any) -> Any:
+    """onceflow's Python source (the session has Spark's connector: auto would pick that one)."""
+    return read_kafka(*args, connector="onceflow", **kwargs)
+
+
 def produce(bootstrap: str, topic: str, n: int, partitions: int = 1, first: int = 0,
             header: bool = True) -> None:
     p = Producer({"bootstrap.servers": bootstrap})
@@ -32,7 +37,7 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int = 1, first: int 
 def run(spark: Any, bootstrap: str, ck: Path, **options: Any) -> list[pa.Table]:
     """One availableNow run of the source into foreachBatch; the batches' rows."""
     got: list[pa.Table] = []
-    df = read_kafka(spark, bootstrap, **options)
+    df = _read(spark, bootstrap, **options)
     q = (df.writeStream.foreachBatch(lambda d, _: got.append(d.toArrow()))
          .option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
     q.awaitTermination()
@@ -150,7 +155,7 @@ def test_bad_options_are_refused_before_the_query(spark: Any) -> None:
     with pytest.raises(ConfigError, match="startingOffsets"):
         KafkaOptions.parse({**base, "startingOffsets": "{oops"})
     with pytest.raises(ConfigError, match="kafka.bootstrap.servers"):
-        read_kafka(spark, "", subscribe="t")
+        _read(spark, "", subscribe="t")
     parsed = KafkaOptions.parse({**base, "kafka.security.protocol": "SASL_SSL",
                                  "KAFKA.SASL.MECHANISM": "PLAIN"})
     assert parsed.spec.consumer == {"bootstrap.servers": "127.0.0.1:1", "security.protocol": "SASL_SSL",
@@ -163,7 +168,7 @@ def test_late_rows_of_a_kafka_source_need_an_input_contract(spark: Any, tmp_path
 
     import onceflow
 
-    raw = read_kafka(spark, "127.0.0.1:1", subscribe="t", id_field="id")
+    raw = _read(spark, "127.0.0.1:1", subscribe="t", id_field="id")
     events = raw.select("record_id", F.from_json(F.col("value").cast("string"), "ts TIMESTAMP").alias("v"))
     clean = onceflow.deduplicate(events.select("record_id", "v.ts"), id="record_id", event_time="ts",
                                  within="1 minute")
@@ -201,7 +206,7 @@ def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_
 
     hint = r"'max_offset_per_trigger' \(did you mean 'max_offsets_per_trigger'\?\)"
     with pytest.raises(ConfigError, match=hint):
-        read_kafka(spark, broker.bootstrap, subscribe="t", max_offset_per_trigger=10)
+        _read(spark, broker.bootstrap, subscribe="t", max_offset_per_trigger=10)
     broker.create_topic("orders", 1)
     produce(broker.bootstrap, "orders", 20)
 
@@ -209,7 +214,7 @@ def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_
         return onceflow.write_stream(df.select("record_id"), onceflow.sqlite(tmp_path / f"{name}.db"),
                                      tmp_path / name, {"t": onceflow.Table()}, once=True)
 
-    typo = start(read_kafka(spark, broker.bootstrap, subscribe="ordres"), "typo")
+    typo = start(_read(spark, broker.bootstrap, subscribe="ordres"), "typo")
     with pytest.raises(ConfigError, match=r"no topic 'ordres' \(did you mean 'orders'\?\).*allow_missing"):
         typo.awaitTermination()
     register(spark)
@@ -218,7 +223,7 @@ def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_
     with pytest.raises(ConfigError, match=r"'subscibe' \(did you mean 'subscribe'\?\)"):
         start(raw, "option").awaitTermination()
     # waiting for a topic is a choice: nothing to read until it exists, then every record once
-    waiting = read_kafka(spark, broker.bootstrap, subscribe="later", allow_missing_topics=True)
+    waiting = _read(spark, broker.bootstrap, subscribe="later", allow_missing_topics=True)
     start(waiting, "wait").awaitTermination()
     broker.create_topic("later", 1)
     produce(broker.bootstrap, "later", 7)
@@ -238,7 +243,7 @@ def test_markers_of_a_kafka_query_count_its_records_and_retries(spark: Any, brok
     broker.create_topic("metered", 2)
     produce(broker.bootstrap, "metered", 300, partitions=2)  # ids e0..e299 in the header
     produce(broker.bootstrap, "metered", 40, partitions=2, first=100)  # retries: e100..e139 again
-    raw = read_kafka(spark, broker.bootstrap, subscribe="metered", id_header="event_id",
+    raw = _read(spark, broker.bootstrap, subscribe="metered", id_header="event_id",
                      max_offsets_per_trigger=120)
     clean = onceflow.deduplicate(raw, id="record_id", event_time="timestamp", within="10 minutes")
     onceflow.write_stream(clean.select("record_id"), onceflow.sqlite(tmp_path / "k.db"), tmp_path / "ck",

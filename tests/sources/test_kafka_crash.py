@@ -1,4 +1,4 @@
-"""Example 5-1 from Kafka under real SIGKILLs while a producer keeps producing.
+"""Example 5-1 from Kafka under real SIGKILLs while a producer keeps producing, read by either connector.
 
 The topic is fed from this process (another process than the pipeline's), with producer
 retries (the same event id produced again at a new offset). The pipeline (``onceflow run
@@ -21,11 +21,12 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
+from onceflow import checkpoint as ckpt
 from onceflow.sinks.sqlite.db import read_batches
-from onceflow.verify.broker import BrokerProcess
 from onceflow.verify.driver import ProcessGroup, committed_batches, wait_until
 from onceflow.verify.generator import GeneratorConfig, generate_table
 from onceflow.verify.kafka_rig import batch_reader, produce_events, topic_records
+from onceflow.verify.kafka_server import KafkaServer
 from onceflow.verify.oracle import expect
 from onceflow.verify.verdict import judge_sqlite
 
@@ -40,13 +41,14 @@ TOPIC = "clicks"
 
 @pytest.fixture
 def broker() -> Any:
-    with BrokerProcess({TOPIC: 3}) as b:
+    with KafkaServer({TOPIC: 3}) as b:
         yield b
 
 
 def _driver(tmp: Path, bootstrap: str, name: str, sink: str = "sqlite", crash_at: str | None = None,
-            once: bool = False) -> ProcessGroup:
-    args = ["run", "--kafka", bootstrap, "--topic", TOPIC, "--checkpoint", str(tmp / "ck"),
+            once: bool = False, connector: str = "spark") -> ProcessGroup:
+    args = ["run", "--kafka", bootstrap, "--topic", TOPIC, "--kafka-connector", connector,
+            "--checkpoint", str(tmp / "ck"),
             "--db", str(tmp / "counts.db"), "--sink", sink, "--max-offsets-per-trigger", "400",
             "--trigger", "200 milliseconds", "--retain-batches", "100000", *(["--once"] if once else [])]
     return ProcessGroup(args, tmp / f"{name}.out", {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else {})
@@ -75,7 +77,9 @@ def _judge(tmp: Path, bootstrap: str) -> tuple[Any, Any, Any]:
 
 
 @pytest.mark.slow
-def test_kafka_crash_points_and_random_kills_leave_exact_counts(broker: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("connector", ["spark", "onceflow"])
+def test_kafka_crash_points_and_random_kills_leave_exact_counts(broker: Any, tmp_path: Path,
+                                                                connector: str) -> None:
     seed = int(time.time()) % 10_000
     rng = random.Random(seed)
     events = generate_table(GeneratorConfig(events=30_000, users=40, minutes=30, duplicates=0.1,
@@ -85,22 +89,24 @@ def test_kafka_crash_points_and_random_kills_leave_exact_counts(broker: Any, tmp
     db = tmp_path / "counts.db"
     try:
         before = committed_batches(db)
-        d = _driver(tmp_path, broker.bootstrap, "random")
+        d = _driver(tmp_path, broker.bootstrap, "random", connector=connector)
         wait_until(lambda: committed_batches(db) > before, 180, "a commit")
         time.sleep(rng.uniform(0.0, 2.0))
         d.kill()
         for point in POINTS:
             target = committed_batches(db)  # markers are 0..n-1: the next batch
             d = _driver(tmp_path, broker.bootstrap, point, crash_at=f"{point}@{target}",
-                        once=point == "apply_pending")
+                        once=point == "apply_pending", connector=connector)
             assert d.wait(timeout=300) == -9, d.output()[-3000:]
             assert f"crash point {point} at batch {target}" in d.output(), d.output()[-2000:]
     finally:
         stop.set()
         feeder.join(timeout=120)
-    final = _driver(tmp_path, broker.bootstrap, "final", once=True)
+    final = _driver(tmp_path, broker.bootstrap, "final", once=True, connector=connector)
     assert final.wait(timeout=300) == 0, final.output()[-3000:]
     exp, verdict, records = _judge(tmp_path, broker.bootstrap)
+    end = ckpt.source_offset(tmp_path / "ck", 0)  # the connector asked for read the topic
+    assert end is not None and ("offsets" in end) == (connector == "onceflow"), end
     assert verdict.ok, (seed, verdict.violations)
     assert not exp.uncommitted_batches
     distinct = len(pc.unique(records["event_id"]))

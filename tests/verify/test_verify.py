@@ -81,7 +81,7 @@ def stale_killed(tmp_path: Path) -> Iterator[Path]:
         kill_stale(tmp_path / "work")
 
 
-@pytest.mark.slow
+@pytest.mark.long  # make test-long (each fault kind on a pipeline: test_pipeline_verify.py in make test)
 def test_every_fault_kind_once_also_across_a_killed_and_resumed_verify(tmp_path: Path,
                                                                        stale_killed: Path) -> None:
     """Every fault kind once (sqlite); verify itself is SIGKILLed twice and resumed: after all of
@@ -231,7 +231,7 @@ def test_bad_usage_exits_2(tmp_path: Path, args: list[str], message: str) -> Non
     assert message in out
 
 
-@pytest.mark.slow
+@pytest.mark.long  # make test-long (make test's 30 minutes)
 @pytest.mark.parametrize("sink", ["postgres-2pc"])  # executor-side writes: the interesting case
 def test_executor_kill_on_a_multi_process_cluster(tmp_path: Path, sink: str,
                                                    request: pytest.FixtureRequest) -> None:

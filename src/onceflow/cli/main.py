@@ -11,6 +11,7 @@ from onceflow.cli.demo import demo
 from onceflow.cli.effects import effects
 from onceflow.cli.generate import generate
 from onceflow.cli.ingest import ingest, send
+from onceflow.cli.jars import jars
 from onceflow.cli.rejects import rejects
 from onceflow.cli.repair import repair
 from onceflow.cli.run import run
@@ -34,6 +35,7 @@ cli.add_command(send)
 cli.add_command(effects)
 cli.add_command(rejects)
 cli.add_command(repair)
+cli.add_command(jars)
 
 
 def main() -> None:

@@ -149,6 +149,11 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--topic", default=None, help="The Kafka topic of --kafka.")
 @click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
               help="Kafka offsets per micro-batch (default: all available).")
+@click.option("--kafka-connector", type=click.Choice(["auto", "spark", "onceflow"]), default="auto",
+              show_default=True,
+              help="Who reads Kafka: Spark's own connector (its jars: 'onceflow jars fetch "
+                   "kafka-connector'), onceflow's Python source, or auto: Spark's when its jars were "
+                   "fetched. Applies to --kafka and to a --pipeline's onceflow.read_kafka.")
 @click.option("--checkpoint", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Spark checkpoint directory; reuse it to resume exactly.")
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -195,7 +200,7 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
               help="What a --pipeline PATH.py:FUNCTION reads (its input argument): a directory, or "
                    "a Kafka bootstrap server and topic.")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
-        checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
+        kafka_connector: str, checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
         effects_url: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
@@ -211,7 +216,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     if pipeline not in PIPELINES and ":" not in pipeline:
         raise click.BadParameter(f"{pipeline!r}: use {', '.join(PIPELINES)} or PATH.py:FUNCTION",
                                  param_hint="--pipeline")
-    conf = {}
+    conf = _connector_conf(kafka_connector)
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
     if pipeline not in PIPELINES:
@@ -222,7 +227,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     if standby is not None:
         spark = session(master=master, conf=conf)
         wait_for_release(standby)
-    source = _source(log_dir, kafka, topic, max_offsets_per_trigger, pipeline)
+    source = _source(log_dir, kafka, topic, max_offsets_per_trigger, pipeline, kafka_connector)
     cfg = PipelineConfig(log_dir=source, checkpoint=checkpoint.absolute(),
                          allowed_lateness_s=allowed_lateness,
                          max_files_per_trigger=max_files_per_trigger,
@@ -276,8 +281,17 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, db: P
     click.echo("done")
 
 
+def _connector_conf(connector: str) -> dict[str, str]:
+    """``spark.jars`` with Spark's Kafka connector when ``--kafka-connector`` asks (or auto finds it)."""
+    from onceflow import jars
+
+    if connector == "onceflow" or (connector == "auto" and jars.paths(jars.CONNECTOR) is None):
+        return {}
+    return {"spark.jars": ",".join(str(p) for p in jars.require(jars.CONNECTOR))}
+
+
 def _source(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets: int | None,
-            pipeline: str) -> Path | KafkaTopic:
+            pipeline: str, connector: str = "auto") -> Path | KafkaTopic:
     """The run's input: the event log, or a Kafka topic."""
     if kafka is None:
         if log_dir is None:
@@ -285,7 +299,7 @@ def _source(log_dir: Path | None, kafka: str | None, topic: str | None, max_offs
         return log_dir.absolute()
     if log_dir is not None or not topic or pipeline != "user_counts":
         raise click.UsageError("--kafka needs --topic, replaces --log, and runs --pipeline user_counts")
-    return KafkaTopic(kafka, topic, max_offsets)
+    return KafkaTopic(kafka, topic, max_offsets, "onceflow" if connector == "onceflow" else "auto")
 
 
 def wait_for_release(go: Path, poll_s: float = 0.02) -> None:

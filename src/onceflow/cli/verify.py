@@ -36,8 +36,8 @@ from onceflow.verify.sinks import SINKS
                    "worker_kill: a busy worker and its executor SIGKILLed, then restarted).")
 @click.option("--source", type=click.Choice(["log", "kafka"]), default="log", show_default=True,
               help="Where the pipeline reads: the event log (or --input's files with --pipeline), or a "
-                   "Kafka topic on a mock broker (librdkafka's, real protocol on loopback) that verify "
-                   "starts and produces to (with --pipeline, input is '<bootstrap>/<topic>').")
+                   "Kafka topic on a Kafka broker (Apache Kafka's server, one KRaft node on loopback) that "
+                   "verify starts and produces to (with --pipeline, input is '<bootstrap>/<topic>').")
 @click.option("--ingest", is_flag=True,
               help="Feed the log through real senders and an 'onceflow ingest serve' receiver "
                    "(enables the receiver_*, sender_kill and dropped_acks faults).")

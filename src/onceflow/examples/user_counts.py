@@ -114,11 +114,14 @@ class KafkaTopic:
         bootstrap: ``host:port`` of the brokers.
         topic: The topic.
         max_offsets_per_trigger: Offsets per micro-batch (all available when None).
+        connector: :func:`onceflow.read_kafka`'s ``connector`` (``auto``: Spark's when the
+            session has it).
     """
 
     bootstrap: str
     topic: str
     max_offsets_per_trigger: int | None = None
+    connector: str = "auto"
 
 
 EVENT_JSON_DDL = "user STRING, event_time_us LONG"
@@ -135,7 +138,8 @@ def kafka_events(spark: SparkSession, source: KafkaTopic, within: str | float = 
     from pyspark.sql import functions as F
 
     raw = onceflow.read_kafka(spark, source.bootstrap, subscribe=source.topic, id_header="event_id",
-                              max_offsets_per_trigger=source.max_offsets_per_trigger)
+                              max_offsets_per_trigger=source.max_offsets_per_trigger,
+                              connector=source.connector)
     value = F.from_json(F.col("value").cast("string"), EVENT_JSON_DDL)
     events = raw.select(F.col("record_id").alias("event_id"), value.user.alias("user"),
                         F.timestamp_micros(value.event_time_us).alias("event_time"))

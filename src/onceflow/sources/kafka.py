@@ -74,6 +74,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, nearest, refuse_unknown
+from onceflow.sources import kafka_native
 from onceflow.sources.kafka_read import SCHEMA_DDL, OffsetRange, ReadSpec, read_range
 
 NAME = "onceflow_kafka"
@@ -197,6 +198,22 @@ def to_json(offsets: Offsets) -> dict[str, dict[str, int]]:
 def from_json(data: Mapping[str, Any] | None) -> Offsets:
     """The inverse of :func:`to_json`."""
     return {(t, int(p)): int(o) for t, parts in (data or {}).items() for p, o in parts.items()}
+
+
+def logged_offsets(value: Mapping[str, Any] | None) -> tuple[Offsets, Offsets]:
+    """A Kafka source's offset as the checkpoint logs it: its end offsets, and where it resumed.
+
+    Reads both sources' forms: onceflow's Python source logs ``{"offsets": {topic: {partition:
+    offset}}, "from": {...}}`` (``from``: where it resumed after offsets deleted unread), Spark's
+    connector ``{topic: {partition: offset}}``. (A topic named ``offsets`` in the connector's form
+    maps partitions to numbers, not to objects, so the two never look alike.)
+    """
+    if not value:
+        return {}, {}
+    nested = value.get("offsets")
+    if isinstance(nested, Mapping) and all(isinstance(v, Mapping) for v in nested.values()):
+        return from_json(nested), from_json(value.get("from"))
+    return from_json(value), {}
 
 
 class KafkaPartition(InputPartition):
@@ -325,8 +342,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def range_tasks(start: Mapping[str, Any], end: Mapping[str, Any], step: int) -> list[InputPartition]:
     """Read tasks of ``[start, end)`` (two offsets as the checkpoint logs them): one per partition range."""
-    begin, ends, resumed = from_json(start.get("offsets")), from_json(end.get("offsets")), \
-        from_json(end.get("from"))
+    begin, (ends, resumed) = logged_offsets(start)[0], logged_offsets(end)
     tasks: list[InputPartition] = []
     for tp in sorted(ends):
         lo, hi = resumed.get(tp, begin.get(tp, 0)), ends[tp]
@@ -423,8 +439,14 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
                max_offsets_per_trigger: int | None = None, id_header: str | None = None,
                id_field: str | None = None, fail_on_data_loss: bool = True,
                allow_missing_topics: bool = False, options: Mapping[str, str] | None = None,
-               **unknown: Any) -> Any:
-    """A Kafka stream as a DataFrame (``onceflow_kafka``, registered with the session if needed).
+               connector: str = "auto", **unknown: Any) -> Any:
+    """A Kafka stream as a DataFrame: through Spark's connector when the session has it, else onceflow's.
+
+    With ``connector="auto"`` (the default) the stream is read by Spark's own Kafka connector
+    (``format("kafka")``, :mod:`onceflow.sources.kafka_native`) when its jar is on the session's
+    classpath (``onceflow.spark.session(kafka=True)``), and by onceflow's Python source
+    (``onceflow_kafka``, registered with the session if needed) otherwise; one log line on logger
+    ``onceflow.kafka`` says which. Both give the same columns and the same guarantees.
 
     Args:
         spark: The SparkSession.
@@ -439,23 +461,28 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
             counted and logged).
         allow_missing_topics: A ``subscribe`` topic the brokers do not have is waited for (read
             once it exists) instead of refused when the query starts.
-        options: More source options, e.g. ``{"kafka.security.protocol": "SASL_SSL"}``.
+        options: More source options, e.g. ``{"kafka.security.protocol": "SASL_SSL"}`` (``kafka.*``
+            go to the consumer: librdkafka's names for onceflow's source, the Java client's for
+            Spark's connector; the common ones are the same).
+        connector: ``auto``, ``spark`` (Spark's connector; an error when the session lacks it) or
+            ``onceflow`` (onceflow's Python source).
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Returns:
         The streaming DataFrame (columns in the module docstring).
 
     Raises:
-        ConfigError: confluent-kafka is missing (``pip install 'onceflow[kafka]'``), an unknown
-            keyword or a bad option. A topic the brokers do not have is refused when the query
-            starts (:meth:`onceflow.OnceQuery.awaitTermination` raises this error).
+        ConfigError: confluent-kafka is missing for onceflow's source (``pip install
+            'onceflow[kafka]'``), ``connector="spark"`` without the connector, an unknown keyword or
+            a bad option. A topic the brokers do not have is refused here with Spark's connector,
+            when the query starts with onceflow's (:meth:`onceflow.OnceQuery.awaitTermination`
+            raises the error).
     """
     refuse_unknown(set(unknown), {"spark", "bootstrap_servers", "subscribe", "subscribe_pattern",
                                   "starting_offsets", "max_offsets_per_trigger", "id_header", "id_field",
-                                  "fail_on_data_loss", "allow_missing_topics", "options"},
+                                  "fail_on_data_loss", "allow_missing_topics", "options", "connector"},
                    "onceflow.read_kafka")
-    require_client()
-    register(spark)
+    kafka_native.refuse_connector(connector)
     given: dict[str, str] = {"kafka.bootstrap.servers": bootstrap_servers,
                              "failOnDataLoss": str(fail_on_data_loss).lower(),
                              "allowMissingTopics": str(allow_missing_topics).lower(),
@@ -469,7 +496,30 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
             given[name] = str(value)
     given.update(options or {})
     KafkaOptions.parse(given)  # a bad option fails here, in the caller's code
-    return spark.readStream.format(NAME).options(**given).load()
+    native = connector != "onceflow" and kafka_native.has_connector(spark)
+    if connector == "spark" and not native:
+        raise ConfigError("onceflow.read_kafka(connector='spark'): Spark's Kafka connector is not on this "
+                          "session's classpath: 'onceflow jars fetch kafka-connector', then "
+                          "onceflow.spark.session(kafka=True) (or spark.jars naming its jars)")
+    kafka_native.say_which(native, forced=connector != "auto")
+    if native:
+        if _has_client():
+            register(spark)  # rejects and late rows read a batch again with onceflow's reader
+        df = kafka_native.read(spark, given)
+    else:
+        require_client()
+        register(spark)
+        df = spark.readStream.format(NAME).options(**given).load()
+    df._onceflow_kafka_options = dict(given)  # what the contract reads a batch again with
+    return df
+
+
+def _has_client() -> bool:
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def require_client() -> None:
@@ -478,10 +528,8 @@ def require_client() -> None:
     Raises:
         ConfigError: Naming the extra to install.
     """
-    try:
-        import confluent_kafka  # noqa: F401
-    except ImportError:
-        raise ConfigError("the Kafka source needs confluent-kafka: pip install 'onceflow[kafka]'") from None
+    if not _has_client():
+        raise ConfigError("the Kafka source needs confluent-kafka: pip install 'onceflow[kafka]'")
 
 
 def skipped_offsets(checkpoint: str | Path, source: int = 0) -> dict[int, dict[str, int]]:
@@ -499,14 +547,14 @@ def skipped_offsets(checkpoint: str | Path, source: int = 0) -> dict[int, dict[s
     out: dict[int, dict[str, int]] = {}
     for batch_id in ckpt.offset_batches(checkpoint):
         end: Any = ckpt.source_offset(checkpoint, batch_id, source) or {}
-        resumed = from_json(end.get("from"))
+        resumed = logged_offsets(end)[1]
         if not resumed:
             continue
         before: Any = ckpt.source_offset(checkpoint, batch_id - 1, source) if batch_id > 0 else None
-        prev = from_json((before or {}).get("offsets"))
+        prev = logged_offsets(before)[0]
         out[batch_id] = {f"{t}/{p}": off - prev.get((t, p), 0) for (t, p), off in resumed.items()}
     return out
 
 
-__all__ = ["NAME", "KafkaDataSource", "KafkaOptions", "read_kafka", "register", "require_client",
-           "skipped_offsets"]
+__all__ = ["NAME", "KafkaDataSource", "KafkaOptions", "logged_offsets", "read_kafka", "register",
+           "require_client", "skipped_offsets"]

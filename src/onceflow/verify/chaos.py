@@ -101,7 +101,7 @@ class VerifyConfig:
         cluster: One of :data:`CLUSTERS` (True: ``local``): drivers on ``local-cluster[2,1,1024]``
             (``executor_kill``) or on a standalone master with two workers (``worker_kill``).
         ingest: Feed the log through senders and a receiver (needed by the ingest faults).
-        source: ``log`` (the event log) or ``kafka`` (a topic on a mock broker verify starts).
+        source: ``log`` (the event log) or ``kafka`` (a topic on a Kafka broker verify starts).
         events_per_round: Distinct events generated per round.
         segment_size: Rows per segment.
         round_timeout_s: Longest a round may wait for its fault to happen.
@@ -248,10 +248,10 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
 
     Raises:
         ConfigError: ``resume`` without a state, or with another configuration, or of a
-            Kafka-fed run (the mock broker's records lived in the interrupted run's memory).
+            Kafka-fed run (the broker verify started ended with the interrupted run).
     """
     if resume and cfg.source == "kafka":
-        raise ConfigError("--resume is not possible with --source kafka: the mock broker that held the "
+        raise ConfigError("--resume is not possible with --source kafka: the broker that held the "
                           "topic ended with the interrupted run; start a new run")
     src: Any
     if cfg.pipeline and cfg.source == "kafka":
@@ -268,7 +268,7 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
             cluster = StandaloneCluster(cfg.workdir / "cluster").start()
             say(f"cluster: standalone master {cluster.master_url}, {len(cluster.workers)} workers")
         if cfg.source == "kafka":
-            say(f"source: Kafka topic {TOPIC} on a mock broker at {src.broker.bootstrap}")
+            say(f"source: Kafka topic {TOPIC} on a Kafka broker at {src.broker.bootstrap}")
         return _run(cfg, say, resume, src, cluster)
     finally:
         src.close()

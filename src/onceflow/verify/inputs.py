@@ -97,9 +97,9 @@ class KafkaInput:
     """
 
     def __init__(self, partitions: int = 4, rows_per_file: int = 1_000) -> None:
-        from onceflow.verify.broker import BrokerProcess
+        from onceflow.verify.kafka_server import KafkaServer
 
-        self.broker = BrokerProcess({TOPIC: partitions})
+        self.broker = KafkaServer({TOPIC: partitions})
         self.rows_per_file = rows_per_file
 
     def append(self, table: pa.Table) -> None:
@@ -120,7 +120,7 @@ class KafkaInput:
 
     def close(self) -> None:
         """Stop the broker (its records live in its memory)."""
-        self.broker.stop()
+        self.broker.close()
 
 
 class Feeder:

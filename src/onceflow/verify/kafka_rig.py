@@ -107,20 +107,33 @@ def topic_records(bootstrap: str, topic: str, timeout_s: float = 60.0) -> pa.Tab
 
 
 def offset_ranges(topic: str, start: Any, end: Any) -> dict[int, tuple[int, int]]:
-    """Per partition of ``topic``, the offsets ``[lo, until)`` a batch of onceflow's Kafka source read.
+    """Per partition of ``topic``, the offsets ``[lo, until)`` a batch of a Kafka source read.
 
     Args:
         topic: The topic.
-        start: The previous batch's logged source offset (None for batch 0: from offset 0).
-        end: This batch's logged source offset (``from``, where it resumed after skipped
-            offsets, honoured).
+        start: The previous batch's logged source offset (batch 0: :func:`spark_log.kafka_start`,
+            None: from offset 0).
+        end: This batch's logged source offset, in either source's form (see
+            :mod:`onceflow.verify.spark_log`; ``from``, where it resumed after skipped offsets,
+            honoured).
     """
     if not isinstance(end, dict):
         return {}
-    begin = (start if isinstance(start, dict) else {}).get("offsets", {}).get(topic, {})
-    resumed = end.get("from", {}).get(topic, {})
-    return {int(part): (int(resumed.get(part, begin.get(part, 0))), int(until))
-            for part, until in end.get("offsets", {}).get(topic, {}).items()}
+    ends, resumed = _logged(end)
+    begin = _logged(start)[0]
+    resumed_t, begin_t = resumed.get(topic, {}), begin.get(topic, {})
+    return {int(part): (int(resumed_t.get(part, begin_t.get(part, 0))), int(until))
+            for part, until in ends.get(topic, {}).items()}
+
+
+def _logged(value: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(topic -> {partition: offset}, resumed)`` of a logged offset in either source's form."""
+    if not isinstance(value, dict):
+        return {}, {}
+    nested = value.get("offsets")
+    if isinstance(nested, dict) and all(isinstance(v, dict) for v in nested.values()):
+        return nested, value.get("from", {}) or {}
+    return value, {}
 
 
 def batch_events(records: pa.Table, topic: str, start: dict[str, Any] | None,
@@ -155,7 +168,7 @@ def batch_reader(checkpoint: str | Path, records: pa.Table, topic: str) -> Calla
 
     def read(batch_id: int) -> pa.Table:
         end: Any = offset(batch_id) or {}
-        start: Any = offset(batch_id - 1) if batch_id > 0 else None
+        start: Any = offset(batch_id - 1) if batch_id > 0 else spark_log.kafka_start(ck)
         return batch_events(records, topic, start, end)
 
     return read

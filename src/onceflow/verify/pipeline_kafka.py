@@ -1,7 +1,7 @@
 """A user pipeline that reads Kafka: verify produces the user's records; the oracle reads them back.
 
 ``onceflow verify --pipeline PATH.py:FUNCTION --source kafka --input RECORDS`` feeds a topic on the
-mock broker verify starts (:class:`onceflow.verify.broker.BrokerProcess`) and calls the user's
+Kafka broker verify starts (:class:`onceflow.verify.kafka_server.KafkaServer`) and calls the user's
 function with ``input = "<bootstrap>/<topic>"`` (split it with ``input.rsplit("/", 1)``).
 
 ``RECORDS`` is a file (or a directory of files) of JSON lines, one record each: an object with
@@ -75,7 +75,7 @@ def pieces(records: Path, rounds: int, per_round: int = 3) -> list[list[list[Rec
 
 
 class KafkaRecordsInput:
-    """The topic a user's Kafka pipeline reads, on a mock broker this input starts.
+    """The topic a user's Kafka pipeline reads, on a Kafka broker this input starts.
 
     Args:
         pipeline: ``PATH.py:FUNCTION``.
@@ -84,10 +84,10 @@ class KafkaRecordsInput:
     """
 
     def __init__(self, pipeline: str, topic: str, partitions: int = 4) -> None:
-        from onceflow.verify.broker import BrokerProcess
+        from onceflow.verify.kafka_server import KafkaServer
 
         self.pipeline, self.topic = pipeline, topic
-        self.broker = BrokerProcess({topic: partitions})
+        self.broker = KafkaServer({topic: partitions})
 
     def append(self, piece: list[Record]) -> None:
         """Produce one piece's records, every one acknowledged."""
@@ -115,7 +115,7 @@ class KafkaRecordsInput:
 
     def close(self) -> None:
         """Stop the broker."""
-        self.broker.stop()
+        self.broker.close()
 
 
 def _record_id(r: Record, topic: str, id_header: str | None, id_field: str | None) -> str:
@@ -136,7 +136,9 @@ def _record_id(r: Record, topic: str, id_header: str | None, id_field: str | Non
 def batch_records(records: list[Record], checkpoint: Path, batch_id: int, topic: str) -> list[Record]:
     """Batch ``batch_id``'s records (see the module), by partition and offset."""
     def logged(b: int) -> Any:
-        return spark_log.read_offsets(checkpoint, b).offsets[0] if b >= 0 else None
+        if b < 0:
+            return spark_log.kafka_start(checkpoint)
+        return spark_log.read_offsets(checkpoint, b).offsets[0]
 
     ranges = offset_ranges(topic, logged(batch_id - 1), logged(batch_id))
     chosen = [r for r in records if r["partition"] in ranges

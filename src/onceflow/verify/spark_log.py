@@ -13,6 +13,10 @@ documents and writes them on a local file system, and nothing else:
   added it). A compact file holds every entry up to its id. A file source's offset line is
   ``{"logOffset": k}``: batch N's files are the entries with a log id in
   ``(logOffset of N-1, logOffset of N]``.
+* A Kafka source's offset line: Spark's connector logs ``{"topic": {"partition": next offset}}``
+  and writes batch 0's start once to ``sources/<i>/0`` (a NUL byte, ``v1``, the same JSON);
+  onceflow's Python source nests the offsets under ``"offsets"`` (``"from"``: where it resumed
+  after offsets deleted unread) and starts batch 0 at offset 0.
 """
 
 from __future__ import annotations
@@ -76,6 +80,23 @@ def read_offsets(checkpoint: Path, batch_id: int) -> Planned:
     meta = json.loads(lines[0])
     offsets = tuple(None if ln.strip() == "-" else json.loads(ln) for ln in lines[1:])
     return Planned(batch_id, int(meta.get("batchWatermarkMs", 0)), offsets)
+
+
+def kafka_start(checkpoint: Path, source: int = 0) -> Any:
+    """Batch 0's start offsets of a Kafka source read by Spark's connector (None: another source)."""
+    path = checkpoint / "sources" / str(source) / "0"
+    try:
+        lines = [ln for ln in path.read_bytes().decode("utf-8", "replace").lstrip("\x00").splitlines()
+                 if ln.strip()]
+    except OSError:
+        return None
+    if len(lines) < 2 or not lines[0].startswith("v"):
+        return None
+    try:
+        value = json.loads(lines[1])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "path" not in value else None
 
 
 def late_watermark_ms(checkpoint: Path, batch_id: int) -> int:

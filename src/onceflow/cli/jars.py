@@ -1,0 +1,37 @@
+"""``onceflow jars``: fetch the Java jars of Spark's Kafka connector and of a Kafka broker."""
+
+from __future__ import annotations
+
+import click
+
+from onceflow import jars as jar_sets
+
+
+@click.group("jars")
+def jars() -> None:
+    r"""Java jars onceflow can run with, fetched from Maven Central and checked by SHA-256.
+
+    \b
+    kafka-connector  Spark's own Kafka connector, for onceflow.spark.session(kafka=True)
+    kafka-broker     a single-node Kafka broker (KRaft), for tests, demos and verify
+    """
+
+
+@jars.command("fetch")
+@click.argument("names", nargs=-1, required=True, type=click.Choice(sorted(jar_sets.SETS)))
+def fetch(names: tuple[str, ...]) -> None:
+    """Download the named sets into the jar cache (once; a fetched set is kept).
+
+    The cache is ~/.cache/onceflow/jars (ONCEFLOW_JARS_DIR); ONCEFLOW_MAVEN_REPO names a mirror
+    with Maven Central's layout. Every jar's SHA-256 must match onceflow's pin.
+    """
+    for name in names:
+        found = jar_sets.fetch(name, progress=lambda line: click.echo(line, err=True))
+        click.echo(f"{name}: {len(found)} jars in {jar_sets.set_dir(name)}")
+
+
+@jars.command("path")
+@click.argument("name", type=click.Choice(sorted(jar_sets.SETS)))
+def path(name: str) -> None:
+    """Print the set's jars, comma-separated (for spark.jars / spark-submit --jars)."""
+    click.echo(",".join(str(p) for p in jar_sets.require(name)))

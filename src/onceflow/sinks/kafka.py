@@ -1,0 +1,325 @@
+"""The exactly-once Kafka sink: each micro-batch's records produced in one Kafka transaction.
+
+Every table of ``tables=`` is a topic. A batch's records go to their topics in one Kafka
+transaction, together with the batch's marker record, so a consumer with ``isolation.level=
+read_committed`` sees every batch once, and a replay after a crash is recognised and produces
+nothing. The marker topic is the sink's own, ``onceflow_batches.<sink_id>`` (one partition; key
+``sink_id``, value the marker row as JSON plus ``query_id``): read with ``read_committed`` it
+holds exactly the committed batches, and no other writer's open transaction can hold its reads
+back. (Kafka Streams and Flink commit a consumer group's offset in the transaction instead;
+librdkafka 2.16 was measured to hang in ``send_offsets_to_transaction``, past its timeout, after
+a broker restart, so onceflow keeps its marker as a record.)
+
+Records: a table's key columns (``Table(key=...)``) are the record's key (one string or binary
+column as its bytes, else a JSON object); its value is the column ``value`` as its bytes when
+the rows have only that and the key columns, else a JSON object of every column. Each record has
+headers ``onceflow.sink`` (the sink id) and ``onceflow.batch`` (the batch id). Kafka keeps no
+stored value to merge into: an ``append`` table's rows are records; an ``upsert`` table's rows
+are records keyed by the key (the last record of a key is its value, as a compacted topic
+keeps it); a ``merge`` table's rows are the batch's partial aggregates per key, which a reader
+folds (``add`` columns summed, ``max``/``min`` kept), as Example 5-1's per-batch counts are.
+
+Commit protocol of :meth:`KafkaTopicsSink.commit_tables` for batch N (``bind`` first calls
+``init_transactions`` with the transactional id ``onceflow.<sink_id>``: Kafka aborts what an
+earlier producer with that id left open, and fences it — a zombie driver's next send or commit
+fails with ``ProducerFenced``; then it reads the marker topic to its end with ``read_committed``
+(stable: no transaction of this id is open any more) for the last committed batch and the query
+id of the checkpoint that wrote it):
+
+1. **Check.** Crash point ``before_sink_write``. The rows are checked against the tables' specs
+   and encoded as records (:class:`onceflow.errors.BatchRejectedError`: nothing produced).
+2. **Decide.** If the last committed batch is ``>= N``, N was committed: return False. (Only
+   this producer commits for the sink id until another driver fences it, and a fenced producer
+   commits nothing, so the value read at ``bind`` and advanced by each commit stays true.)
+3. **Write.** Begin a transaction; produce every table's records to its topic (a missing topic
+   is created first, ``partitions`` partitions).
+4. **Mark.** Produce the marker record, and wait until every record is in the brokers' logs.
+   Crash point ``inside_sink_txn``: a crash here leaves an open transaction, aborted by the
+   next driver's ``init_transactions`` (``read_committed`` readers never see its records).
+5. **Commit** the transaction (a retriable error is retried; one that requires an abort aborts
+   and fails the batch, which Spark runs again). Crash point ``after_sink_commit`` and the
+   ``ambiguous_commit`` fault: Spark re-runs N, the next ``bind`` reads N's marker, step 2
+   skips it.
+6. **Return** True.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
+from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.sinks import marker
+from onceflow.sinks.marker import BatchStats
+from onceflow.tables import Table, check_outputs
+
+MARKER_TOPIC = "onceflow_batches.{sink_id}"
+"""The default marker topic (one partition; records keyed by sink id)."""
+
+_log = logging.getLogger("onceflow.kafka")
+_TIMEOUT_S = 60.0
+
+
+def _require() -> Any:
+    try:
+        import confluent_kafka
+    except ImportError:
+        raise ConfigError("the Kafka sink needs confluent-kafka: pip install 'onceflow[kafka]'") from None
+    return confluent_kafka
+
+
+def _bytes(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)  # timestamps, dates, decimals: their ISO / plain text
+
+
+def encode(rows: pa.Table, spec: Table) -> list[tuple[bytes | None, bytes | None]]:
+    """A table's rows as ``(key, value)`` records (the rules in the module docstring)."""
+    cols = rows.column_names
+    key_cols = list(spec.key)
+    raw_value = "value" in cols and set(cols) <= {*key_cols, "value"} and "value" not in key_cols
+    data = rows.to_pylist()
+    out = []
+    for row in data:
+        if not key_cols:
+            key = None
+        elif len(key_cols) == 1 and isinstance(row[key_cols[0]], (str, bytes)):
+            key = _bytes(row[key_cols[0]])
+        else:
+            key = json.dumps({k: row[k] for k in key_cols}, default=_json_default,
+                             separators=(",", ":")).encode()
+        if raw_value:
+            value = _bytes(row["value"])
+        else:
+            value = json.dumps(row, default=_json_default, separators=(",", ":")).encode()
+        out.append((key, value))
+    return out
+
+
+class KafkaTopicsSink:
+    """Topics of one Kafka cluster, each batch in one transaction (see the module protocol).
+
+    Args:
+        bootstrap_servers: ``host:port`` of the brokers.
+        sink_id: Marker namespace; also names the transactional id ``onceflow.<sink_id>``: one
+            running query per sink id (a second fences the first).
+        marker_topic: The marker topic (``{sink_id}`` is replaced; created with one partition
+            when missing). Give each sink a topic of its own.
+        partitions: Partitions of a topic the sink creates.
+        options: librdkafka settings for the producer and the marker reader (e.g. security).
+    """
+
+    def __init__(self, bootstrap_servers: str, sink_id: str = "default", marker_topic: str = MARKER_TOPIC,
+                 partitions: int = 1, options: Mapping[str, str] | None = None) -> None:
+        self.ck = _require()
+        if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():
+            raise ConfigError(f"sink id {sink_id!r} is invalid: use letters, digits, _ . -")
+        if not bootstrap_servers:
+            raise ConfigError("onceflow.kafka needs bootstrap_servers (host:port of the brokers)")
+        self.bootstrap = bootstrap_servers
+        self.sink_id = sink_id
+        self.marker_topic = marker_topic.replace("{sink_id}", sink_id)
+        self.partitions = partitions
+        self.transactional_id = f"onceflow.{sink_id}"
+        self._conf: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **dict(options or {})}
+        self._producer: Any = None
+        self._last: int | None = None
+        self._query_id: str | None = None
+        self._topics: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"onceflow.kafka({self.bootstrap!r}, sink_id={self.sink_id!r})"
+
+    def _admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self._conf)
+
+    def _ensure_topic(self, topic: str, partitions: int) -> None:
+        if topic in self._topics:
+            return
+        from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
+
+        admin = self._admin()
+        if topic not in admin.list_topics(timeout=_TIMEOUT_S).topics:
+            futures = admin.create_topics([NewTopic(topic, partitions, -1)])
+            for fut in futures.values():
+                try:
+                    fut.result(timeout=_TIMEOUT_S)
+                except Exception as exc:  # created meanwhile by another writer: fine
+                    if "TOPIC_ALREADY_EXISTS" not in str(exc) and "already exists" not in str(exc):
+                        raise OnceflowError(f"onceflow.kafka: cannot create topic {topic}: {exc}") from None
+        self._topics.add(topic)
+
+    def bind(self, query_id: str) -> None:
+        """Fence earlier producers of this sink id, abort what they left open, check the query id.
+
+        Raises:
+            CheckpointMismatchError: The marker group holds this sink id for another checkpoint.
+        """
+        self._ensure_topic(self.marker_topic, 1)
+        if self._producer is None:
+            self._producer = self.ck.Producer({**self._conf, "transactional.id": self.transactional_id,
+                                               "partitioner": "murmur2_random", "linger.ms": 5})
+            self._producer.init_transactions(_TIMEOUT_S)
+        markers = self.batches()
+        found = str(markers[-1].get("query_id") or "") or None if markers else None
+        if found is not None and found != query_id:
+            raise CheckpointMismatchError(
+                f"Kafka sink {self.sink_id!r} on {self.bootstrap} holds batches of the checkpoint with "
+                f"query id {found}, but this run's checkpoint has query id {query_id}; a new checkpoint "
+                "restarts batch ids at 0. Run with the original checkpoint, or use another sink id.")
+        self._last = int(markers[-1]["batch_id"]) if markers else None
+        self._query_id = query_id
+
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
+        """Reach the brokers (a wrong address or credentials fail here); no topic is created."""
+        try:
+            self._admin().list_topics(timeout=_TIMEOUT_S)
+        except Exception as exc:  # confluent_kafka.KafkaException
+            raise ConfigError(f"onceflow.kafka: cannot reach the brokers {self.bootstrap}: {exc}") from None
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Steps 1-6 for batch ``batch_id`` (see the module).
+
+        Raises:
+            BatchRejectedError: The rows do not fit the specs (nothing produced).
+            OnceflowError: The transaction failed (fenced by another driver of this sink id, or
+                aborted); Spark runs the batch again.
+        """
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        check_outputs(outputs, specs)
+        records = {name: encode(rows, specs[name]) for name, rows in outputs.items()}
+        if self._query_id is None:
+            raise OnceflowError("onceflow.kafka: commit before bind")
+        if self._producer is None:  # an earlier attempt's outcome is unknown: settle it, read again
+            self.bind(self._query_id)
+        if self._last is not None and self._last >= batch_id:  # 2
+            return False
+        for name in records:
+            self._ensure_topic(name, self.partitions)
+        written = {n: len(r) for n, r in records.items()}
+        row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
+        value = json.dumps({**dict(zip(marker.COLUMNS, row, strict=True)), "query_id": self._query_id},
+                           separators=(",", ":")).encode()
+        headers = [("onceflow.sink", self.sink_id.encode()), ("onceflow.batch", str(batch_id).encode())]
+        p = self._producer
+        try:
+            p.begin_transaction()  # 3
+            for name, recs in records.items():
+                for key, val in recs:
+                    self._produce(name, key, val, headers)
+            self._produce(self.marker_topic, self.sink_id.encode(), value, headers)  # 4
+            if p.flush(_TIMEOUT_S):  # in the brokers' logs, not committed (the commit flushes too)
+                raise OnceflowError(f"onceflow.kafka: batch {batch_id}: records not delivered in "
+                                    f"{_TIMEOUT_S:.0f} s")
+            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            self._commit(batch_id)  # 5
+        except self.ck.KafkaException as exc:
+            self._fail(batch_id, exc)
+        self._last = batch_id
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return True  # 6
+
+    def _produce(self, topic: str, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes]]) -> None:
+        while True:
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=headers)
+                return
+            except BufferError:  # the local queue is full: let it drain
+                self._producer.poll(0.1)
+
+    def _commit(self, batch_id: int) -> None:
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            try:
+                self._producer.commit_transaction(_TIMEOUT_S)
+                return
+            except self.ck.KafkaException as exc:
+                err = exc.args[0]
+                if err.retriable() and time.monotonic() < deadline:
+                    _log.warning("onceflow.kafka: batch %d: commit: %s; trying again", batch_id, err.str())
+                    continue
+                raise
+
+    def _fail(self, batch_id: int, exc: Any) -> None:
+        """A failed transaction: abort it when Kafka says so, else drop the producer.
+
+        Only an abort that succeeded proves the batch is not committed. Otherwise (a fatal
+        error, a commit whose answer never came) the producer is dropped: the next attempt's
+        ``bind`` makes a new one, whose ``init_transactions`` completes or aborts what is in
+        doubt, and reads the markers again.
+
+        Raises:
+            OnceflowError: Always (fenced, or the transaction failed).
+        """
+        err = exc.args[0]
+        if err.code() == self.ck.KafkaError._FENCED or "fenced" in err.str().lower():
+            self._producer = None  # unusable: a newer driver of this sink id owns it
+            raise OnceflowError(
+                f"onceflow.kafka: batch {batch_id}: another driver started with sink id {self.sink_id!r} "
+                f"(transactional id {self.transactional_id}) and fenced this one; it stops here, the other "
+                "one goes on") from None
+        aborted = False
+        if err.txn_requires_abort():
+            try:
+                self._producer.abort_transaction(_TIMEOUT_S)
+                aborted = True
+            except self.ck.KafkaException:
+                pass
+        if not aborted:
+            self._producer = None
+        raise OnceflowError(f"onceflow.kafka: batch {batch_id}: the transaction failed ({err.str()}); "
+                            + ("it was aborted" if aborted else "the next attempt settles it first")
+                            ) from None
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The sink's markers from the marker topic (``read_committed``), by batch id."""
+        consumer = self.ck.Consumer({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
+                                     "enable.auto.commit": False, "isolation.level": "read_committed"})
+        try:
+            tp = self.ck.TopicPartition(self.marker_topic, 0)
+            try:  # read_committed: the high mark is the last stable offset (open transactions excluded)
+                low, high = consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S, cached=False)
+            except self.ck.KafkaException:
+                return []  # no marker topic yet
+            found: dict[int, dict[str, Any]] = {}
+            if high > low:
+                consumer.assign([self.ck.TopicPartition(self.marker_topic, 0, low)])
+                deadline = time.monotonic() + _TIMEOUT_S
+                while consumer.position([tp])[0].offset < high:
+                    if time.monotonic() > deadline:
+                        raise OnceflowError(f"onceflow.kafka: reading the markers of {self.marker_topic} "
+                                            f"did not reach offset {high} in {_TIMEOUT_S:.0f} s")
+                    for m in consumer.consume(1000, timeout=1.0):
+                        if m.error() is None and m.key() == self.sink_id.encode():
+                            row = json.loads(m.value())
+                            found.setdefault(int(row["batch_id"]), row)
+            return [found[b] for b in sorted(found)]
+        finally:
+            consumer.close()
+
+    def flush(self) -> None:
+        """Nothing to wait for: a batch is visible when its transaction committed."""
+
+    def close(self) -> None:
+        """Close the producer (an open transaction is aborted by the broker)."""
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None

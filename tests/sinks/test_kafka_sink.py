@@ -1,0 +1,242 @@
+"""The Kafka sink on a real broker: every record once for ``read_committed`` readers, under SIGKILLs.
+
+The pipeline (:mod:`tests.sinks.kafka_driver`) deduplicates shipments and writes each batch's new
+shipments (topic ``shipments``) and per-warehouse partial sums (``stock``) in one Kafka
+transaction. The oracle recomputes both from the input files with pyarrow; the topics are read
+by this module's own consumer, never by onceflow's. ``read_uncommitted`` is the negative control
+of the reading: it sees the records of the transactions a crash left open (aborted later).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+from onceflow.errors import OnceflowError
+from onceflow.sinks.kafka import KafkaTopicsSink
+from onceflow.sinks.marker import BatchStats
+from onceflow.tables import Table
+from onceflow.verify.driver import ProcessGroup, wait_until
+from onceflow.verify.kafka_server import KafkaServer
+
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
+
+POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit", "after_commit_log"]
+
+
+@pytest.fixture
+def broker() -> Any:
+    with KafkaServer() as b:
+        yield b
+
+
+def _write_files(folder: Path, files: int, rows: int, seed: int, first: int = 0) -> list[dict[str, Any]]:
+    """Shipment files; ~15% of the rows repeat an earlier id (the same shipment sent again)."""
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    sent: list[dict[str, Any]] = []
+    for f in range(first, first + files):
+        batch = []
+        for i in range(rows):
+            if sent and rng.random() < 0.15:
+                batch.append(rng.choice(sent))
+                continue
+            row = {"id": f"s-{f}-{i}", "warehouse": f"w{rng.randrange(7)}", "qty": rng.randrange(1, 50),
+                   "ts": 1_780_000_000_000_000 + (f * rows + i) * 1000}
+            sent.append(row)
+            batch.append(row)
+        table = pa.table({"id": [r["id"] for r in batch], "warehouse": [r["warehouse"] for r in batch],
+                          "qty": pa.array([r["qty"] for r in batch], pa.int64()),
+                          "ts": pa.array([r["ts"] for r in batch], pa.timestamp("us"))})
+        tmp = folder / f".part-{f:04d}.parquet"
+        pq.write_table(table, tmp)
+        tmp.rename(folder / f"part-{f:04d}.parquet")
+    return sent
+
+
+def _expected(folder: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple[int, int]]]:
+    """The oracle: distinct shipments by id, and per warehouse (sum of qty, count)."""
+    rows = pq.read_table(folder).to_pylist()
+    ships = {r["id"]: (r["warehouse"], r["qty"]) for r in rows}
+    stock: dict[str, tuple[int, int]] = {}
+    for wh, qty in ships.values():
+        q, n = stock.get(wh, (0, 0))
+        stock[wh] = (q + qty, n + 1)
+    return ships, stock
+
+
+def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
+    """Every record of ``topic`` a consumer with ``isolation`` sees (to its end when called)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{time.monotonic_ns()}",
+                  "enable.auto.commit": False, "isolation.level": isolation})
+    try:
+        meta = c.list_topics(topic, timeout=30).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+                for p in meta.partitions}
+        c.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
+        out: list[Any] = []
+        todo = {p for p, (lo, hi) in ends.items() if hi > lo}
+        deadline = time.monotonic() + 60
+        while todo and time.monotonic() < deadline:
+            for m in c.consume(1000, timeout=0.5):
+                if m.error() is None:
+                    out.append(m)
+            for p in list(todo):
+                if c.position([TopicPartition(topic, p)])[0].offset >= ends[p][1]:
+                    todo.discard(p)
+        assert not todo, f"{topic}: could not read to the end of partitions {todo}"
+        return out
+    finally:
+        c.close()
+
+
+def _markers(bootstrap: str) -> list[int]:
+    return [json.loads(m.value())["batch_id"] for m in read_topic(bootstrap, "onceflow_batches.ship")
+            if m.key() == b"ship"]
+
+
+def _judge(bootstrap: str, folder: Path) -> tuple[Counter[str], dict[str, tuple[int, int]], list[int]]:
+    ships, stock = _expected(folder)
+    got = Counter(m.key().decode() for m in read_topic(bootstrap, "shipments"))
+    for m in read_topic(bootstrap, "shipments"):
+        value = json.loads(m.value())
+        assert (value["warehouse"], value["qty"]) == ships[m.key().decode()]
+    folded: dict[str, tuple[int, int]] = {}
+    for m in read_topic(bootstrap, "stock"):
+        value = json.loads(m.value())
+        q, n = folded.get(value["warehouse"], (0, 0))
+        folded[value["warehouse"]] = (q + value["qty"], n + value["n"])
+    assert folded == stock, (folded, stock)
+    return got, folded, _markers(bootstrap)
+
+
+def _driver(tmp: Path, source: str, bootstrap: str, name: str, crash_at: str | None = None,
+            once: bool = False, naive: bool = False) -> ProcessGroup:
+    args = [source, str(tmp / "ck"), bootstrap, *(["--once"] if once else []),
+            *(["--naive"] if naive else [])]
+    return ProcessGroup(args, tmp / f"{name}.out", {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else {},
+                        module="tests.sinks.kafka_driver")
+
+
+@pytest.mark.slow
+def test_every_crash_point_and_a_random_kill_leave_each_record_once(broker: Any, tmp_path: Path) -> None:
+    seed = int(time.time()) % 10_000
+    folder = tmp_path / "in"
+    _write_files(folder, 14, 300, seed)
+    d = _driver(tmp_path, str(folder), broker.bootstrap, "random")
+    wait_until(lambda: len(_markers(broker.bootstrap)) >= 1, 180, "a committed batch")
+    time.sleep(random.Random(seed).uniform(0.0, 1.0))
+    d.kill()
+    for point in POINTS:
+        target = len(_markers(broker.bootstrap))  # markers 0..n-1: the next batch (with input)
+        d = _driver(tmp_path, str(folder), broker.bootstrap, point, crash_at=f"{point}@{target}")
+        assert d.wait(timeout=300) == -9, d.output()[-3000:]
+        assert f"crash point {point} at batch" in d.output(), d.output()[-2000:]
+    final = _driver(tmp_path, str(folder), broker.bootstrap, "final", once=True)
+    assert final.wait(timeout=300) == 0, final.output()[-3000:]
+    got, _, markers = _judge(broker.bootstrap, folder)
+    ships, _ = _expected(folder)
+    assert set(got) == set(ships) and set(got.values()) == {1}, (seed, got.most_common(3))
+    assert markers == list(range(len(markers))), markers  # every batch once, in order
+    dirty = Counter(m.key().decode() for m in read_topic(broker.bootstrap, "shipments", "read_uncommitted"))
+    assert max(dirty.values()) > 1, "the crash inside the transaction left no aborted records"
+    assert sum(dirty.values()) > sum(got.values())
+
+
+def test_the_naive_sink_is_caught_duplicating(broker: Any, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    _write_files(folder, 4, 200, seed=3)
+    for topic in ("shipments", "stock"):  # the naive sink creates no topic (the broker creates none)
+        broker.create_topic(topic, 1)
+    d = _driver(tmp_path, str(folder), broker.bootstrap, "crash", crash_at="after_sink_commit@1", naive=True)
+    assert d.wait(timeout=300) == -9, d.output()[-3000:]
+    final = _driver(tmp_path, str(folder), broker.bootstrap, "final", once=True, naive=True)
+    assert final.wait(timeout=300) == 0, final.output()[-3000:]
+    with pytest.raises(AssertionError):  # the stock sums count batch 1 twice
+        _judge(broker.bootstrap, folder)
+    got = Counter(m.key().decode() for m in read_topic(broker.bootstrap, "shipments"))
+    assert max(got.values()) == 2
+
+
+def test_a_second_driver_of_the_sink_id_fences_the_first(broker: Any) -> None:
+    spec = {"shipments": Table(key="id")}
+    rows = pa.table({"id": ["a", "b"], "warehouse": ["w1", "w2"], "qty": [1, 2]})
+    stats = BatchStats(2, 0, 0)
+    first = KafkaTopicsSink(broker.bootstrap, sink_id="fence")
+    first.bind("q1")
+    assert first.commit_tables(0, {"shipments": rows}, spec, stats, 2)
+    assert not first.commit_tables(0, {"shipments": rows}, spec, stats, 2)  # a replay: nothing produced
+    # a zombie with the transactional id (an earlier driver), mid-transaction when the next one starts
+    zombie = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "onceflow.fence"})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce("shipments", key=b"zombie", value=b"{}")
+    zombie.flush(10)
+    second = KafkaTopicsSink(broker.bootstrap, sink_id="fence")
+    second.bind("q1")  # aborts the zombie's open transaction and fences every earlier producer
+    with pytest.raises(KafkaException):
+        zombie.commit_transaction(30)
+    with pytest.raises(OnceflowError, match="fenced this one"):
+        first.commit_tables(1, {"shipments": rows}, spec, stats, 2)
+    assert second.commit_tables(1, {"shipments": rows.slice(0, 1)}, spec, stats, 1)
+    keys = [m.key() for m in read_topic(broker.bootstrap, "shipments")]
+    assert keys == [b"a", b"b", b"a"]
+    assert b"zombie" in [m.key() for m in read_topic(broker.bootstrap, "shipments", "read_uncommitted")]
+    assert [m["batch_id"] for m in second.batches()] == [0, 1]
+    other = KafkaTopicsSink(broker.bootstrap, sink_id="fence")
+    with pytest.raises(OnceflowError, match="query id q1"):
+        other.bind("q2")  # another checkpoint's batch ids restart at 0
+    for s in (first, second, other):
+        s.close()
+
+
+@pytest.mark.slow
+def test_a_broker_restart_mid_stream_loses_and_repeats_nothing(broker: Any, tmp_path: Path) -> None:
+    """Kafka in (Spark's connector), Kafka out; the broker is SIGKILLed and restarted mid-stream."""
+    broker.create_topic("incoming", 2)
+    folder = tmp_path / "in"
+    sent = _write_files(folder, 8, 250, seed=9)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+
+    def produce(rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(r["ts"] / 1e6)) + "Z"
+            p.produce("incoming", json.dumps({**r, "ts": ts}).encode(), key=r["id"].encode())
+        p.flush(60)
+
+    records = [{**r, "ts": int(r["ts"].timestamp() * 1e6)} for r in pq.read_table(folder).to_pylist()]
+    produce(records[:600])
+    d = _driver(tmp_path, "kafka:incoming", broker.bootstrap, "live")
+    wait_until(lambda: len(_markers(broker.bootstrap)) >= 1, 180, "a committed batch")
+
+    def feed() -> None:  # a producer keeps producing through the restart (its retries: same ids)
+        for i in range(600, len(records), 150):
+            produce(records[i:i + 150])
+            time.sleep(0.4)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    time.sleep(1.0)
+    broker.restart(hard=True)  # SIGKILL, then the same ports and data
+    at = len(_markers(broker.bootstrap))
+    feeder.join(timeout=180)
+    wait_until(lambda: len(_markers(broker.bootstrap)) > at + 1, 180, "commits after the restart")
+    assert d.proc.poll() is None, d.output()[-3000:]  # the live driver rode out the restart
+    d.kill()
+    final = _driver(tmp_path, "kafka:incoming", broker.bootstrap, "final", once=True)
+    assert final.wait(timeout=300) == 0, final.output()[-3000:]
+    got, _, markers = _judge(broker.bootstrap, folder)
+    assert set(got) == {r["id"] for r in sent} and set(got.values()) == {1}
+    assert markers == list(range(len(markers)))
