@@ -22,6 +22,8 @@ verify sqlite --rounds 40 --seed 16 --sink sqlite
 verify delta --rounds 40 --seed 16 --sink delta
 verify http --rounds 20 --seed 17 --sink http
 verify kafka --rounds 20 --seed 18 --source kafka
+verify kafka-sink --rounds 20 --seed 22 --sink kafka
+verify kafka-kafka --rounds 12 --seed 23 --source kafka --sink kafka
 verify ingest --ingest --rounds 16 --seed 15 --faults all
 # a user-style pipeline (tests/verify/pipelines/orders.py, judged by the pipeline oracle) per sink
 rm -rf "$OUT/orders-sample"

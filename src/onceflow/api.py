@@ -270,7 +270,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                                   "event_time", "on_batch", "check_files", "late", "stable",
                                   "count_rows", "output_mode", "rejects", "retry_for"},
                    "onceflow.write_stream")
-    specs = check_specs(tables or {})
+    topics = bool(getattr(sink, "tables_are_topics", False))
+    specs = check_specs(tables or {}, topics)
     if not df.isStreaming:
         raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
                           "DataFrame write it directly")
@@ -283,7 +284,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         if event_time is None:
             raise ConfigError("late= needs the event-time column: pass event_time=, or build the stream "
                               "with onceflow.deduplicate(...)")
-        specs = check_specs({**specs, late: specs.get(late) or (Table(key=ids) if ids else Table())})
+        specs = check_specs({**specs, late: specs.get(late) or (Table(key=ids) if ids else Table())}, topics)
     found = contract.contracts_in(df)
     if len(found) > 1:
         raise ConfigError(f"the query has {len(found)} input contracts (onceflow.expect / deduplicate on "
@@ -300,7 +301,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         if given is not None and given != rj.SPEC:
             raise ConfigError(f"tables[{rejects!r}] is the rejects table: leave it out of tables= (it is "
                               f"keyed by the record's coordinates, Table(key=['record']))")
-        specs = check_specs({**specs, rejects: rj.SPEC})
+        specs = check_specs({**specs, rejects: rj.SPEC}, topics)
     own = {late, rejects}
     keep = None
     if stable is True:

@@ -21,6 +21,7 @@ row, so the query stops before Spark's commit log and nothing of the batch is wr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -112,8 +113,13 @@ class Table:
                 "mode": self.mode}
 
 
-def check_specs(tables: Mapping[str, Table]) -> dict[str, Table]:
+def check_specs(tables: Mapping[str, Table], topics: bool = False) -> dict[str, Table]:
     """Validate a ``tables=`` argument: names and specs.
+
+    Args:
+        tables: The argument.
+        topics: The sink's tables are Kafka topics: names may also hold ``.`` and ``-``
+            (Kafka's rule, at most 249 characters).
 
     Raises:
         ConfigError: Not a mapping of plain table names to :class:`Table`.
@@ -122,7 +128,11 @@ def check_specs(tables: Mapping[str, Table]) -> dict[str, Table]:
         raise ConfigError("tables must be a non-empty dict {name: onceflow.Table(...)}")
     out = {}
     for name, spec in tables.items():
-        if not isinstance(name, str) or not name.replace("_", "a").isalnum() or name[0].isdigit():
+        if topics:
+            if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name) \
+                    or name in (".", ".."):
+                raise ConfigError(f"topic name {name!r}: use letters, digits, '.', '_' and '-' (at most 249)")
+        elif not isinstance(name, str) or not name.replace("_", "a").isalnum() or name[0].isdigit():
             raise ConfigError(f"table name {name!r}: use letters, digits and _ (not starting with a digit)")
         if name.lower().startswith("onceflow_"):
             raise ConfigError(f"table name {name!r}: the onceflow_ prefix is reserved for onceflow's tables")

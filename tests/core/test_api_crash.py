@@ -78,7 +78,7 @@ def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | No
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", [  # long: make test-long (make test's 30 minutes)
-    pytest.param("sqlite", marks=pytest.mark.long), "postgres",
+    pytest.param("sqlite", marks=pytest.mark.long), pytest.param("postgres", marks=pytest.mark.long),
     pytest.param("postgres-staged", marks=pytest.mark.long),
     pytest.param("postgres-2pc", marks=pytest.mark.long), "delta"])
 def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_path: Path, backend: str,

@@ -31,7 +31,8 @@ from onceflow.verify.kafka_server import KafkaServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
-POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit", "after_commit_log"]
+POINTS = ["before_sink_write", "inside_sink_txn", "after_sink_commit"]
+"""The sink's own points (``after_commit_log`` does not depend on the sink: tests/core)."""
 
 
 @pytest.fixture
@@ -240,3 +241,14 @@ def test_a_broker_restart_mid_stream_loses_and_repeats_nothing(broker: Any, tmp_
     got, _, markers = _judge(broker.bootstrap, folder)
     assert set(got) == {r["id"] for r in sent} and set(got.values()) == {1}
     assert markers == list(range(len(markers)))
+
+
+def test_topic_names_may_hold_dots_and_dashes_table_names_may_not() -> None:
+    from onceflow.errors import ConfigError
+    from onceflow.tables import check_specs
+
+    assert list(check_specs({"orders-out.v1": Table()}, topics=True)) == ["orders-out.v1"]
+    with pytest.raises(ConfigError, match="table name 'orders-out.v1'"):
+        check_specs({"orders-out.v1": Table()})
+    with pytest.raises(ConfigError, match="topic name 'a b'"):
+        check_specs({"a b": Table()}, topics=True)

@@ -77,7 +77,8 @@ def _judge(tmp: Path, bootstrap: str) -> tuple[Any, Any, Any]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("connector", ["spark", "onceflow"])
+@pytest.mark.parametrize("connector", [  # onceflow's source: make test-long (make test's 30 minutes)
+    "spark", pytest.param("onceflow", marks=pytest.mark.long)])
 def test_kafka_crash_points_and_random_kills_leave_exact_counts(broker: Any, tmp_path: Path,
                                                                 connector: str) -> None:
     seed = int(time.time()) % 10_000

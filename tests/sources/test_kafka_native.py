@@ -55,8 +55,7 @@ def _comparable(t: pa.Table) -> list[dict[str, Any]]:
     return out
 
 
-@pytest.mark.parametrize("ids", [{"id_header": "event_id"}, {"id_field": "eid"},
-                                 {"id_header": "event_id", "id_field": "eid"}, {}])
+@pytest.mark.parametrize("ids", [{"id_header": "event_id", "id_field": "eid"}, {"id_field": "eid"}, {}])
 def test_the_connectors_give_the_same_rows_and_ids(spark: Any, broker: Any, tmp_path: Path,
                                                    ids: dict[str, str]) -> None:
     topic = "same-" + "-".join(sorted(ids)).replace("_", "") if ids else "same-plain"

@@ -152,6 +152,7 @@ def test_postgres_two_phase_sink_under_the_crash_points(tmp_path: Path,
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
 
 
+@pytest.mark.long  # make test-long (make test's 30 minutes; test_stable_effects.py covers the crash points)
 def test_side_effect_sink_under_its_crash_points_with_a_failing_service(tmp_path: Path) -> None:
     """Example 5-1's deltas as HTTP calls to the demo service, which fails 3% of calls and
     times out 1% *after* applying them; the verdict is read from the service's own records."""
@@ -171,6 +172,7 @@ def test_side_effect_sink_under_its_crash_points_with_a_failing_service(tmp_path
     assert answers.get("500", 0) > 0 and answers.get("late", 0) > 0  # applied, then failed / timed out
 
 
+@pytest.mark.long  # make test-long (make test's 30 minutes; test_api_crash.py[delta] has the crash points)
 def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_path: Path) -> None:
     """Delta tables (the marker an app transaction per table, no transaction across tables):
     crash_inside_sink_txn dies between the two tables' commits."""
@@ -250,6 +252,7 @@ INGEST_FAULTS = ["receiver_kill", "receiver_crash_after_stage", "receiver_crash_
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (make test's 30 minutes; tests/ingest covers the service)
 def test_end_to_end_through_senders_and_the_receiver(tmp_path: Path) -> None:
     faults = ["crash_after_sink_commit", *INGEST_FAULTS, "producer_duplicates", "late_events"]
     rc, out, rep = _verify(tmp_path, "--ingest", "--rounds", "6", "--seed", "5", "--events-per-round",

@@ -44,6 +44,7 @@ def test_kafka_source_under_crash_points_and_kills(tmp_path: Path) -> None:
     assert rep["input_rows"] == 10_500  # 10,000 events + 5% producer retries, each produced once
 
 
+@pytest.mark.long  # make test-long (the Kafka sink's negative control below reads Kafka too)
 def test_kafka_negative_control_is_caught(tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "1", "--seed", "4", "--events-per-round", "3000",
                            "--sink", "naive", "--faults", "crash_after_sink_commit")
@@ -70,3 +71,28 @@ def test_standalone_cluster_with_a_worker_kill(tmp_path: Path) -> None:
     verdict = rep["verdict"]
     assert isinstance(verdict, dict)
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
+
+
+@pytest.mark.slow
+def test_kafka_in_kafka_out_under_crashes_and_a_broker_outage(tmp_path: Path) -> None:
+    """``--source kafka --sink kafka``: the oracle reads the output topics with ``read_committed``."""
+    rc, out, rep = _verify(tmp_path, "--rounds", "3", "--seed", "21", "--events-per-round", "2000",
+                           "--sink", "kafka", "--faults",
+                           "crash_inside_sink_txn,ambiguous_commit,sink_outage")
+    assert rc == 0, out[-3000:]
+    rounds = _rounds_ok(rep)
+    assert {r["fault"] for r in rounds} == {"crash_inside_sink_txn", "ambiguous_commit", "sink_outage"}
+    assert all(int(r["rows_at_risk"]) > 0 for r in rounds if r["fault"] != "sink_outage"), rounds
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"], verdict
+    assert str(verdict["sink"]).startswith("kafka:127.0.0.1:")
+
+
+def test_the_kafka_sink_negative_control_is_caught(tmp_path: Path) -> None:
+    rc, out, rep = _verify(tmp_path, "--rounds", "1", "--seed", "4", "--events-per-round", "3000",
+                           "--sink", "kafka-naive", "--faults", "crash_after_sink_commit")
+    assert rc == 1, out[-3000:]
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["duplicated"] > 0

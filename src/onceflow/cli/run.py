@@ -165,6 +165,9 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "variable, which keeps a password out of the process list.")
 @click.option("--effects-url", envvar="ONCEFLOW_EFFECTS_URL", default=None, show_envvar=True,
               help="Where --sink http POSTs each output row (one effect per row; --db is its ledger).")
+@click.option("--out-kafka", "out_kafka", default=None, metavar="HOST:PORT",
+              help="The brokers --sink kafka produces to (each table a topic, each batch one Kafka "
+                   "transaction).")
 @click.option("--effects-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
               show_default=True, help="Seconds one call of --sink http may take.")
 @click.option("--once", is_flag=True, help="Process everything available now, then exit 0.")
@@ -182,10 +185,11 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
               help="Where results go: sqlite (default of user_counts); postgres (driver-side "
                    "transaction); postgres-staged (default of billing) / postgres-2pc (written by "
                    "the executors); http (each row one call to --effects-url, ledger in --db); "
-                   "delta (Delta tables under --delta, the marker a Delta app transaction). "
+                   "delta (Delta tables under --delta, the marker a Delta app transaction); "
+                   "kafka (topics on --out-kafka, each batch one Kafka transaction). "
                    "Negative controls, never "
                    "for real data: 'naive', 'postgres-naive' and 'http-naive' have no batch marker, "
-                   "'delta-naive' never checks it "
+                   "'delta-naive' never checks it, 'kafka-naive' produces without a transaction "
                    "(duplicates), 'lossy' commits the marker before the rows (loss).")
 @click.option("--standby", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="Hot standby (verify --fast-start): start Spark, then wait until this file "
@@ -201,7 +205,7 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "a Kafka bootstrap server and topic.")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
         kafka_connector: str, checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
-        effects_url: str | None, effects_timeout: float,
+        effects_url: str | None, out_kafka: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
         standby: Path | None, pipeline: str, input_dir: str | None) -> None:
@@ -235,7 +239,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     if isinstance(source, Path):
         EventLog(source).validate()  # fail fast, before Spark starts
     where = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, effects_url=effects_url,
-                        effects_timeout_s=effects_timeout)
+                        effects_timeout_s=effects_timeout, kafka=out_kafka)
     sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], where, sink_id=pipeline)
     spark = spark or session(master=master, conf=conf)
     try:

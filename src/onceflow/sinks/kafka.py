@@ -122,6 +122,9 @@ class KafkaTopicsSink:
         options: librdkafka settings for the producer and the marker reader (e.g. security).
     """
 
+    tables_are_topics = True
+    """Table names are topic names (``.`` and ``-`` allowed; see :func:`onceflow.tables.check_specs`)."""
+
     def __init__(self, bootstrap_servers: str, sink_id: str = "default", marker_topic: str = MARKER_TOPIC,
                  partitions: int = 1, options: Mapping[str, str] | None = None) -> None:
         self.ck = _require()

@@ -172,3 +172,41 @@ def batch_reader(checkpoint: str | Path, records: pa.Table, topic: str) -> Calla
         return batch_events(records, topic, start, end)
 
     return read
+
+
+def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
+                 timeout_s: float = 120.0) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record of ``topic`` as ``(key, value)``, read to the end by the auditor's own consumer.
+
+    Args:
+        bootstrap: ``host:port`` of the brokers.
+        topic: The topic (a missing topic has no records).
+        isolation: ``read_committed`` (what a transactional sink's readers see; the end is the
+            last stable offset) or ``read_uncommitted``.
+        timeout_s: Longest read.
+
+    Raises:
+        SourceReadError: The end was not reached in time.
+    """
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"onceflow-auditor-{time.monotonic_ns()}",
+                  "enable.auto.commit": False, "isolation.level": isolation})
+    try:
+        meta = c.list_topics(topic, timeout=30).topics.get(topic)
+        if meta is None or meta.error is not None:
+            return []
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+                for p in meta.partitions}
+        c.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
+        out: list[tuple[bytes | None, bytes | None]] = []
+        todo = {p for p, (lo, hi) in ends.items() if hi > lo}
+        deadline = time.monotonic() + timeout_s
+        while todo:
+            if time.monotonic() > deadline:
+                raise SourceReadError(f"the auditor could not read {topic} to its end in {timeout_s:.0f} s")
+            out += [(m.key(), m.value()) for m in c.consume(1000, timeout=0.5) if m.error() is None]
+            todo = {p for p in todo if c.position([TopicPartition(topic, p)])[0].offset < ends[p][1]}
+        return out
+    finally:
+        c.close()

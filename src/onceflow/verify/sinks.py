@@ -9,6 +9,7 @@ library: the production classes have no such mode.
   "not committed", so a re-run batch is written again (duplicates).
 * ``lossy``: the marker commits before the rows, so a crash in between loses the batch.
 * ``http-naive``: no ledger and no marker: every attempt calls every row.
+* ``kafka-naive``: no transaction and no marker: every attempt produces its records.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 
 __all__ = ["SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink", "NaiveDeltaSink", "NaiveHttpSink",
-           "NaivePostgresSink", "NaiveSQLiteSink", "SinkOptions", "make_sink", "marker_id"]
+           "NaiveKafkaSink", "NaivePostgresSink", "NaiveSQLiteSink", "SinkOptions", "make_sink", "marker_id"]
 
 SQLITE_SINKS = ("sqlite", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
 EFFECT_SINKS = ("http", "http-naive")
 DELTA_SINKS = ("delta", "delta-naive")
-SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS
+KAFKA_SINKS = ("kafka", "kafka-naive")
+SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
 USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta", "delta-naive")
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
@@ -100,6 +102,52 @@ class NaiveHttpSink(HttpEffectsSink):
         return True
 
 
+class NaiveKafkaSink:
+    """``kafka-naive``: every attempt of a batch produces its records, without a transaction or marker."""
+
+    keeps_markers = False
+    """Nothing to check a checkpoint against (:func:`onceflow.repair.check_order` skips it)."""
+    tables_are_topics = True
+
+    def __init__(self, bootstrap: str, sink_id: str = "default") -> None:
+        from confluent_kafka import Producer
+
+        from onceflow.sinks.kafka import KafkaTopicsSink
+
+        self.sink_id = sink_id
+        self._topics = KafkaTopicsSink(bootstrap, sink_id=sink_id)  # only to create missing topics
+        self._p = Producer({"bootstrap.servers": bootstrap})
+
+    def bind(self, query_id: str) -> None:  # noqa: D102
+        pass
+
+    def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:  # noqa: D102
+        pass
+
+    def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Produce every record of the batch, whatever an earlier attempt did."""
+        from onceflow.sinks.kafka import encode
+
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        for name, rows in outputs.items():
+            self._topics._ensure_topic(name, 1)
+            for key, value in encode(rows, specs[name]):
+                self._p.produce(name, value=value, key=key)
+        self._p.flush(60)
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        return True
+
+    def batches(self) -> list[dict[str, Any]]:  # noqa: D102
+        return []
+
+    def flush(self) -> None:  # noqa: D102
+        pass
+
+    def close(self) -> None:  # noqa: D102
+        self._p.flush(30)
+
+
 @dataclass(frozen=True)
 class SinkOptions:
     """Where a ``--sink`` choice writes.
@@ -110,6 +158,7 @@ class SinkOptions:
         delta: Root directory of the Delta tables (``delta``).
         effects_url: Where the ``http`` sinks POST effects.
         effects_timeout_s: Seconds an effect call may take.
+        kafka: ``host:port`` of the brokers the ``kafka`` sinks produce to.
     """
 
     db: Path | None = None
@@ -117,6 +166,7 @@ class SinkOptions:
     delta: Path | None = None
     effects_url: str | None = None
     effects_timeout_s: float = 10.0
+    kafka: str | None = None
 
 
 def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> TablesSink:
@@ -133,6 +183,14 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
     Raises:
         ConfigError: A required location is missing, or the extra the sink needs is not installed.
     """
+    if kind in KAFKA_SINKS:
+        if not where.kafka:
+            raise ConfigError(f"--sink {kind} produces to Kafka: pass --out-kafka HOST:PORT (the brokers)")
+        if kind == "kafka-naive":
+            return NaiveKafkaSink(where.kafka, sink_id=sink_id)
+        from onceflow.sinks.kafka import KafkaTopicsSink
+
+        return KafkaTopicsSink(where.kafka, sink_id=sink_id)
     if kind in DELTA_SINKS:
         if where.delta is None:
             raise ConfigError(f"--sink {kind} writes Delta tables: pass --delta DIR (their root directory)")

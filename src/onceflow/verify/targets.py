@@ -9,11 +9,15 @@ idempotency keys (so its duplicates show). The ``delta`` sink writes Delta table
 ``delta-naive`` never checks the app transaction (its duplicates show). PostgreSQL sinks
 get a fresh schema (``onceflow_verify_<id>``) in the database of the given DSN, selected
 through the connection's ``search_path``; the DSN reaches the driver processes through
-``ONCEFLOW_PG_DSN``, never on a command line.
+``ONCEFLOW_PG_DSN``, never on a command line. The ``kafka`` sinks produce to a Kafka broker of
+the run's own (:class:`onceflow.verify.kafka_server.KafkaServer`); ``kafka-naive`` produces
+without a transaction (its duplicates show). Their outage is the broker SIGKILLed and started
+again.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sqlite3
 import time
@@ -27,8 +31,23 @@ from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.verify.oracle import Expectation
-from onceflow.verify.sinks import DELTA_SINKS, EFFECT_SINKS, EXAMPLE_SINK_ID, SINKS, SQLITE_SINKS, marker_id
-from onceflow.verify.verdict import Verdict, judge_delta, judge_effects, judge_postgres, judge_sqlite
+from onceflow.verify.sinks import (
+    DELTA_SINKS,
+    EFFECT_SINKS,
+    EXAMPLE_SINK_ID,
+    KAFKA_SINKS,
+    SINKS,
+    SQLITE_SINKS,
+    marker_id,
+)
+from onceflow.verify.verdict import (
+    Verdict,
+    judge_delta,
+    judge_effects,
+    judge_kafka,
+    judge_postgres,
+    judge_sqlite,
+)
 
 
 def delta_batches(root: Path, sink_id: str) -> list[dict[str, Any]]:
@@ -76,8 +95,14 @@ class SinkTarget:
         self.marker_id = marker_id(kind, "user_counts", sink_id)
         """The sink id of the markers of ``user_counts`` (per batch, or per table and batch)."""
         self.service: Any = None
+        self.broker: Any = None
         self.workdir = workdir
-        if kind in SQLITE_KINDS:
+        if kind in KAFKA_SINKS:
+            from onceflow.sinks.kafka import _require
+
+            _require()  # no confluent-kafka: a ConfigError naming the extra
+            self._base_dsn = ""
+        elif kind in SQLITE_KINDS:
             self.db = workdir / "sink.db"
         elif kind in EFFECT_SINKS:
             self.db = workdir / "ledger.db"
@@ -92,7 +117,7 @@ class SinkTarget:
     @property
     def is_postgres(self) -> bool:
         """Whether the sink is in PostgreSQL."""
-        return self.db is None
+        return self.db is None and self.kind not in KAFKA_SINKS
 
     def prepare(self, schema: str | None = None) -> None:
         """Create the empty place the run writes to (a new PostgreSQL schema), or start the service.
@@ -111,6 +136,11 @@ class SinkTarget:
                                           *(["--ignore-keys"] if self.kind == "http-naive" else [])).start()
             pid.write_text(str(self.service.proc.pid))
             return
+        if self.kind in KAFKA_SINKS:
+            from onceflow.verify.kafka_server import KafkaServer
+
+            self.broker = KafkaServer(data_dir=self.workdir / "kafka-out")
+            return
         if not self.is_postgres:
             return
         require_psycopg()
@@ -128,12 +158,16 @@ class SinkTarget:
         """How reports name the sink (no password)."""
         if self.db is not None:
             return f"{self.kind}:{self.db}"
+        if self.broker is not None:
+            return f"{self.kind}:{self.broker.bootstrap}"
         return f"{self.kind}:{pg.redact(self._base_dsn)} schema {self.schema}"
 
     def extra_args(self) -> list[str]:
         """``onceflow run`` arguments beyond the sink's kind and location (the demo service's)."""
         if self.service is not None:
             return ["--effects-url", self.service.effects_url, "--effects-timeout", "1.5"]
+        if self.broker is not None:
+            return ["--out-kafka", self.broker.bootstrap]
         return []
 
     def env(self) -> dict[str, str]:
@@ -145,9 +179,20 @@ class SinkTarget:
         if self.service is not None:
             self.service.stop()
             (self.workdir / "service.pid").unlink(missing_ok=True)
+        if self.broker is not None:
+            self.broker.stop()
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's batch markers with metrics."""
+        if self.broker is not None:
+            from onceflow.verify.kafka_rig import read_records
+
+            found: dict[int, dict[str, Any]] = {}
+            for key, value in read_records(self.broker.bootstrap, f"onceflow_batches.{self.sink_id}"):
+                if key == self.sink_id.encode():
+                    row = json.loads(value or b"{}")
+                    found.setdefault(int(row["batch_id"]), row)
+            return [found[b] for b in sorted(found)]
         if self.kind in DELTA_SINKS:
             assert self.db is not None
             return delta_batches(self.db, self.sink_id)
@@ -157,7 +202,7 @@ class SinkTarget:
 
     def committed_batches(self) -> int:
         """Number of batch markers (0 before the sink exists)."""
-        if self.kind in DELTA_SINKS:
+        if self.kind in DELTA_SINKS or self.broker is not None:
             return len(self.batches())
         if self.db is not None:
             from onceflow.verify.driver import committed_batches
@@ -170,6 +215,8 @@ class SinkTarget:
 
     def outage_seconds(self, rng: random.Random) -> float:
         """How long a ``sink_outage`` lasts: SQLite's longer than a statement waits for a lock."""
+        if self.kind in KAFKA_SINKS:
+            return rng.uniform(2.0, 5.0)  # plus the broker's ~4.5 s start
         return rng.uniform(12.0, 15.0) if self.kind in SQLITE_KINDS else rng.uniform(6.0, 10.0)
 
     def outage(self, seconds: float, during: Callable[[], None]) -> str:
@@ -182,6 +229,13 @@ class SinkTarget:
         the same). The sink must retry inside the batch.
         """
         end = time.monotonic() + seconds
+        if self.broker is not None:
+            self.broker.kill()
+            while time.monotonic() < end:
+                during()
+                time.sleep(0.2)
+            self.broker.start()
+            return f"the Kafka broker SIGKILLed, down {seconds:.0f} s, started again"
         if self.kind in SQLITE_KINDS:
             assert self.db is not None
             conn = sqlite3.connect(self.db, timeout=30, isolation_level=None)
@@ -234,6 +288,8 @@ class SinkTarget:
 
     def judge(self, expectation: Expectation) -> Verdict:
         """The auditor's verdict on this sink."""
+        if self.broker is not None:
+            return judge_kafka(self.broker.bootstrap, expectation, self.sink_id)
         if self.kind in EFFECT_SINKS:
             assert self.db is not None
             return judge_effects(self.workdir / "service.db", self.db, expectation, self.marker_id)
