@@ -3,8 +3,9 @@
 The pipeline (:mod:`tests.sinks.kafka_driver`) deduplicates shipments and writes each batch's new
 shipments (topic ``shipments``) and per-warehouse partial sums (``stock``) in one Kafka
 transaction. The oracle recomputes both from the input files with pyarrow; the topics are read
-by this module's own consumer, never by onceflow's. ``read_uncommitted`` is the negative control
-of the reading: it sees the records of the transactions a crash left open (aborted later).
+by the auditor's consumer (:mod:`onceflow.verify.kafka_rig`), never by the sink's code.
+``read_uncommitted`` is the negative control of the reading: it sees the records of the
+transactions a crash left open (aborted later).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
 from onceflow.errors import OnceflowError
 from onceflow.sinks.kafka import KafkaTopicsSink
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table
 from onceflow.verify.driver import ProcessGroup, wait_until
+from onceflow.verify.kafka_rig import read_markers, read_records
 from onceflow.verify.kafka_server import KafkaServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
@@ -76,47 +78,20 @@ def _expected(folder: Path) -> tuple[dict[str, tuple[str, int]], dict[str, tuple
     return ships, stock
 
 
-def read_topic(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
-    """Every record of ``topic`` a consumer with ``isolation`` sees (to its end when called)."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{time.monotonic_ns()}",
-                  "enable.auto.commit": False, "isolation.level": isolation})
-    try:
-        meta = c.list_topics(topic, timeout=30).topics.get(topic)
-        if meta is None or meta.error is not None:
-            return []
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
-                for p in meta.partitions}
-        c.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
-        out: list[Any] = []
-        todo = {p for p, (lo, hi) in ends.items() if hi > lo}
-        deadline = time.monotonic() + 60
-        while todo and time.monotonic() < deadline:
-            for m in c.consume(1000, timeout=0.5):
-                if m.error() is None:
-                    out.append(m)
-            for p in list(todo):
-                if c.position([TopicPartition(topic, p)])[0].offset >= ends[p][1]:
-                    todo.discard(p)
-        assert not todo, f"{topic}: could not read to the end of partitions {todo}"
-        return out
-    finally:
-        c.close()
-
-
 def _markers(bootstrap: str) -> list[int]:
-    return [json.loads(m.value())["batch_id"] for m in read_topic(bootstrap, "onceflow_batches.ship")
-            if m.key() == b"ship"]
+    return [m["batch_id"] for m in read_markers(bootstrap, "ship")]
 
 
 def _judge(bootstrap: str, folder: Path) -> tuple[Counter[str], dict[str, tuple[int, int]], list[int]]:
     ships, stock = _expected(folder)
-    got = Counter(m.key().decode() for m in read_topic(bootstrap, "shipments"))
-    for m in read_topic(bootstrap, "shipments"):
-        value = json.loads(m.value())
-        assert (value["warehouse"], value["qty"]) == ships[m.key().decode()]
+    records = read_records(bootstrap, "shipments")
+    got = Counter(key.decode() for key, _ in records)
+    for key, raw in records:
+        value = json.loads(raw)
+        assert (value["warehouse"], value["qty"]) == ships[key.decode()]
     folded: dict[str, tuple[int, int]] = {}
-    for m in read_topic(bootstrap, "stock"):
-        value = json.loads(m.value())
+    for _, raw in read_records(bootstrap, "stock"):
+        value = json.loads(raw)
         q, n = folded.get(value["warehouse"], (0, 0))
         folded[value["warehouse"]] = (q + value["qty"], n + value["n"])
     assert folded == stock, (folded, stock)
@@ -151,7 +126,7 @@ def test_every_crash_point_and_a_random_kill_leave_each_record_once(broker: Any,
     ships, _ = _expected(folder)
     assert set(got) == set(ships) and set(got.values()) == {1}, (seed, got.most_common(3))
     assert markers == list(range(len(markers))), markers  # every batch once, in order
-    dirty = Counter(m.key().decode() for m in read_topic(broker.bootstrap, "shipments", "read_uncommitted"))
+    dirty = Counter(k.decode() for k, _ in read_records(broker.bootstrap, "shipments", "read_uncommitted"))
     assert max(dirty.values()) > 1, "the crash inside the transaction left no aborted records"
     assert sum(dirty.values()) > sum(got.values())
 
@@ -159,15 +134,13 @@ def test_every_crash_point_and_a_random_kill_leave_each_record_once(broker: Any,
 def test_the_naive_sink_is_caught_duplicating(broker: Any, tmp_path: Path) -> None:
     folder = tmp_path / "in"
     _write_files(folder, 4, 200, seed=3)
-    for topic in ("shipments", "stock"):  # the naive sink creates no topic (the broker creates none)
-        broker.create_topic(topic, 1)
     d = _driver(tmp_path, str(folder), broker.bootstrap, "crash", crash_at="after_sink_commit@1", naive=True)
     assert d.wait(timeout=300) == -9, d.output()[-3000:]
     final = _driver(tmp_path, str(folder), broker.bootstrap, "final", once=True, naive=True)
     assert final.wait(timeout=300) == 0, final.output()[-3000:]
     with pytest.raises(AssertionError):  # the stock sums count batch 1 twice
         _judge(broker.bootstrap, folder)
-    got = Counter(m.key().decode() for m in read_topic(broker.bootstrap, "shipments"))
+    got = Counter(k.decode() for k, _ in read_records(broker.bootstrap, "shipments"))
     assert max(got.values()) == 2
 
 
@@ -192,9 +165,9 @@ def test_a_second_driver_of_the_sink_id_fences_the_first(broker: Any) -> None:
     with pytest.raises(OnceflowError, match="fenced this one"):
         first.commit_tables(1, {"shipments": rows}, spec, stats, 2)
     assert second.commit_tables(1, {"shipments": rows.slice(0, 1)}, spec, stats, 1)
-    keys = [m.key() for m in read_topic(broker.bootstrap, "shipments")]
+    keys = [k for k, _ in read_records(broker.bootstrap, "shipments")]
     assert keys == [b"a", b"b", b"a"]
-    assert b"zombie" in [m.key() for m in read_topic(broker.bootstrap, "shipments", "read_uncommitted")]
+    assert b"zombie" in [k for k, _ in read_records(broker.bootstrap, "shipments", "read_uncommitted")]
     assert [m["batch_id"] for m in second.batches()] == [0, 1]
     other = KafkaTopicsSink(broker.bootstrap, sink_id="fence")
     with pytest.raises(OnceflowError, match="query id q1"):

@@ -17,7 +17,6 @@ again.
 
 from __future__ import annotations
 
-import json
 import random
 import sqlite3
 import time
@@ -185,14 +184,9 @@ class SinkTarget:
     def batches(self) -> list[dict[str, Any]]:
         """The sink's batch markers with metrics."""
         if self.broker is not None:
-            from onceflow.verify.kafka_rig import read_records
+            from onceflow.verify.kafka_rig import read_markers
 
-            found: dict[int, dict[str, Any]] = {}
-            for key, value in read_records(self.broker.bootstrap, f"onceflow_batches.{self.sink_id}"):
-                if key == self.sink_id.encode():
-                    row = json.loads(value or b"{}")
-                    found.setdefault(int(row["batch_id"]), row)
-            return [found[b] for b in sorted(found)]
+            return read_markers(self.broker.bootstrap, self.sink_id)
         if self.kind in DELTA_SINKS:
             assert self.db is not None
             return delta_batches(self.db, self.sink_id)

@@ -179,7 +179,7 @@ def judge_kafka(bootstrap: str, expectation: Expectation, sink_id: str = "user_c
     ``read_committed`` (what the sink's readers see) and adds up each key's per-batch counts;
     the markers are the records of ``onceflow_batches.<sink_id>``.
     """
-    from onceflow.verify.kafka_rig import read_records
+    from onceflow.verify.kafka_rig import read_markers, read_records
 
     users: dict[tuple[str, int], int] = {}
     for _, value in read_records(bootstrap, "user_counts"):
@@ -190,12 +190,7 @@ def judge_kafka(bootstrap: str, expectation: Expectation, sink_id: str = "user_c
     for _, value in read_records(bootstrap, "global_counts"):
         row = json.loads(value or b"{}")
         glob[int(row["window_start_ms"])] = glob.get(int(row["window_start_ms"]), 0) + int(row["count"])
-    markers: dict[int, dict[str, Any]] = {}
-    for owner, value in read_records(bootstrap, f"onceflow_batches.{sink_id}"):
-        if owner == sink_id.encode():
-            row = json.loads(value or b"{}")
-            markers.setdefault(int(row["batch_id"]), row)
-    return judge(f"kafka:{bootstrap}", users, glob, [markers[b] for b in sorted(markers)], expectation)
+    return judge(f"kafka:{bootstrap}", users, glob, read_markers(bootstrap, sink_id), expectation)
 
 
 def _staged(db: str | Path, sink_id: str) -> list[int]:
