@@ -17,7 +17,10 @@ Each variant writes to a topic of its own (3 partitions); the records are counte
 ``read_committed`` consumer. Prints rows/s per variant and the ratio onceflow / spark per round,
 and the median (target >= 0.8).
 
-Usage: python benchmarks/bench_kafka_sink.py [--files 8] [--rows 50000] [--rounds 3]
+Spark's sink keeps getting faster for several rounds (the JIT): ``--warmup`` rounds (default 3)
+run first and are not counted.
+
+Usage: python benchmarks/bench_kafka_sink.py [--files 8] [--rows 50000] [--rounds 3] [--warmup 3]
 """
 
 from __future__ import annotations
@@ -80,6 +83,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--rows", type=int, default=50_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3, help="rounds run first and not counted (JIT)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-kafka-sink-"))
     spark = session(kafka=True)
@@ -87,13 +91,13 @@ def main() -> None:
     try:
         rows = write_input(work / "in", args.files, args.rows)
         with KafkaServer() as broker:
-            for r in range(-1, args.rounds):  # round -1: warm-up (JIT, Python workers), not counted
-                t_spark, t_once = f"spark-{r + 1}", f"once-{r + 1}"
+            for r in range(-args.warmup, args.rounds):  # r < 0: warm-up (JIT, Python workers), not counted
+                t_spark, t_once = f"spark-{r + args.warmup}", f"once-{r + args.warmup}"
                 for name in (t_spark, t_once):
                     broker.create_topic(name, 3)
                 spark_s = spark_sink(spark, work / "in", broker.bootstrap, t_spark, work / f"ck-s{r}")
                 once_s = onceflow_sink(spark, work / "in", broker.bootstrap, t_once, work / f"ck-o{r}",
-                                       f"bench{r + 1}")
+                                       f"bench{r + args.warmup}")
                 got_s = len(read_records(broker.bootstrap, t_spark))
                 got_o = len(read_records(broker.bootstrap, t_once))
                 assert got_s == rows and got_o == rows, (got_s, got_o, rows)

@@ -127,12 +127,13 @@ class NaiveKafkaSink:
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
         """Produce every record of the batch, whatever an earlier attempt did."""
-        from onceflow.sinks.kafka import encode
+        from onceflow.sinks.kafka_records import encode
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         for name, rows in outputs.items():
             self._topics._ensure_topic(name, 1)
-            for key, value in encode(rows, specs[name]):
+            keys, values = encode(rows, specs[name])
+            for key, value in zip(keys, values, strict=True):
                 self._p.produce(name, value=value, key=key)
         self._p.flush(60)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
