@@ -98,8 +98,11 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
         EventLog(work / "log").append(table)
         try:
-            for connector in ("spark", "onceflow"):  # JIT, Python workers
+            warm = KafkaTopic(broker.bootstrap, "bench", connector="spark")
+            for connector in ("spark", "onceflow"):  # JIT, Python workers: every variant once, not counted
                 source_alone(spark, broker.bootstrap, "bench", work / f"warm-{connector}", connector)
+                example(spark, dataclasses.replace(warm, connector=connector), work, f"warm-{connector}")
+            example(spark, work / "log", work, "warm-log")
             for r in range(args.rounds):
                 got, consumer_s = plain_consumer(broker.bootstrap, "bench", args.partitions)
                 assert got == rows, (got, rows)

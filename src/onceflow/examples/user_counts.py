@@ -140,9 +140,10 @@ def kafka_events(spark: SparkSession, source: KafkaTopic, within: str | float = 
     raw = onceflow.read_kafka(spark, source.bootstrap, subscribe=source.topic, id_header="event_id",
                               max_offsets_per_trigger=source.max_offsets_per_trigger,
                               connector=source.connector)
-    value = F.from_json(F.col("value").cast("string"), EVENT_JSON_DDL)
-    events = raw.select(F.col("record_id").alias("event_id"), value.user.alias("user"),
-                        F.timestamp_micros(value.event_time_us).alias("event_time"))
+    # json_tuple: the two fields as text in one pass, ~2x faster than from_json measured (BENCHMARKS.md)
+    fields = raw.select("record_id", F.json_tuple(F.col("value").cast("string"), "user", "event_time_us"))
+    events = fields.select(F.col("record_id").alias("event_id"), F.col("c0").alias("user"),
+                           F.timestamp_micros(F.col("c1").cast("long")).alias("event_time"))
     return onceflow.deduplicate(events, id="event_id", event_time="event_time", within=within)
 
 

@@ -39,6 +39,15 @@ SPARK_OPTIONS = ("kafka.bootstrap.servers", "subscribe", "subscribePattern", "st
                  "failOnDataLoss", "maxOffsetsPerTrigger")
 """onceflow's source options that mean the same to the connector (others are onceflow's own)."""
 
+CONSUMER_DEFAULTS = {"kafka.fetch.max.wait.ms": "10", "kafka.max.poll.records": "5000"}
+"""The connector's Java consumer settings onceflow changes (``options=`` overrides them).
+
+Each task reads one partition's range and stops at its end offset; with Kafka's default
+``fetch.max.wait.ms`` (500) a fetch at a range's end waits half a second for records that are
+not needed. Measured: 408k records in 12 partitions, one batch into ``noop``, 90-100k rec/s
+with Kafka's defaults, 340-370k with ``fetch.max.wait.ms=10``, 475-560k adding
+``max.poll.records=5000`` (``benchmarks/bench_kafka.py``; BENCHMARKS.md)."""
+
 
 def has_connector(spark: Any) -> bool:
     """Whether the session's driver can load Spark's Kafka connector."""
@@ -97,7 +106,8 @@ def read(spark: Any, given: dict[str, str]) -> Any:
         given: The options :func:`onceflow.read_kafka` checked (onceflow's names; ``kafka.*``
             passed to the Java consumer as they are).
     """
-    opts = {k: v for k, v in given.items() if k in SPARK_OPTIONS or k.startswith("kafka.")}
+    opts = {**CONSUMER_DEFAULTS,
+            **{k: v for k, v in given.items() if k in SPARK_OPTIONS or k.startswith("kafka.")}}
     if given.get("allowMissingTopics", "false") != "true" and given.get("subscribe"):
         consumer = {k[len("kafka."):]: v for k, v in given.items()
                     if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
