@@ -25,10 +25,11 @@ from confluent_kafka import KafkaException, Producer
 
 from onceflow.errors import OnceflowError
 from onceflow.sinks.kafka import KafkaTopicsSink
+from onceflow.sinks.kafka_records import row_json
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table
 from onceflow.verify.driver import ProcessGroup, wait_until
-from onceflow.verify.kafka_rig import read_markers, read_records
+from onceflow.verify.kafka_rig import read_markers, read_messages, read_records
 from onceflow.verify.kafka_server import KafkaServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
@@ -173,6 +174,31 @@ def test_a_second_driver_of_the_sink_id_fences_the_first(broker: Any) -> None:
     with pytest.raises(OnceflowError, match="query id q1"):
         other.bind("q2")  # another checkpoint's batch ids restart at 0
     for s in (first, second, other):
+        s.close()
+
+
+def test_a_large_batch_is_one_transaction_with_headers_only_when_asked(broker: Any) -> None:
+    """250k rows: several produce_batch chunks and encode slices; each record once, its JSON the row's."""
+    n = 250_000
+    rows = pa.table({"id": [f"r{i}" for i in range(n)], "warehouse": [f'w"{i % 7}' for i in range(n)],
+                     "qty": pa.array([i % 1000 for i in range(n)], pa.int64())})
+    spec = {"big": Table(key="id")}
+    plain = KafkaTopicsSink(broker.bootstrap, sink_id="big", partitions=3)
+    plain.check(spec, {})
+    plain.bind("q1")
+    assert plain.commit_tables(0, {"big": rows}, spec, BatchStats(n, 0, 0), n)
+    got = read_messages(broker.bootstrap, "big")
+    assert sorted((m.key(), m.value()) for m in got) == sorted(
+        (r["id"].encode(), row_json(r)) for r in rows.to_pylist())
+    assert all(not m.headers() for m in got)
+    tagged = KafkaTopicsSink(broker.bootstrap, sink_id="tagged", batch_headers=True)
+    tagged.bind("q1")
+    assert tagged.commit_tables(3, {"tagged": rows.slice(0, 5)}, {"tagged": Table(key="id")},
+                                BatchStats(5, 0, 0), 5)
+    headers = [m.headers() for m in read_messages(broker.bootstrap, "tagged")]
+    assert headers == [[("onceflow.sink", b"tagged"), ("onceflow.batch", b"3")]] * 5
+    assert [m["batch_id"] for m in read_markers(broker.bootstrap, "big")] == [0]
+    for s in (plain, tagged):
         s.close()
 
 

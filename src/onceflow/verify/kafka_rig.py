@@ -174,9 +174,9 @@ def batch_reader(checkpoint: str | Path, records: pa.Table, topic: str) -> Calla
     return read
 
 
-def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
-                 timeout_s: float = 120.0) -> list[tuple[bytes | None, bytes | None]]:
-    """Every record of ``topic`` as ``(key, value)``, read to the end by the auditor's own consumer.
+def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed",
+                  timeout_s: float = 120.0) -> list[Any]:
+    """Every record of ``topic`` (confluent-kafka messages), read to its end by the auditor's consumer.
 
     Args:
         bootstrap: ``host:port`` of the brokers.
@@ -199,17 +199,23 @@ def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
                 for p in meta.partitions}
         c.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
-        out: list[tuple[bytes | None, bytes | None]] = []
+        out: list[Any] = []
         todo = {p for p, (lo, hi) in ends.items() if hi > lo}
         deadline = time.monotonic() + timeout_s
         while todo:
             if time.monotonic() > deadline:
                 raise SourceReadError(f"the auditor could not read {topic} to its end in {timeout_s:.0f} s")
-            out += [(m.key(), m.value()) for m in c.consume(1000, timeout=0.5) if m.error() is None]
+            out += [m for m in c.consume(1000, timeout=0.5) if m.error() is None]
             todo = {p for p in todo if c.position([TopicPartition(topic, p)])[0].offset < ends[p][1]}
         return out
     finally:
         c.close()
+
+
+def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
+                 timeout_s: float = 120.0) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record of ``topic`` as ``(key, value)`` (see :func:`read_messages`)."""
+    return [(m.key(), m.value()) for m in read_messages(bootstrap, topic, isolation, timeout_s)]
 
 
 def read_markers(bootstrap: str, sink_id: str) -> list[dict[str, Any]]:
