@@ -18,7 +18,11 @@ same records for every variant of a round:
 
 Ratios are printed per round and as medians.
 
-Usage: python benchmarks/bench_kafka.py [--events 400000] [--partitions 12] [--rounds 3]
+``--batches N`` runs each Example 5-1 variant as N micro-batches in one query (the log in N
+segments, ``maxFilesPerTrigger=1``; Kafka with ``maxOffsetsPerTrigger`` = records / N): the
+per-query costs (Kafka consumers, planning) spread over several batches, as in a running stream.
+
+Usage: python benchmarks/bench_kafka.py [--events 400000] [--partitions 12] [--rounds 3] [--batches 1]
 """
 
 from __future__ import annotations
@@ -71,10 +75,11 @@ def source_alone(spark: Any, bootstrap: str, topic: str, ck: Path, connector: st
     return time.perf_counter() - started
 
 
-def example(spark: Any, source: Any, work: Path, name: str) -> float:
+def example(spark: Any, source: Any, work: Path, name: str, batches: int = 1) -> float:
     started = time.perf_counter()
     sink = onceflow.sqlite(str(work / f"{name}.db"))
-    q = start(spark, source, sink, work / f"ck-{name}", once=True)
+    q = start(spark, source, sink, work / f"ck-{name}", once=True,
+              max_files_per_trigger=1 if batches > 1 and isinstance(source, Path) else None)
     q.awaitTermination()
     sink.close()
     return time.perf_counter() - started
@@ -85,6 +90,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=400_000)
     parser.add_argument("--partitions", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batches", type=int, default=1,
+                        help="micro-batches of Example 5-1 per run (log: one segment each; Kafka: "
+                             "maxOffsetsPerTrigger = records / batches)")
     args = parser.parse_args()
     table = generate_table(GeneratorConfig(events=args.events, users=1000, minutes=args.events / 50_000,
                                            duplicates=0.02, seed=7))
@@ -96,22 +104,26 @@ def main() -> None:
     with KafkaServer({"bench": args.partitions}) as broker:
         produce_events(broker.bootstrap, "bench", table)
         work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
-        EventLog(work / "log").append(table)
+        per = -(-rows // args.batches)
+        for i in range(args.batches):  # one segment per batch
+            EventLog(work / "log").append(table.slice(i * per, per))
         try:
-            warm = KafkaTopic(broker.bootstrap, "bench", connector="spark")
+            limit = per if args.batches > 1 else None
+            warm = KafkaTopic(broker.bootstrap, "bench", connector="spark", max_offsets_per_trigger=limit)
             for connector in ("spark", "onceflow"):  # JIT, Python workers: every variant once, not counted
                 source_alone(spark, broker.bootstrap, "bench", work / f"warm-{connector}", connector)
-                example(spark, dataclasses.replace(warm, connector=connector), work, f"warm-{connector}")
-            example(spark, work / "log", work, "warm-log")
+                example(spark, dataclasses.replace(warm, connector=connector), work, f"warm-{connector}",
+                        args.batches)
+            example(spark, work / "log", work, "warm-log", args.batches)
             for r in range(args.rounds):
                 got, consumer_s = plain_consumer(broker.bootstrap, "bench", args.partitions)
                 assert got == rows, (got, rows)
                 spark_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-s-{r}", "spark")
                 own_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-o-{r}", "onceflow")
-                topic = KafkaTopic(broker.bootstrap, "bench", connector="spark")
-                kafka_s = example(spark, topic, work, f"k{r}")
-                py_s = example(spark, dataclasses.replace(topic, connector="onceflow"), work, f"p{r}")
-                log_s = example(spark, work / "log", work, f"l{r}")
+                kafka_s = example(spark, warm, work, f"k{r}", args.batches)
+                py = dataclasses.replace(warm, connector="onceflow")
+                py_s = example(spark, py, work, f"p{r}", args.batches)
+                log_s = example(spark, work / "log", work, f"l{r}", args.batches)
                 rate = {n: rows / s for n, s in (("consumer", consumer_s), ("src-spark", spark_s),
                                                  ("src-onceflow", own_s), ("ex51-kafka", kafka_s),
                                                  ("ex51-kafka-py", py_s), ("ex51-log", log_s))}

@@ -1,0 +1,150 @@
+"""End-to-end latency of Example 5-1: from a segment appended to the log to its batch committed.
+
+One Spark session, Example 5-1 (``onceflow.examples.user_counts``: dedup, per-batch window
+deltas, exactly once) running continuously with ``--trigger`` (default ``0 seconds``: the next
+batch starts as soon as the last one ended). A writer appends one ``--segment``-event segment
+(new ids, event times moving forward, no duplicates, none late) to the event log, then polls
+the sink's markers from a **second sink object** (a reader of its own: a new SQLite connection,
+a new PostgreSQL connection, the Delta table read again) every 2 ms until the batches' summed
+``input_rows`` reach everything appended so far; that wait is the sample. Then it sleeps
+``--gap`` seconds and appends the next segment. The first ``--warmup`` samples are not counted.
+
+Per batch with input it also reports Spark's own progress durations (``latestOffset``,
+``queryPlanning``, ``getBatch``, ``addBatch`` = onceflow's whole batch, ``walCommit``,
+``commitOffsets``) and onceflow's ``seconds`` (``on_batch``); medians are printed.
+
+Sinks: ``sqlite`` (a temporary file), ``postgres`` (driver side; ``$ONCEFLOW_PG_DSN`` or a
+temporary server as the tests start one), ``delta`` (a temporary table directory).
+
+Usage: python benchmarks/bench_latency.py [--sinks sqlite,postgres,delta] [--samples 20]
+       [--segment 1000] [--gap 0.3] [--warmup 3] [--trigger "0 seconds"]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+import onceflow
+from onceflow.examples.user_counts import start
+from onceflow.sources.log import EventLog
+from onceflow.spark import session
+from onceflow.verify.generator import GeneratorConfig, generate_table
+
+PHASES = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets",
+          "triggerExecution")
+
+
+def segments(count: int, size: int) -> list[pa.Table]:
+    """``count`` segments of ``size`` events each, event time moving forward, no duplicate."""
+    table = generate_table(GeneratorConfig(events=count * size, users=200, minutes=count * size / 20_000,
+                                           duplicates=0.0, late=0.0, seed=11, max_disorder_s=0.0))
+    return [table.slice(i * size, size) for i in range(count)]
+
+
+def make_sink(kind: str, work: Path, dsn: str | None) -> tuple[Any, Any]:
+    """The sink the query writes to, and a second one that only reads its markers."""
+    if kind == "sqlite":
+        return onceflow.sqlite(str(work / "lat.db")), onceflow.sqlite(str(work / "lat.db"))
+    if kind == "delta":
+        return onceflow.delta(work / "delta"), onceflow.delta(work / "delta")
+    if kind == "postgres":
+        return onceflow.postgres(dsn, sink_id="lat"), onceflow.postgres(dsn, sink_id="lat")
+    raise SystemExit(f"unknown sink {kind!r}: sqlite, postgres or delta")
+
+
+def pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (nearest rank) of ``values``."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None) -> dict[str, Any]:
+    """One sink's samples (seconds) and the per-batch phase durations (ms)."""
+    work = Path(tempfile.mkdtemp(prefix=f"bench-latency-{kind}-"))
+    log = EventLog(work / "log")
+    parts = segments(args.warmup + args.samples + 1, args.segment)
+    log.append(parts[0])  # the query starts with one segment to read
+    batches: list[dict[str, Any]] = []
+    sink, reader = make_sink(kind, work, dsn)
+    query = start(spark, work / "log", sink, work / "ck", trigger=args.trigger, on_batch=batches.append)
+    samples: list[float] = []
+    appended = parts[0].num_rows
+    try:
+        def seen() -> int:
+            return sum(int(m.get("input_rows") or 0) for m in reader.batches())
+
+        deadline = time.monotonic() + 120
+        while seen() < appended:  # the first batch (JIT, binding) is not a sample
+            if time.monotonic() > deadline:
+                raise SystemExit("the first batch did not commit in 120 s")
+            time.sleep(0.05)
+        for i, part in enumerate(parts[1:]):
+            time.sleep(args.gap)
+            t0 = time.perf_counter()
+            log.append(part)
+            appended += part.num_rows
+            while seen() < appended:
+                time.sleep(0.002)
+            took = time.perf_counter() - t0
+            if i >= args.warmup:
+                samples.append(took)
+            print(f"  {kind} segment {i}: {took * 1000:.0f} ms", flush=True)
+    finally:
+        query.stop()
+        progress = [p for p in query.query.recentProgress if p.get("numInputRows")]
+        for s in (sink, reader):
+            s.close()
+        shutil.rmtree(work, ignore_errors=True)
+    phases = {name: statistics.median([p["durationMs"].get(name, 0) for p in progress]) for name in PHASES}
+    with_input = [b["seconds"] * 1000 for b in batches if b["input_rows"]]
+    phases["onceflow (on_batch)"] = statistics.median(with_input)
+    return {"samples": samples, "phases": phases, "batches": len(progress)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sinks", default="sqlite,postgres,delta")
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--segment", type=int, default=1000)
+    ap.add_argument("--gap", type=float, default=0.3, help="seconds between a commit and the next append")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--trigger", default="0 seconds")
+    args = ap.parse_args()
+    kinds = [k for k in args.sinks.split(",") if k]
+    dsn, server = os.environ.get("ONCEFLOW_PG_DSN"), None
+    if "postgres" in kinds and not dsn:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        from tests.pg_server import TempPostgres
+
+        server = TempPostgres()
+        dsn = server.start()
+    spark = session()
+    try:
+        for kind in kinds:
+            out = run(spark, kind, args, dsn)
+            s = [x * 1000 for x in out["samples"]]
+            print(f"{kind}: {len(s)} samples of {args.segment} events, trigger {args.trigger!r}: "
+                  f"p50 {pct(s, 0.5):.0f} ms, p90 {pct(s, 0.9):.0f} ms, p99 {pct(s, 0.99):.0f} ms, "
+                  f"max {max(s):.0f} ms", flush=True)
+            print("  per batch with input (median ms): "
+                  + ", ".join(f"{n} {v:.0f}" for n, v in out["phases"].items()), flush=True)
+    finally:
+        spark.stop()
+        if server is not None:
+            server.stop()
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: print(f"thread: {a.exc_value!r}", file=sys.stderr)
+    main()
