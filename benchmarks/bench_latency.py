@@ -17,7 +17,7 @@ Sinks: ``sqlite`` (a temporary file), ``postgres`` (driver side; ``$ONCEFLOW_PG_
 temporary server as the tests start one), ``delta`` (a temporary table directory).
 
 Usage: python benchmarks/bench_latency.py [--sinks sqlite,postgres,delta] [--samples 20]
-       [--segment 1000] [--gap 0.3] [--warmup 3] [--trigger "0 seconds"]
+       [--segment 1000] [--gap 0.3] [--warmup 3] [--trigger "0 seconds"] [--conf KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -120,6 +120,8 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between a commit and the next append")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--trigger", default="0 seconds")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the session (repeatable), e.g. the state store provider")
     args = ap.parse_args()
     kinds = [k for k in args.sinks.split(",") if k]
     dsn, server = os.environ.get("ONCEFLOW_PG_DSN"), None
@@ -129,7 +131,7 @@ def main() -> None:
 
         server = TempPostgres()
         dsn = server.start()
-    spark = session()
+    spark = session(conf=dict(c.split("=", 1) for c in args.conf))
     try:
         for kind in kinds:
             out = run(spark, kind, args, dsn)
