@@ -21,8 +21,9 @@ are records keyed by the key (the last record of a key is its value, as a compac
 keeps it); a ``merge`` table's rows are the batch's partial aggregates per key, which a reader
 folds (``add`` columns summed, ``max``/``min`` kept), as Example 5-1's per-batch counts are.
 
-Commit protocol of :meth:`KafkaTopicsSink.commit_tables` for batch N (``bind`` first calls
-``init_transactions`` with the transactional id ``onceflow.<sink_id>``: Kafka aborts what an
+Commit protocol of :meth:`KafkaTopicsSink.commit_tables` for batch N (``bind`` first waits for
+``init_transactions`` — which ``check`` started in the background while Spark starts the query,
+else ``bind`` runs it — with the transactional id ``onceflow.<sink_id>``: Kafka aborts what an
 earlier producer with that id left open, and fences it — a zombie driver's next send or commit
 fails with ``ProducerFenced``; then it reads the marker topic to its end with ``read_committed``
 (stable: no transaction of this id is open any more) for the last committed batch and the query
