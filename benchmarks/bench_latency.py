@@ -28,7 +28,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -148,5 +147,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    threading.excepthook = lambda a: print(f"thread: {a.exc_value!r}", file=sys.stderr)
     main()

@@ -178,7 +178,7 @@ def test_a_second_driver_of_the_sink_id_fences_the_first(broker: Any) -> None:
 
 
 def test_a_large_batch_is_one_transaction_with_headers_only_when_asked(broker: Any) -> None:
-    """250k rows: several produce_batch chunks and encode slices; each record once, its JSON the row's."""
+    """250k rows: several encode slices, one produce_batch each; each record once, its JSON the row's."""
     n = 250_000
     rows = pa.table({"id": [f"r{i}" for i in range(n)], "warehouse": [f'w"{i % 7}' for i in range(n)],
                      "qty": pa.array([i % 1000 for i in range(n)], pa.int64())})

@@ -73,8 +73,7 @@ _TIMEOUT_S = 60.0
 _PRODUCER = {"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
              "queue.buffering.max.kbytes": 1_048_576}
 """Producer settings (``options=`` overrides them): key hashing as the Java client does it, and
-a local queue that holds a large batch (a full queue is waited out, see ``_produce_all``)."""
-_CHUNK = 100_000
+a local queue that holds a large batch (a full queue is waited out, see ``_produce_each``)."""
 _SLICE = 20_000
 
 
@@ -132,7 +131,13 @@ class KafkaTopicsSink:
 
         return AdminClient(self._conf)
 
-    def _ensure_topic(self, topic: str, partitions: int) -> None:
+    def ensure_topic(self, topic: str, partitions: int) -> None:
+        """Create ``topic`` with ``partitions`` partitions unless the brokers have it (once per sink).
+
+        Raises:
+            OnceflowError: The brokers refused to create it (another writer creating it meanwhile
+                is fine).
+        """
         if topic in self._topics:
             return
         from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
@@ -151,7 +156,7 @@ class KafkaTopicsSink:
 
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""
-        self._ensure_topic(self.marker_topic, 1)
+        self.ensure_topic(self.marker_topic, 1)
         producer = self.ck.Producer({**_PRODUCER, **self._conf, "transactional.id": self.transactional_id})
         producer.list_topics(timeout=_TIMEOUT_S)  # connected first: else librdkafka may find no broker
         producer.init_transactions(_TIMEOUT_S)    # for its coordinator query and wait 0.5 s for the next
@@ -209,7 +214,7 @@ class KafkaTopicsSink:
         if self._last is not None and self._last >= batch_id:  # 2
             return False
         for name in outputs:
-            self._ensure_topic(name, self.partitions)
+            self.ensure_topic(name, self.partitions)
         written = {n: rows.num_rows for n, rows in outputs.items()}  # one record per row
         row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
         value = json.dumps({**dict(zip(marker.COLUMNS, row, strict=True)), "query_id": self._query_id},
@@ -237,29 +242,32 @@ class KafkaTopicsSink:
 
     def _produce_all(self, topic: str, keys: list[bytes | None], values: list[bytes | None],
                      headers: list[tuple[str, bytes]] | None) -> None:
-        """Queue the records in order; they leave with the transaction's flush.
+        """Queue the records in order (one slice of a table, or the marker); they leave with the flush.
 
-        After a full local queue the refused records follow the rest; a keyed table has each key
-        once per batch, so no key's order changes.
+        Without headers in one librdkafka batch call; the records a full local queue refused are
+        then queued one by one after the rest (a keyed table has each key once per batch, so no
+        key's order changes).
         """
-        p = self._producer
-        if headers is None:  # librdkafka's batch call: no headers in batch mode
-            messages: list[dict[str, Any]] = [{"key": k, "value": v}
-                                              for k, v in zip(keys, values, strict=True)]
-            for start in range(0, len(messages), _CHUNK):
-                chunk = messages[start:start + _CHUNK]
-                if p.produce_batch(topic, chunk) < len(chunk):
-                    missed = [m for m in chunk if "_error" in m]
-                    for m in missed:
-                        if m["_error"].code() != self.ck.KafkaError._QUEUE_FULL:
-                            raise self.ck.KafkaException(m["_error"])
-                    self._produce_all(topic, [m["key"] for m in missed], [m["value"] for m in missed], [])
+        if headers is not None:  # librdkafka's batch call takes no headers
+            self._produce_each(topic, keys, values, headers)
             return
-        produce, extra = p.produce, ({"headers": headers} if headers else {})
+        messages: list[dict[str, Any]] = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
+        if self._producer.produce_batch(topic, messages) < len(messages):
+            missed = [m for m in messages if "_error" in m]
+            for m in missed:
+                if m["_error"].code() != self.ck.KafkaError._QUEUE_FULL:
+                    raise self.ck.KafkaException(m["_error"])
+            self._produce_each(topic, [m["key"] for m in missed], [m["value"] for m in missed], None)
+
+    def _produce_each(self, topic: str, keys: list[bytes | None], values: list[bytes | None],
+                      headers: list[tuple[str, bytes]] | None) -> None:
+        """Queue the records one ``produce`` at a time, waiting while the local queue is full."""
+        p = self._producer
+        extra = {"headers": headers} if headers else {}
         for key, value in zip(keys, values, strict=True):
             while True:
                 try:
-                    produce(topic, value, key, **extra)
+                    p.produce(topic, value, key, **extra)
                     break
                 except BufferError:  # the local queue is full: let it drain
                     p.poll(0.1)

@@ -221,7 +221,9 @@ def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
 def read_markers(bootstrap: str, sink_id: str) -> list[dict[str, Any]]:
     """The Kafka sink's committed markers (records of ``onceflow_batches.<sink_id>``), by batch id."""
     found: dict[int, dict[str, Any]] = {}
-    for owner, value in read_records(bootstrap, f"onceflow_batches.{sink_id}"):
+    from onceflow.sinks.kafka import MARKER_TOPIC
+
+    for owner, value in read_records(bootstrap, MARKER_TOPIC.replace("{sink_id}", sink_id)):
         if owner == sink_id.encode():
             row = json.loads(value or b"{}")
             found.setdefault(int(row["batch_id"]), row)

@@ -131,7 +131,7 @@ class NaiveKafkaSink:
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         for name, rows in outputs.items():
-            self._topics._ensure_topic(name, 1)
+            self._topics.ensure_topic(name, 1)
             keys, values = encode(rows, specs[name])
             for key, value in zip(keys, values, strict=True):
                 self._p.produce(name, value=value, key=key)
