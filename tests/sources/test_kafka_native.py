@@ -31,6 +31,8 @@ def _produce(bootstrap: str, topic: str, n: int, partitions: int, first: int = 0
     p = Producer({"bootstrap.servers": bootstrap})
     for i in range(first, first + n):
         headers = [("event_id", f"e{i}".encode())] if i % 5 else None  # every 5th: no header
+        if headers and i % 3 == 0:  # every 3rd: the id is not the first header
+            headers = [("trace", b"t"), *headers, ("event_id", b"second")]
         value = {"n": i, "eid": f"f{i}"} if i % 7 else {"n": i}  # every 7th: no field
         p.produce(topic, key=f"k{i}".encode(), value=json.dumps(value).encode(), partition=i % partitions,
                   headers=headers)

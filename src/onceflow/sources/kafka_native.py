@@ -66,8 +66,9 @@ def record_id(id_header: str | None, id_field: str | None) -> Any:
 
     found = []
     if id_header:
-        match = F.filter("headers", lambda h: h["key"] == F.lit(id_header))
-        found.append(F.when(F.size(match) > 0, match[0]["value"].cast("string")))
+        # the first header with that key; array_position is compiled, a filter lambda is interpreted
+        at = F.array_position(F.col("headers.key"), id_header)
+        found.append(F.when(at > 0, F.element_at(F.col("headers.value"), at.cast("int")).cast("string")))
     if id_field:
         path = "$." + id_field.replace("'", "\\'")
         found.append(F.get_json_object(F.col("value").cast("string"), path))
