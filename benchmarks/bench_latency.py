@@ -14,9 +14,12 @@ Per batch with input it also reports Spark's own progress durations (``latestOff
 ``commitOffsets``) and onceflow's ``seconds`` (``on_batch``); medians are printed.
 
 Sinks: ``sqlite`` (a temporary file), ``postgres`` (driver side; ``$ONCEFLOW_PG_DSN`` or a
-temporary server as the tests start one), ``delta`` (a temporary table directory).
+temporary server as the tests start one), ``delta`` (a temporary table directory), and
+``spark``: **Spark's own floor** — the same plan in plain PySpark (``withWatermark`` +
+``dropDuplicatesWithinWatermark``, the per-batch window counts collected in ``foreachBatch``),
+no onceflow and no sink: a batch is "visible" when its ``foreachBatch`` has its counts.
 
-Usage: python benchmarks/bench_latency.py [--sinks sqlite,postgres,delta] [--samples 20]
+Usage: python benchmarks/bench_latency.py [--sinks sqlite,postgres,delta,spark] [--samples 20]
        [--segment 1000] [--gap 0.3] [--warmup 3] [--trigger "0 seconds"] [--conf KEY=VALUE ...]
 """
 
@@ -33,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 import onceflow
-from onceflow.examples.user_counts import start
+from onceflow.examples.user_counts import start, window_deltas, window_totals, with_window_end
+from onceflow.records import EVENT_DDL
 from onceflow.sources.log import EventLog
 from onceflow.spark import session
 from onceflow.verify.generator import GeneratorConfig, generate_table
@@ -51,6 +56,33 @@ def segments(count: int, size: int) -> list[pa.Table]:
     return [table.slice(i * size, size) for i in range(count)]
 
 
+class SparkOnly:
+    """Spark's floor: Example 5-1's plan in a plain ``foreachBatch`` that keeps its counts only."""
+
+    def __init__(self) -> None:
+        self.done: list[dict[str, Any]] = []
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        started = time.perf_counter()
+        users = with_window_end(window_deltas(df).toArrow())
+        window_totals(users)
+        rows = int(pc.sum(users.column("count")).as_py() or 0)
+        self.done.append({"batch_id": batch_id, "input_rows": rows, "seconds": time.perf_counter() - started})
+
+    def batches(self) -> list[dict[str, Any]]:
+        return list(self.done)
+
+    def close(self) -> None:
+        pass
+
+    def start(self, spark: Any, log_dir: Path, checkpoint: Path, trigger: str) -> Any:
+        log = spark.readStream.schema(EVENT_DDL).parquet(str(log_dir))
+        events = (log.select("event_id", "user", "event_time").withWatermark("event_time", "1 minute")
+                  .dropDuplicatesWithinWatermark(["event_id"]))
+        return (events.writeStream.foreachBatch(self).option("checkpointLocation", str(checkpoint))
+                .trigger(processingTime=trigger).start())
+
+
 def make_sink(kind: str, work: Path, dsn: str | None) -> tuple[Any, Any]:
     """The sink the query writes to, and a second one that only reads its markers."""
     if kind == "sqlite":
@@ -59,7 +91,10 @@ def make_sink(kind: str, work: Path, dsn: str | None) -> tuple[Any, Any]:
         return onceflow.delta(work / "delta"), onceflow.delta(work / "delta")
     if kind == "postgres":
         return onceflow.postgres(dsn, sink_id="lat"), onceflow.postgres(dsn, sink_id="lat")
-    raise SystemExit(f"unknown sink {kind!r}: sqlite, postgres or delta")
+    if kind == "spark":
+        plain = SparkOnly()
+        return plain, plain
+    raise SystemExit(f"unknown sink {kind!r}: sqlite, postgres, delta or spark")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -76,7 +111,10 @@ def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None) -> dic
     log.append(parts[0])  # the query starts with one segment to read
     batches: list[dict[str, Any]] = []
     sink, reader = make_sink(kind, work, dsn)
-    query = start(spark, work / "log", sink, work / "ck", trigger=args.trigger, on_batch=batches.append)
+    if isinstance(sink, SparkOnly):
+        query = sink.start(spark, work / "log", work / "ck", args.trigger)
+    else:
+        query = start(spark, work / "log", sink, work / "ck", trigger=args.trigger, on_batch=batches.append)
     samples: list[float] = []
     appended = parts[0].num_rows
     try:
@@ -101,7 +139,9 @@ def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None) -> dic
             print(f"  {kind} segment {i}: {took * 1000:.0f} ms", flush=True)
     finally:
         query.stop()
-        progress = [p for p in query.query.recentProgress if p.get("numInputRows")]
+        spark_query = query if isinstance(sink, SparkOnly) else query.query
+        progress = [p for p in spark_query.recentProgress if p.get("numInputRows")]
+        batches = sink.batches() if isinstance(sink, SparkOnly) else batches
         for s in (sink, reader):
             s.close()
         shutil.rmtree(work, ignore_errors=True)

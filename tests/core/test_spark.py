@@ -1,9 +1,23 @@
-"""The session's JVM really runs with onceflow's defaults (a live Spark session)."""
+"""The session's JVM really runs with onceflow's defaults (a live Spark session; one test runs drivers)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
+
+import pytest
+
+from onceflow.sources.log import EventLog
+from onceflow.spark import CHECKSUMS_ENV
+from onceflow.verify.generator import GeneratorConfig, generate_segments
+from onceflow.verify.verdict import read_counts
+from tests.helpers import distinct_counts
+
+pytestmark = pytest.mark.spark
 
 
 def test_driver_jvm_uses_the_parallel_collector(spark: Any) -> None:
@@ -16,3 +30,44 @@ def test_driver_jvm_uses_the_parallel_collector(spark: Any) -> None:
 def test_shuffle_partitions_match_the_cores(spark: Any) -> None:
     assert spark.conf.get("spark.sql.shuffle.partitions") == str(os.cpu_count() or 2)
     assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+
+
+def test_local_files_go_through_the_raw_local_file_system(spark: Any) -> None:
+    from onceflow.spark import RAW_LOCAL_FS
+
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in RAW_LOCAL_FS.items():
+        assert hadoop.get(key.removeprefix("spark.hadoop.")) == value
+
+
+def test_a_checkpoint_resumes_across_checksummed_and_raw_local_files(tmp_path: Path) -> None:
+    """Example 5-1 run three times on one checkpoint: checksummed, raw (the default), checksummed.
+
+    Each run gets new segments; every run must resume where the last stopped and the counts
+    must equal a recomputation from the log. ``.crc`` files tell which file system wrote.
+    """
+    log = EventLog(tmp_path / "log")
+    ck = tmp_path / "ck"
+    start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    written: list[set[str]] = []
+    for n, checksums in enumerate((True, False, True)):
+        for t in generate_segments(GeneratorConfig(events=4_000, users=30, minutes=4, duplicates=0.1,
+                                                   seed=n, segment_size=1_000,
+                                                   start=start + timedelta(minutes=4 * n))):
+            log.append(t)
+        before = {str(p) for p in ck.rglob("*")} if ck.exists() else set()
+        env = {k: v for k, v in os.environ.items() if k != CHECKSUMS_ENV}
+        if checksums:
+            env[CHECKSUMS_ENV] = "1"
+        proc = subprocess.run(
+            [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(tmp_path / "log"),
+             "--checkpoint", str(ck), "--db", str(tmp_path / "db.sqlite"), "--once",
+             "--max-files-per-trigger", "2"],
+            capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        written.append({p for p in (str(p) for p in ck.rglob("*")) if p not in before})
+        assert read_counts(tmp_path / "db.sqlite") == distinct_counts(tmp_path / "log")
+    crc = [{p for p in new if p.endswith(".crc")} for new in written]
+    assert crc[0] and crc[2], "Hadoop's checksummed local file system writes .crc files"
+    assert not crc[1], f"the raw local file system wrote checksum files: {sorted(crc[1])[:3]}"
+    assert any("/commits/" in p for p in written[1]) and any("/state/" in p for p in written[1])
