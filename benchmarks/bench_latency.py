@@ -3,13 +3,16 @@
 One Spark session, Example 5-1 (``onceflow.examples.user_counts``: dedup, per-batch window
 deltas, exactly once) running continuously with ``--trigger`` (default ``0 seconds``: the next
 batch starts as soon as the last one ended). A writer appends one ``--segment``-event segment
-(new ids, event times moving forward, no duplicates, none late) to the event log, then polls
+(new ids, event times moving forward, no duplicates, none late) to the event log — or with
+``--source kafka`` produces it to a topic of a local broker (``--partitions``, read by Spark's
+connector, from one connected producer; the sample starts before the first record is sent and
+includes the wait for the broker's acknowledgements) — then polls
 the sink's markers from a **second sink object** (a reader of its own: a new SQLite connection,
 a new PostgreSQL connection, the Delta table read again) every 2 ms until the batches' summed
 ``input_rows`` reach everything appended so far; that wait is the sample. Then it sleeps
 ``--gap`` seconds and appends the next segment. The first ``--warmup`` samples are not counted.
 
-Per batch with input it also reports Spark's own progress durations (``latestOffset``,
+Per batch with input of the counted samples it also reports Spark's own progress durations (``latestOffset``,
 ``queryPlanning``, ``getBatch``, ``addBatch`` = onceflow's whole batch, ``walCommit``,
 ``commitOffsets``) and onceflow's ``seconds`` (``on_batch``); medians are printed.
 
@@ -20,7 +23,8 @@ temporary server as the tests start one), ``delta`` (a temporary table directory
 no onceflow and no sink: a batch is "visible" when its ``foreachBatch`` has its counts.
 
 Usage: python benchmarks/bench_latency.py [--sinks sqlite,postgres,delta,spark] [--samples 20]
-       [--segment 1000] [--gap 0.3] [--warmup 3] [--trigger "0 seconds"] [--conf KEY=VALUE ...]
+       [--segment 1000] [--gap 0.3] [--warmup 30] [--trigger "0 seconds"] [--source log|kafka]
+       [--partitions 2] [--conf KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -37,13 +41,22 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from confluent_kafka import Producer
 
 import onceflow
-from onceflow.examples.user_counts import start, window_deltas, window_totals, with_window_end
+from onceflow.examples.user_counts import (
+    KafkaTopic,
+    encode_event,
+    start,
+    window_deltas,
+    window_totals,
+    with_window_end,
+)
 from onceflow.records import EVENT_DDL
 from onceflow.sources.log import EventLog
 from onceflow.spark import session
 from onceflow.verify.generator import GeneratorConfig, generate_table
+from onceflow.verify.kafka_server import KafkaServer
 
 PHASES = ("latestOffset", "queryPlanning", "getBatch", "addBatch", "walCommit", "commitOffsets",
           "triggerExecution")
@@ -103,18 +116,46 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
-def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None) -> dict[str, Any]:
-    """One sink's samples (seconds) and the per-batch phase durations (ms)."""
+def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None,
+        broker: Any = None) -> dict[str, Any]:
+    """One sink's samples (seconds) and the per-batch phase durations (ms).
+
+    ``broker``: a running Kafka broker for ``--source kafka`` (a new topic per sink), else None.
+    """
     work = Path(tempfile.mkdtemp(prefix=f"bench-latency-{kind}-"))
-    log = EventLog(work / "log")
     parts = segments(args.warmup + args.samples + 1, args.segment)
-    log.append(parts[0])  # the query starts with one segment to read
+    source: Path | KafkaTopic = work / "log"
+    if broker is not None:
+        topic = f"latency-{kind}-{time.monotonic_ns()}"
+        broker.create_topic(topic, args.partitions)
+        source = KafkaTopic(broker.bootstrap, topic, connector="spark")
+
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 1,
+                             "enable.idempotence": True})
+
+        def append(part: pa.Table) -> None:  # one connected producer; returns once all are acknowledged
+            micros = part.column("event_time").cast(pa.int64()).to_pylist()
+            for eid, user, us in zip(part.column("event_id").to_pylist(), part.column("user").to_pylist(),
+                                     micros, strict=True):
+                producer.produce(topic, key=user.encode(), value=encode_event(user, us),
+                                 headers=[("event_id", eid.encode())])
+            if producer.flush(30):
+                raise SystemExit(f"{topic}: records not acknowledged in 30 s")
+    else:
+        log = EventLog(work / "log")
+
+        def append(part: pa.Table) -> None:
+            log.append(part)
+
+    append(parts[0])  # the query starts with one segment to read
     batches: list[dict[str, Any]] = []
     sink, reader = make_sink(kind, work, dsn)
     if isinstance(sink, SparkOnly):
+        if broker is not None:
+            raise SystemExit("--sinks spark (Spark's floor) reads the log only; drop it with --source kafka")
         query = sink.start(spark, work / "log", work / "ck", args.trigger)
     else:
-        query = start(spark, work / "log", sink, work / "ck", trigger=args.trigger, on_batch=batches.append)
+        query = start(spark, source, sink, work / "ck", trigger=args.trigger, on_batch=batches.append)
     samples: list[float] = []
     appended = parts[0].num_rows
     try:
@@ -129,7 +170,7 @@ def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None) -> dic
         for i, part in enumerate(parts[1:]):
             time.sleep(args.gap)
             t0 = time.perf_counter()
-            log.append(part)
+            append(part)
             appended += part.num_rows
             while seen() < appended:
                 time.sleep(0.002)
@@ -145,8 +186,10 @@ def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None) -> dic
         for s in (sink, reader):
             s.close()
         shutil.rmtree(work, ignore_errors=True)
+    counted = max(1, len(samples))  # the batches of the counted samples (one each), not the warm-up's
+    progress = progress[-counted:]  # recentProgress keeps the last 100
     phases = {name: statistics.median([p["durationMs"].get(name, 0) for p in progress]) for name in PHASES}
-    with_input = [b["seconds"] * 1000 for b in batches if b["input_rows"]]
+    with_input = [b["seconds"] * 1000 for b in batches if b["input_rows"]][-counted:]
     phases["onceflow (on_batch)"] = statistics.median(with_input)
     return {"samples": samples, "phases": phases, "batches": len(progress)}
 
@@ -157,8 +200,12 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--segment", type=int, default=1000)
     ap.add_argument("--gap", type=float, default=0.3, help="seconds between a commit and the next append")
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=30,
+                    help="samples first, not counted: the JIT keeps speeding Spark up for ~30 batches")
     ap.add_argument("--trigger", default="0 seconds")
+    ap.add_argument("--source", choices=("log", "kafka"), default="log",
+                    help="the event log (Parquet segments), or a Kafka topic read by Spark's connector")
+    ap.add_argument("--partitions", type=int, default=2, help="the Kafka topic's partitions")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the session (repeatable), e.g. the state store provider")
     args = ap.parse_args()
@@ -170,10 +217,11 @@ def main() -> None:
 
         server = TempPostgres()
         dsn = server.start()
-    spark = session(conf=dict(c.split("=", 1) for c in args.conf))
+    spark = session(conf=dict(c.split("=", 1) for c in args.conf), kafka=args.source == "kafka")
+    broker = KafkaServer({}) if args.source == "kafka" else None  # started
     try:
         for kind in kinds:
-            out = run(spark, kind, args, dsn)
+            out = run(spark, kind, args, dsn, broker)
             s = [x * 1000 for x in out["samples"]]
             print(f"{kind}: {len(s)} samples of {args.segment} events, trigger {args.trigger!r}: "
                   f"p50 {pct(s, 0.5):.0f} ms, p90 {pct(s, 0.9):.0f} ms, p99 {pct(s, 0.99):.0f} ms, "
@@ -182,6 +230,8 @@ def main() -> None:
                   + ", ".join(f"{n} {v:.0f}" for n, v in out["phases"].items()), flush=True)
     finally:
         spark.stop()
+        if broker is not None:
+            broker.close()
         if server is not None:
             server.stop()
 

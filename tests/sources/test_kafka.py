@@ -254,3 +254,15 @@ def test_markers_of_a_kafka_query_count_its_records_and_retries(spark: Any, brok
                       "FROM onceflow_batches").fetchone()
         assert c.execute("SELECT count(*) FROM ids").fetchone() == (300,)
     assert m[:5] == (340, 40, 0, 300, 300) and m[5] == m[6] >= 3  # every batch knows its input
+
+
+def test_starting_a_running_broker_again_keeps_one_process() -> None:
+    from onceflow.verify.kafka_server import KafkaServer
+
+    with KafkaServer({"once": 1}) as server:  # started by the constructor
+        first = server.proc
+        assert first is not None and server.start() is server and server.proc is first
+        server.stop()
+        assert first.poll() is not None  # stop reached the only process
+        server.start()  # a stopped broker starts again
+        assert server.proc is not first and server.proc is not None and server.proc.poll() is None

@@ -99,9 +99,14 @@ class KafkaServer:
     def start(self) -> KafkaServer:
         """Start the broker (steps 1-3 of the module docstring); a restart keeps its data.
 
+        A broker that is running already is left as it is (a second process would hold the
+        same data directory, and the first one would be lost to :meth:`stop`).
+
         Raises:
             OnceflowError: The broker did not get ready (its log's last lines are in the message).
         """
+        if self.proc is not None and self.proc.poll() is None:
+            return self
         props = self.dir / "server.properties"
         data = self.dir / "data"
         if not props.exists():

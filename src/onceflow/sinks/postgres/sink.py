@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint, maybe_crash
@@ -203,6 +204,15 @@ class PostgresTablesSink:
             self._conn = None
 
 
+SMALL_CHECK_ROWS = 100_000
+"""A table of a batch with at most this many rows has its keys checked on the driver (one Spark
+job reading them, no shuffle); a larger one by a Spark aggregation. Measured on 40-row batches:
+the aggregation's shuffle job was ~0.25 s of a ~1 s batch (BENCHMARKS.md, issue 31)."""
+
+_SEEN = "__onceflow_rows"
+"""The row count per key in :meth:`PostgresFramesSink._check` (a name no user column has)."""
+
+
 class PostgresFramesSink:
     """Tables of any schema in PostgreSQL, written by Spark's executors (large outputs).
 
@@ -246,27 +256,44 @@ class PostgresFramesSink:
 
     @staticmethod
     def _check(name: str, spec: Table, frame: Any) -> None:
+        """Refuse a table of the batch with a missing column, a null key or a key twice.
+
+        Raises:
+            BatchRejectedError: Naming the column, or the first bad row or key.
+        """
         from pyspark.sql import functions as F
 
         missing = [c for c in (*spec.key, *spec.merged) if c not in frame.columns]
         if missing:
             raise BatchRejectedError(f"table {name!r}: the batch has no column(s) {missing}")
         cols = list(spec.key)
-        if cols:
-            cond = F.col(cols[0]).isNull()
-            for c in cols[1:]:
-                cond = cond | F.col(c).isNull()
-            bad = frame.where(cond).limit(1).collect()
-            if bad:
-                col = next(c for c in cols if bad[0][c] is None)
-                raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row "
-                                         f"{bad[0].asDict()}; nothing of the batch was written",
-                                         row=bad[0].asDict())
-        if spec.key:
-            dup = frame.groupBy(*spec.key).count().where("count > 1").limit(1).collect()
-            if dup:
-                raise BatchRejectedError(f"table {name!r}: key {dup[0].asDict()} appears more than once "
-                                         "in one batch; aggregate per key before writing")
+        if not cols:
+            return
+        null = F.col(f"`{cols[0]}`").isNull()
+        for c in cols[1:]:
+            null = null | F.col(f"`{c}`").isNull()
+        keys = frame.select(*[F.col(f"`{c}`") for c in cols]).limit(SMALL_CHECK_ROWS + 1).toArrow()
+        if keys.num_rows <= SMALL_CHECK_ROWS:  # a small batch: its keys checked here, no shuffle
+            has_null = any(keys.column(c).null_count for c in cols)
+            counts = keys.group_by(cols).aggregate([([], "count_all")])
+            twice = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 1).to_pylist()
+            found = ({**{c: twice[0][c] for c in cols}, _SEEN: twice[0]["count_all"]} if twice else None)
+        else:  # one job finds both: a null key (its own group) and a key twice (nulls first)
+            groups = frame.groupBy(*[F.col(f"`{c}`") for c in cols]).agg(F.count(F.lit(1)).alias(_SEEN))
+            rows = (groups.where(null | (F.col(_SEEN) > 1)).orderBy(F.when(null, 0).otherwise(1))
+                    .limit(1).collect())
+            has_null = bool(rows) and any(rows[0][c] is None for c in cols)
+            found = rows[0].asDict() if rows else None
+        if has_null:
+            bad = frame.where(null).limit(1).collect()  # the whole row, for the message and the trace
+            col = next(c for c in cols if bad[0][c] is None)
+            raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row "
+                                     f"{bad[0].asDict()}; nothing of the batch was written",
+                                     row=bad[0].asDict())
+        if found is not None:
+            dup = {**{c: found[c] for c in cols}, "count": found[_SEEN]}
+            raise BatchRejectedError(f"table {name!r}: key {dup} appears more than once "
+                                     "in one batch; aggregate per key before writing")
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
