@@ -59,3 +59,13 @@ def test_null_and_repeated_keys_are_refused_and_nothing_is_written(spark: Any, p
     assert commit([("a", 1, 1), ("a", 2, 2), ("b", 1, 5)])  # fixed: goes through
     assert _written(pg_dsn) == [("a", 1, 1), ("a", 2, 2), ("b", 1, 5)]
     assert [m["batch_id"] for m in sink.batches()] == [0]
+
+
+def test_key_columns_with_awkward_names_are_checked(spark: Any, path: str) -> None:
+    """A key named like the check's own count column, or with a dot in its name."""
+    spec = Table(key=["count_all", "a.b"], add=["n"])
+    frame = spark.createDataFrame([(1, "x", 1), (2, "x", 1), (1, "x", 5)],
+                                  "count_all INT, `a.b` STRING, n INT")
+    with pytest.raises(BatchRejectedError, match=r"key \{'count_all': 1, 'a.b': 'x', 'count': 2\} appears"):
+        PostgresFramesSink._check("odd", spec, frame)
+    PostgresFramesSink._check("odd", spec, frame.where("n < 5"))  # unique keys: no error

@@ -269,17 +269,20 @@ class PostgresFramesSink:
         cols = list(spec.key)
         if not cols:
             return
-        null = F.col(f"`{cols[0]}`").isNull()
-        for c in cols[1:]:
-            null = null | F.col(f"`{c}`").isNull()
-        keys = frame.select(*[F.col(f"`{c}`") for c in cols]).limit(SMALL_CHECK_ROWS + 1).toArrow()
+        named = [F.col("`" + c.replace("`", "``") + "`") for c in cols]
+        null = named[0].isNull()
+        for c in named[1:]:
+            null = null | c.isNull()
+        keys = frame.select(*named).limit(SMALL_CHECK_ROWS + 1).toArrow()
         if keys.num_rows <= SMALL_CHECK_ROWS:  # a small batch: its keys checked here, no shuffle
-            has_null = any(keys.column(c).null_count for c in cols)
-            counts = keys.group_by(cols).aggregate([([], "count_all")])
+            has_null = any(keys.column(i).null_count for i in range(len(cols)))
+            plain = keys.rename_columns([f"k{i}" for i in range(len(cols))])  # no clash with count_all
+            counts = plain.group_by(plain.column_names).aggregate([([], "count_all")])
             twice = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 1).to_pylist()
-            found = ({**{c: twice[0][c] for c in cols}, _SEEN: twice[0]["count_all"]} if twice else None)
+            found = ({**{c: twice[0][f"k{i}"] for i, c in enumerate(cols)}, _SEEN: twice[0]["count_all"]}
+                     if twice else None)
         else:  # one job finds both: a null key (its own group) and a key twice (nulls first)
-            groups = frame.groupBy(*[F.col(f"`{c}`") for c in cols]).agg(F.count(F.lit(1)).alias(_SEEN))
+            groups = frame.groupBy(*named).agg(F.count(F.lit(1)).alias(_SEEN))
             rows = (groups.where(null | (F.col(_SEEN) > 1)).orderBy(F.when(null, 0).otherwise(1))
                     .limit(1).collect())
             has_null = bool(rows) and any(rows[0][c] is None for c in cols)
