@@ -177,14 +177,26 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
         typ = rows.schema.field(col).type
         if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)):
             raise BatchRejectedError(f"table {name!r}: add column {col!r} must be numeric, got {typ}")
-    if spec.key and rows.num_rows:
-        keys = rows.select(list(spec.key))
-        counts = keys.group_by(list(spec.key)).aggregate([([], "count_all")])
-        dup = _first(pc.greater(counts.column("count_all"), 1))
-        if dup is not None:
-            key = _row(counts.select(list(spec.key)), dup)
-            raise BatchRejectedError(f"table {name!r}: key {key} appears more than once in one batch; "
-                                     f"aggregate per key before writing (mode {spec.mode!r})")
+    repeated = repeated_key(rows.select(list(spec.key))) if spec.key else None
+    if repeated is not None:
+        raise BatchRejectedError(f"table {name!r}: key {repeated[0]} appears more than once in one batch; "
+                                 f"aggregate per key before writing (mode {spec.mode!r})")
+
+
+def repeated_key(keys: pa.Table) -> tuple[dict[str, Any], int] | None:
+    """The first key that ``keys`` (a table of the key columns only) holds more than once.
+
+    Returns:
+        The key (column -> value) and how many rows have it, or None when every key is unique.
+    """
+    names = keys.column_names
+    plain = keys.rename_columns([f"k{i}" for i in range(len(names))])  # a key named count_all: no clash
+    counts = plain.group_by(plain.column_names).aggregate([([], "count_all")])
+    at = _first(pc.greater(counts.column("count_all"), 1))
+    if at is None:
+        return None
+    row = _row(counts, at)
+    return {n: row[f"k{i}"] for i, n in enumerate(names)}, int(row["count_all"])
 
 
 def check_columns(name: str, spec: Table, schema: pa.Schema) -> None:

@@ -83,6 +83,10 @@ def test_duplicate_keys_and_non_numeric_add_columns_are_refused(tmp_path: Path) 
     bad = {"revenue": pa.table({"account": ["a"], "window_start": [1], "amount": ["x"]})}
     with pytest.raises(BatchRejectedError, match="must be numeric"):
         sink.commit_tables(0, bad, SPECS, STATS, 1)
+    odd = {"odd": Table(key=["count_all", "k"], add=["n"])}  # a key named like the check's count
+    rows = pa.table({"count_all": [1, 2, 1], "k": ["x", "x", "x"], "n": [1, 1, 5]})
+    with pytest.raises(BatchRejectedError, match=r"key \{'count_all': 1, 'k': 'x'\} appears more than once"):
+        sink.commit_tables(0, {"odd": rows}, odd, STATS, 3)
 
 
 def test_an_existing_table_that_does_not_fit_is_refused_before_writing(tmp_path: Path) -> None:

@@ -29,7 +29,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint, maybe_crash
@@ -37,7 +36,7 @@ from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
-from onceflow.tables import Table, check_existing, check_outputs
+from onceflow.tables import Table, check_existing, check_outputs, repeated_key
 
 _MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
 
@@ -276,25 +275,21 @@ class PostgresFramesSink:
         keys = frame.select(*named).limit(SMALL_CHECK_ROWS + 1).toArrow()
         if keys.num_rows <= SMALL_CHECK_ROWS:  # a small batch: its keys checked here, no shuffle
             has_null = any(keys.column(i).null_count for i in range(len(cols)))
-            plain = keys.rename_columns([f"k{i}" for i in range(len(cols))])  # no clash with count_all
-            counts = plain.group_by(plain.column_names).aggregate([([], "count_all")])
-            twice = counts.filter(pc.greater(counts.column("count_all"), 1)).slice(0, 1).to_pylist()
-            found = ({**{c: twice[0][f"k{i}"] for i, c in enumerate(cols)}, _SEEN: twice[0]["count_all"]}
-                     if twice else None)
+            repeated = repeated_key(keys)
+            dup = {**repeated[0], "count": repeated[1]} if repeated is not None else None
         else:  # one job finds both: a null key (its own group) and a key twice (nulls first)
             groups = frame.groupBy(*named).agg(F.count(F.lit(1)).alias(_SEEN))
             rows = (groups.where(null | (F.col(_SEEN) > 1)).orderBy(F.when(null, 0).otherwise(1))
                     .limit(1).collect())
             has_null = bool(rows) and any(rows[0][c] is None for c in cols)
-            found = rows[0].asDict() if rows else None
+            dup = {**{c: rows[0][c] for c in cols}, "count": rows[0][_SEEN]} if rows else None
         if has_null:
             bad = frame.where(null).limit(1).collect()  # the whole row, for the message and the trace
             col = next(c for c in cols if bad[0][c] is None)
             raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row "
                                      f"{bad[0].asDict()}; nothing of the batch was written",
                                      row=bad[0].asDict())
-        if found is not None:
-            dup = {**{c: found[c] for c in cols}, "count": found[_SEEN]}
+        if dup is not None:
             raise BatchRejectedError(f"table {name!r}: key {dup} appears more than once "
                                      "in one batch; aggregate per key before writing")
 
