@@ -10,7 +10,10 @@ All variants run in one Spark session over the same log, each with a fresh check
 * ``nodedup``   — the ``noop`` plan without its dedup state (the watermark kept, every event
                   counted, duplicates too): not a pipeline anyone should run, the ceiling a
                   faster deduplication could reach;
-* ``plain``     — what people write today: dedup + a stateful window count in update mode,
+* ``noop-hdfs`` — ``noop`` with Spark's own HDFS-backed state store even when the session's
+                  is onceflow's id store (``--state-store ids``): Spark's own plan, to compare;
+* ``plain``     — what people write today (on Spark's own state store): dedup + a stateful
+                  window count in update mode,
                   ``foreachBatch`` collecting rows and upserting them into SQLite
                   (at-least-once: no batch marker).
 
@@ -34,6 +37,8 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +112,23 @@ def run_nodedup(spark: Any, log: Path, work: Path, files: int) -> Timing:
     return drain(stream.writeStream.foreachBatch(batch), work / "ck")
 
 
+@contextmanager
+def sparks_store(spark: Any) -> Iterator[None]:
+    """Queries started inside use Spark's HDFS-backed state store, whatever the session's is."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key)
+    spark.conf.set(key, "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider")
+    try:
+        yield
+    finally:
+        spark.conf.set(key, before)
+
+
+def run_noop_hdfs(spark: Any, log: Path, work: Path, files: int) -> Timing:
+    with sparks_store(spark):
+        return run_noop(spark, log, work, files)
+
+
 def run_plain(spark: Any, log: Path, work: Path, files: int) -> Timing:
     conn = sqlite3.connect(work / "plain.sqlite", check_same_thread=False)
     conn.execute("CREATE TABLE user_counts(user TEXT, window_start_ms INTEGER, "
@@ -121,12 +143,14 @@ def run_plain(spark: Any, log: Path, work: Path, files: int) -> Timing:
     counts = (events(spark, log, max_files_per_trigger=files)
               .groupBy(F.window("event_time", "1 minute"), "user").count())
     try:
-        return drain(counts.writeStream.outputMode("update").foreachBatch(batch), work / "ck")
+        with sparks_store(spark):  # what people run today
+            return drain(counts.writeStream.outputMode("update").foreachBatch(batch), work / "ck")
     finally:
         conn.close()
 
 
-VARIANTS = {"onceflow": run_onceflow, "noop": run_noop, "nodedup": run_nodedup, "plain": run_plain}
+VARIANTS = {"onceflow": run_onceflow, "noop": run_noop, "noop-hdfs": run_noop_hdfs, "nodedup": run_nodedup,
+            "plain": run_plain}
 
 
 def settle(spark: Any) -> None:
@@ -152,7 +176,8 @@ def main() -> None:
                          "first ~6 runs: JIT, caches)")
     ap.add_argument("--variants", default="onceflow,noop,plain",
                     help=f"comma-separated subset of {', '.join(VARIANTS)} (onceflow and noop are required)")
-    ap.add_argument("--state-store", choices=["hdfs", "rocksdb"], default="hdfs")
+    ap.add_argument("--state-store", choices=["hdfs", "rocksdb", "ids"], default="hdfs",
+                    help="ids: onceflow's id state store (onceflow.idstore) for the dedup state")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "onceflow-bench-log")
     args = ap.parse_args()
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
@@ -168,7 +193,7 @@ def main() -> None:
         conf["spark.sql.streaming.stateStore.providerClass"] = (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         conf["spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"] = "true"
-    spark = session(app_name="onceflow-bench", conf=conf)
+    spark = session(app_name="onceflow-bench", conf=conf, id_store=args.state_store == "ids")
     print(f"spark {spark.version}, master {spark.sparkContext.master}, "
           f"shuffle partitions {spark.conf.get('spark.sql.shuffle.partitions')}, "
           f"state store {args.state_store}, "
@@ -238,6 +263,11 @@ def main() -> None:
     print(f"median ratio onceflow/noop  = {med['noop'] / med['onceflow']:.3f}")
     if "plain" in variants:
         print(f"median ratio onceflow/plain = {med['plain'] / med['onceflow']:.3f}")
+    if "noop-hdfs" in variants:
+        print(f"paired ratio onceflow/noop-hdfs = {paired(times['noop-hdfs'], times['onceflow']):.3f}  "
+              f"(Spark's own dedup state; target >= 1.5 with --state-store ids)")
+        print(f"paired ratio noop/noop-hdfs = {paired(times['noop-hdfs'], times['noop']):.3f}  "
+              f"(the same plan, the two state stores)")
     if "nodedup" in variants:
         print(f"paired ratio onceflow/nodedup = {paired(times['nodedup'], times['onceflow']):.3f}  "
               f"(the share of the plan's time left when the dedup state costs nothing)")

@@ -18,13 +18,15 @@ pytest_plugins = ["onceflow.testing"]  # onceflow_sink, onceflow_verify (as a us
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    from onceflow import jars
+    from onceflow import idstore, jars
     from onceflow.jvmstart import JAVA_OPTIONS_ENV
     from onceflow.spark import session
 
     child_options = os.environ.pop(JAVA_OPTIONS_ENV, None)  # the children's, not this long-lived JVM's
     try:
-        s = session(app_name="onceflow-tests", kafka=bool(jars.fetch(jars.CONNECTOR)))  # read_kafka: Spark's
+        # the id store's jar on the classpath: its tests choose the provider per query
+        s = session(app_name="onceflow-tests", kafka=bool(jars.fetch(jars.CONNECTOR)),  # read_kafka: Spark's
+                    conf={"spark.jars": str(idstore.build())}, id_store=False)
     finally:
         if child_options is not None:
             os.environ[JAVA_OPTIONS_ENV] = child_options

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow import contract, startup
+from onceflow import contract, idstore, startup
 from onceflow import rejects as rj
 from onceflow.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id
 from onceflow.durations import parse_duration
@@ -280,6 +280,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     if per_batch is not None and not callable(per_batch):
         raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
     path = Path(checkpoint)
+    idstore.check_checkpoint(path, df.sparkSession.conf.get("spark.jars", "") or "")
     event_time = event_time or getattr(df, _EVENT_TIME_ATTR, None)
     ids = getattr(df, _ID_ATTR, None)
     if late is not None:

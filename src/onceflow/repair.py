@@ -32,8 +32,9 @@ from onceflow.ranges import InputRange
 RESTORE_FILE = "onceflow-restore.json"
 """In the checkpoint while batches are restored from the sink's markers: ``{"until": L}``."""
 
-_VERSION = re.compile(r"^(\d+)(?:_[^.]*)?\.(delta|snapshot|zip|changelog)$")
-"""A state store's version file (HDFS-backed: delta, snapshot; RocksDB: zip, changelog)."""
+_VERSION = re.compile(r"^(\d+)(?:_[^.]*)?\.(delta|snapshot|zip|changelog|iddelta|idsnap)$")
+"""A state store's version file (HDFS-backed: delta, snapshot; RocksDB: zip, changelog;
+onceflow's id store, :mod:`onceflow.idstore`: iddelta, idsnap)."""
 
 
 def _sink_args(sink: Any) -> str:

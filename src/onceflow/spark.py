@@ -18,7 +18,7 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from onceflow import faults
+from onceflow import faults, idstore
 from onceflow.java import find_java
 from onceflow.jvmstart import JAVA_OPTIONS_ENV
 
@@ -55,6 +55,7 @@ def session(
     conf: dict[str, str] | None = None,
     fast_start: bool = False,
     kafka: bool = False,
+    id_store: bool | None = None,
 ) -> SparkSession:
     """Get or create a SparkSession with onceflow's defaults.
 
@@ -73,13 +74,19 @@ def session(
             ``onceflow jars fetch kafka-connector``, :mod:`onceflow.jars`), so that
             ``format("kafka")`` and :func:`onceflow.read_kafka` read with it. Applies to a new
             session only (``spark.jars`` is read when the JVM starts).
+        id_store: Keep ``deduplicate``'s ids in onceflow's id state store
+            (:mod:`onceflow.idstore`: Example 5-1 ~1.5x faster; compiled on first use, ~15 s)
+            instead of Spark's HDFS-backed store; other stateful operators keep Spark's.
+            ``None``: as ``$ONCEFLOW_ID_STORE`` says (off when unset). A checkpoint keeps the
+            store its query started with.
 
     Returns:
         The session. Its JVM is registered as a crash-point companion.
 
     Raises:
         JavaNotFoundError: No Java runtime.
-        ConfigError: ``kafka=True`` and the connector's jars were not fetched.
+        ConfigError: ``kafka=True`` and the connector's jars were not fetched; ``id_store`` and
+            ``conf`` name different state store providers, or the id store does not compile.
     """
     find_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -107,6 +114,8 @@ def session(
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
     )
     conf = dict(conf or {})
+    if id_store if id_store is not None else idstore.enabled_by_env():
+        conf = idstore.session_conf(conf)
     if kafka:
         from onceflow import jars
 

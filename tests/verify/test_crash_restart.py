@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from onceflow import idstore
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.sources.log import EventLog
 from onceflow.verify.driver import Driver, committed_batches, wait_until
@@ -45,7 +46,11 @@ def _feeder(log_dir: Path, cfg: GeneratorConfig, pace_s: float) -> threading.Thr
 
 
 @pytest.mark.slow
-def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: Path) -> None:
+@pytest.mark.parametrize("store", ["spark", "ids"])
+def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(
+        tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ids``: the drivers keep the dedup state in onceflow's id store (onceflow.idstore)."""
+    monkeypatch.setenv(idstore.ENV, "1" if store == "ids" else "0")  # the drivers inherit it
     seed = int(time.time()) % 10_000
     rng = random.Random(seed)
     log, ck, db = tmp_path / "log", tmp_path / "ck", tmp_path / "db.sqlite"
@@ -94,3 +99,5 @@ def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(tmp_path: 
     assert sum(b["input_rows"] for b in batches) == 88_000
     assert sum(b["late_dropped"] for b in batches) == 0
     assert kills == 3
+    ids_files = list((ck / "state").rglob("*.iddelta"))
+    assert bool(ids_files) == (store == "ids"), "the state store the drivers ran with"

@@ -1,0 +1,148 @@
+"""onceflow's id state store: Spark's ``dropDuplicatesWithinWatermark`` with a faster state.
+
+``onceflow.deduplicate`` (and any ``dropDuplicatesWithinWatermark``) keeps each partition's
+ids in a Spark state store. Spark's default, the HDFS-backed store, holds them in a
+``ConcurrentHashMap`` of ``UnsafeRow`` objects, copies the whole map for each new version and
+writes every put and every removal to its delta file; measured here it is three quarters of
+Example 5-1's time (BENCHMARKS.md, "Throughput ceiling"). The id store
+(``jvm/IdStateStoreProvider.scala`` and ``jvm/IdTable.scala`` beside this module) keeps the
+same ids in flat arrays with an open-addressing index, updates one table in place from
+version to version, and writes an eviction of everything up to an expiry as one record. It
+stores the same things in the same checkpoint directory with Spark's own atomic file writes,
+so crash recovery stays Spark's: a version is committed when its delta file is renamed into
+place, and a failed task's table is rebuilt from the files. Every other stateful operator of
+the query (aggregations, joins) goes to Spark's HDFS-backed store unchanged.
+
+It is Scala compiled against the session's own Spark: :func:`build` runs the Scala compiler
+that PySpark ships (``pyspark/jars/scala-compiler-*.jar``) once per Spark version and source,
+into ``<cache>/jvm/`` (:func:`onceflow.java.cache_dir`); later sessions reuse the jar.
+
+Use it with ``onceflow.spark.session(id_store=True)`` (or ``ONCEFLOW_ID_STORE=1``). Spark
+records the state store provider in the checkpoint at a query's first batch: a query started
+with the id store must be restarted with it, and one started without it keeps Spark's store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import zipfile
+from pathlib import Path
+
+from onceflow.errors import ConfigError
+from onceflow.java import cache_dir, find_java
+
+PROVIDER_CLASS = "org.apache.spark.sql.onceflow.IdStateStoreProvider"
+"""The value of ``spark.sql.streaming.stateStore.providerClass`` for the id store."""
+
+PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
+
+ENV = "ONCEFLOW_ID_STORE"
+"""``1``/``true``: :func:`onceflow.spark.session` uses the id store unless told otherwise."""
+
+SOURCES = tuple(Path(__file__).parent / "jvm" / n for n in ("IdTable.scala", "IdStateStoreProvider.scala"))
+"""The Scala sources, shipped in the package."""
+
+
+def enabled_by_env() -> bool:
+    """Whether ``$ONCEFLOW_ID_STORE`` asks for the id store."""
+    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _spark_jars() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "jars"
+
+
+def jar_path() -> Path:
+    """Where the built jar is kept: one per source text and Spark version."""
+    import pyspark
+
+    text = b"".join(p.read_bytes() for p in SOURCES) + pyspark.__version__.encode()
+    digest = hashlib.sha256(text).hexdigest()[:16]
+    return cache_dir() / "jvm" / f"onceflow-idstore-{pyspark.__version__}-{digest}.jar"
+
+
+def build() -> Path:
+    """The id store's jar, compiled now if this Spark and source have none yet (~10-20 s).
+
+    Returns:
+        The jar's path.
+
+    Raises:
+        ConfigError: PySpark ships no Scala compiler, or the source does not compile against
+            this Spark (the compiler's messages are in the error).
+    """
+    target = jar_path()
+    if target.exists():
+        return target
+    jars = sorted(_spark_jars().glob("*.jar"))
+    if not any(j.name.startswith("scala-compiler") for j in jars):
+        raise ConfigError(f"onceflow's id state store is compiled with the Scala compiler PySpark ships, "
+                          f"and {_spark_jars()} has none: use Spark's default state store "
+                          f"(session(id_store=False))")
+    classpath = os.pathsep.join(str(j) for j in jars)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="onceflow-idstore-") as tmp:
+        out = Path(tmp) / "classes"
+        out.mkdir()
+        cmd = [find_java(), "-cp", classpath, "scala.tools.nsc.Main", "-classpath", classpath,
+               "-nowarn", "-d", str(out), *(str(p) for p in SOURCES)]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode != 0:
+            raise ConfigError(f"onceflow's id state store does not compile against this Spark "
+                              f"({_spark_jars()}): {(done.stdout + done.stderr).strip()[-2000:]}")
+        staged = Path(tmp) / target.name
+        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: onceflow\n\n")
+            for f in sorted(out.rglob("*.class")):
+                jar.write(f, f.relative_to(out).as_posix())
+        shutil.move(str(staged), str(target.with_suffix(".tmp")))
+        os.replace(target.with_suffix(".tmp"), target)  # whole or absent, also for a concurrent build
+    return target
+
+
+def session_conf(conf: dict[str, str]) -> dict[str, str]:
+    """``conf`` with the id store's jar on ``spark.jars`` and its provider class set.
+
+    Args:
+        conf: The session's configuration so far (not changed).
+
+    Returns:
+        A new dict.
+
+    Raises:
+        ConfigError: ``conf`` names another state store provider.
+    """
+    given = conf.get(PROVIDER_KEY)
+    if given and given != PROVIDER_CLASS:
+        raise ConfigError(f"session(id_store=True) sets {PROVIDER_KEY}, and conf names {given}: "
+                          f"drop one of them")
+    out = dict(conf)
+    jars = [j for j in out.get("spark.jars", "").split(",") if j]
+    out["spark.jars"] = ",".join([*jars, str(build())])
+    out[PROVIDER_KEY] = PROVIDER_CLASS
+    return out
+
+
+def check_checkpoint(checkpoint: str | os.PathLike[str], session_jars: str) -> None:
+    """Refuse to restart a query of the id store in a session without it, with what to do.
+
+    Args:
+        checkpoint: The query's checkpoint directory.
+        session_jars: The session's ``spark.jars``.
+
+    Raises:
+        ConfigError: The checkpoint's query started with the id store and the session does not
+            have its jar (Spark would fail to load the class in its first stateful task).
+    """
+    from onceflow import checkpoint as ckpt
+
+    if ckpt.state_store_provider(checkpoint) == PROVIDER_CLASS and "onceflow-idstore" not in session_jars:
+        raise ConfigError(f"the query in {checkpoint} started with onceflow's id state store, and Spark "
+                          f"restarts it with the store it started with: create the session with "
+                          f"onceflow.spark.session(id_store=True) (or set {ENV}=1)")

@@ -1,0 +1,455 @@
+/*
+ * onceflow: a state store for Spark's dropDuplicatesWithinWatermark.
+ *
+ * Built by onceflow.idstore (the Scala compiler PySpark ships, against the session's own Spark
+ * jars) and named by onceflow.spark.session(id_store=True) as
+ * spark.sql.streaming.stateStore.providerClass.
+ */
+package org.apache.spark.sql.onceflow
+
+import org.apache.hadoop.conf.Configuration
+import org.apache.hadoop.fs.Path
+
+import org.apache.spark.TaskContext
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
+import org.apache.spark.sql.execution.streaming.state._
+import org.apache.spark.sql.types.{LongType, StructType}
+
+/**
+ * A StateStoreProvider for Spark's `dropDuplicatesWithinWatermark` (key: the ids, value: one
+ * `expiresAtMicros` long); every other operator's state goes to Spark's HDFS-backed provider.
+ *
+ * Commit protocol (one store, one partition, version v -> v + 1):
+ *   1. getStore(v): the provider's table when it is at v and no other store holds it, else
+ *      the table rebuilt from the files (the latest snapshot <= v, then each delta up to v).
+ *   2. get/put/remove change the table and append to an operation log in memory.
+ *   3. commit(): the log is written to `<v+1>.iddelta` through Spark's CheckpointFileManager
+ *      (a temporary file renamed into place; a crash before the rename leaves no file, and
+ *      Spark re-runs the batch on version v). Only after the rename is the table at v + 1.
+ *      An eviction that removed every entry expiring at or before T is written as one record
+ *      "evict up to T" instead of one record per id.
+ *   4. abort() (a failed or killed task): the table is dropped; the next getStore rebuilds
+ *      it from the files, so a half-applied batch never survives.
+ *   5. doMaintenance() (Spark's background thread): a snapshot `<v>.idsnap` of a table not in
+ *      use every `minDeltasForSnapshot` versions, and files no longer needed to rebuild the
+ *      last `minVersionsToRetain` versions deleted.
+ * Every step may be repeated: a re-run of version v writes the same delta file again.
+ */
+class IdStateStoreProvider extends StateStoreProvider {
+  import IdStateStoreProvider._
+
+  @volatile private var id: StateStoreId = _
+  private var conf: StateStoreConf = _
+  private var hadoopConf: Configuration = _
+  private var delegate: StateStoreProvider = _
+  private var keyFields = 0
+  private lazy val fm = CheckpointFileManager.create(id.storeCheckpointLocation(), hadoopConf)
+
+  private var table: IdTable = _
+  private var tableVersion: Long = -1L
+  private var tableInUse = false
+  private var lastSnapshot: Long = 0L
+
+  override def init(
+      stateStoreId: StateStoreId,
+      keySchema: StructType,
+      valueSchema: StructType,
+      keyStateEncoderSpec: KeyStateEncoderSpec,
+      useColumnFamilies: Boolean,
+      storeConfs: StateStoreConf,
+      hadoopConf: Configuration,
+      useMultipleValuesPerKey: Boolean,
+      stateSchemaProvider: Option[StateSchemaProvider]): Unit = {
+    this.id = stateStoreId
+    this.conf = storeConfs
+    this.hadoopConf = hadoopConf
+    this.keyFields = keySchema.fields.length
+    val ids = valueSchema.fields.length == 1 && valueSchema.fields(0).name == "expiresAtMicros" &&
+      valueSchema.fields(0).dataType == LongType && !useColumnFamilies && !useMultipleValuesPerKey &&
+      keyStateEncoderSpec.isInstanceOf[NoPrefixKeyStateEncoderSpec]
+    if (!ids) {
+      delegate = StateStoreProvider.create(HDFS_PROVIDER)
+      delegate.init(stateStoreId, keySchema, valueSchema, keyStateEncoderSpec, useColumnFamilies,
+        storeConfs, hadoopConf, useMultipleValuesPerKey, stateSchemaProvider)
+    } else {
+      fm.mkdirs(id.storeCheckpointLocation())
+    }
+  }
+
+  override def stateStoreId: StateStoreId = id
+
+  override def close(): Unit = {
+    if (delegate != null) delegate.close()
+    synchronized { table = null; tableVersion = -1L }
+  }
+
+  override def getStore(
+      version: Long,
+      uniqueId: Option[String],
+      forceSnapshotOnCommit: Boolean,
+      loadEmpty: Boolean): StateStore = {
+    if (delegate != null) return delegate.getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty)
+    if (uniqueId.isDefined) {
+      throw new IllegalStateException(
+        "onceflow's id state store supports checkpoint format version 1 only " +
+        "(spark.sql.streaming.stateStore.checkpointFormatVersion=1)")
+    }
+    if (version < 0) throw new IllegalArgumentException(s"state version $version < 0")
+    val t = synchronized {
+      if (table != null && tableVersion == version && !tableInUse) {
+        tableInUse = true
+        table
+      } else {
+        null
+      }
+    }
+    if (t != null) new IdStore(version, t, owned = true) else {
+      val loaded = load(version)
+      val own = synchronized {
+        if (!tableInUse) { table = loaded; tableVersion = version; tableInUse = true; true } else false
+      }
+      new IdStore(version, loaded, own)
+    }
+  }
+
+  override def getReadStore(version: Long, uniqueId: Option[String]): ReadStateStore =
+    if (delegate != null) delegate.getReadStore(version, uniqueId) else super.getReadStore(version, uniqueId)
+
+  // Asked of a provider that was never initialised (an operator naming its metrics): Spark's
+  // store's metrics, which a delegated store reports; the id store reports none of its own.
+  override def supportedCustomMetrics: Seq[StateStoreCustomMetric] =
+    StateStoreProvider.create(HDFS_PROVIDER).supportedCustomMetrics
+
+  override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
+      uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore =
+    if (delegate != null) delegate.upgradeReadStoreToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
+    else super.upgradeReadStoreToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
+
+  override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] =
+    StateStoreProvider.create(HDFS_PROVIDER).supportedInstanceMetrics
+
+  /** Step 5 (Spark's maintenance thread calls the two halves apart, both on unload). */
+  override def doMaintenance(): Unit = {
+    if (delegate != null) { delegate.doMaintenance(); return }
+    doSnapshotMaintenance()
+    doCleanupMaintenance()
+  }
+
+  override def doSnapshotMaintenance(): Unit = {
+    if (delegate != null) { delegate.doSnapshotMaintenance(); return }
+    if (id == null) return
+    val snap = synchronized {
+      if (table != null && !tableInUse && tableVersion - lastSnapshot >= conf.minDeltasForSnapshot) {
+        (tableVersion, table.copy())
+      } else {
+        null
+      }
+    }
+    if (snap != null) {
+      writeSnapshot(snap._1, snap._2)
+      lastSnapshot = snap._1
+    }
+  }
+
+  override def doCleanupMaintenance(): Unit = {
+    if (delegate != null) { delegate.doCleanupMaintenance(); return }
+    if (id != null) cleanup()
+  }
+
+  private def file(version: Long, kind: String): Path =
+    new Path(id.storeCheckpointLocation(), s"$version.$kind")
+
+  private def versions(): Seq[(Long, String)] = {
+    val dir = id.storeCheckpointLocation()
+    if (!fm.exists(dir)) return Nil
+    fm.list(dir).toSeq.flatMap { st =>
+      val name = st.getPath.getName
+      val dot = name.indexOf('.')
+      if (dot > 0 && (name.endsWith("." + DELTA) || name.endsWith("." + SNAPSHOT)) &&
+          name.substring(0, dot).forall(_.isDigit)) {
+        Some((name.substring(0, dot).toLong, name.substring(dot + 1)))
+      } else {
+        None
+      }
+    }
+  }
+
+  /** The table at `version`, from the latest snapshot at or below it and the deltas after. */
+  private def load(version: Long): IdTable = {
+    if (version == 0) return new IdTable(1 << 14)
+    val all = versions()
+    val snap = all.filter { case (v, k) => k == SNAPSHOT && v <= version }.map(_._1)
+      .sorted.lastOption.getOrElse(0L)
+    val t = if (snap > 0) readSnapshot(snap) else new IdTable(1 << 14)
+    var v = snap + 1
+    while (v <= version) {
+      val f = file(v, DELTA)
+      if (!fm.exists(f)) {
+        throw new IllegalStateException(s"onceflow id state store: $f is missing: the state of " +
+          s"${id} cannot be rebuilt at version $version (restore the checkpoint's state directory)")
+      }
+      readDelta(f, t)
+      v += 1
+    }
+    t
+  }
+
+  private def readAll(f: Path): java.nio.ByteBuffer = {
+    val in = fm.open(f)
+    try {
+      val out = new java.io.ByteArrayOutputStream(1 << 20)
+      val chunk = new Array[Byte](1 << 16)
+      var r = in.read(chunk)
+      while (r >= 0) { out.write(chunk, 0, r); r = in.read(chunk) }
+      java.nio.ByteBuffer.wrap(out.toByteArray)
+    } finally in.close()
+  }
+
+  private def readKey(b: java.nio.ByteBuffer): Array[Byte] = {
+    val k = new Array[Byte](b.getInt()); b.get(k); k
+  }
+
+  private def readDelta(f: Path, t: IdTable): Unit = {
+    val b = readAll(f)
+    if (b.getInt() != DELTA_MAGIC) throw new IllegalStateException(s"$f is not an id delta file")
+    var op = b.get()
+    while (op != END) {
+      op match {
+        case PUT =>
+          val k = readKey(b)
+          t.put(IdTable.hash(k, IdTable.BYTES, k.length), k, b.getLong())
+        case REMOVE =>
+          val k = readKey(b)
+          val e = t.find(IdTable.hash(k, IdTable.BYTES, k.length), k, IdTable.BYTES, k.length)
+          if (e >= 0) t.removeAt(e)
+        case EVICT => t.evictUpTo(b.getLong())
+        case other => throw new IllegalStateException(s"$f: unknown record $other")
+      }
+      op = b.get()
+    }
+  }
+
+  private def readSnapshot(version: Long): IdTable = {
+    val f = file(version, SNAPSHOT)
+    val b = readAll(f)
+    if (b.getInt() != SNAPSHOT_MAGIC) throw new IllegalStateException(s"$f is not an id snapshot")
+    val n = b.getInt()
+    val t = new IdTable(n)
+    var i = 0
+    while (i < n) {
+      val k = readKey(b)
+      t.add(IdTable.hash(k, IdTable.BYTES, k.length), k, b.getLong())
+      i += 1
+    }
+    t
+  }
+
+  private def writeAtomic(f: Path, parts: (Array[Byte], Int)*): Unit = {
+    val raw = fm.createAtomic(f, true)
+    try {
+      parts.foreach { case (a, len) => raw.write(a, 0, len) }
+      raw.close() // renamed into place here
+    } catch {
+      case e: Throwable => raw.cancel(); throw e
+    }
+  }
+
+  private def writeSnapshot(version: Long, t: IdTable): Unit = {
+    val log = new OpLog
+    val head = java.nio.ByteBuffer.allocate(8).putInt(SNAPSHOT_MAGIC).putInt(t.size).array()
+    var e = 0
+    while (e < t.extent) { if (t.isLive(e)) log.record(0, t.keyAt(e), t.valueAt(e), withValue = true); e += 1 }
+    // the op byte of each record is not part of a snapshot: written without it below
+    val a = log.array
+    val out = new java.io.ByteArrayOutputStream(log.position)
+    var i = 0
+    while (i < log.position) {
+      val len = java.nio.ByteBuffer.wrap(a, i + 1, 4).getInt()
+      out.write(a, i + 1, 4 + len + 8)
+      i += 1 + 4 + len + 8
+    }
+    writeAtomic(file(version, SNAPSHOT), (head, head.length), (out.toByteArray, out.size()))
+  }
+
+  /** Deletes files that no retained version (the last minVersionsToRetain) needs. */
+  private def cleanup(): Unit = {
+    val all = versions()
+    if (all.isEmpty) return
+    val latest = all.map(_._1).max
+    val oldestKept = latest - conf.minVersionsToRetain + 1
+    val base = all.filter { case (v, k) => k == SNAPSHOT && v <= oldestKept }.map(_._1).sorted.lastOption
+    base.foreach { b =>
+      all.foreach { case (v, k) => if (v < b || (v == b && k == DELTA)) fm.delete(file(v, k)) }
+    }
+  }
+
+  /** One task's view of the table: version `version` until commit() makes it `version + 1`. */
+  class IdStore(val version: Long, t: IdTable, owned: Boolean) extends StateStore {
+    private val log = new OpLog
+    private var firstRemove = -1 // where the log's first removal starts
+    private var putAfterRemove = false
+    private var removes = 0L
+    private var maxRemoved = Long.MinValue
+    @volatile private var state = 0 // 0 updating, 1 committed, 2 aborted
+    private val valueRow = { val r = new UnsafeRow(1); r.pointTo(new Array[Byte](16), 16); r }
+    private val iterKey = new UnsafeRow(keyFields)
+    private val iterValue = { val r = new UnsafeRow(1); r.pointTo(new Array[Byte](16), 16); r }
+    private var iterEntry = -1 // the entry the iterator last returned (its key row is iterKey)
+
+    Option(TaskContext.get()).foreach { ctx =>
+      ctx.addTaskCompletionListener[Unit](_ => if (state == 0) abort()) // a failed task's store
+    }
+
+    override def id: StateStoreId = IdStateStoreProvider.this.id
+
+    private def checkFamily(name: String): Unit = {
+      if (name != StateStore.DEFAULT_COL_FAMILY_NAME) {
+        throw new UnsupportedOperationException("onceflow's id state store has no column families")
+      }
+    }
+
+    private def entryOf(key: UnsafeRow): Int = {
+      if ((key eq iterKey) && iterEntry >= 0 && t.isLive(iterEntry)) return iterEntry
+      val h = IdTable.hash(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      t.find(h, key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+    }
+
+    override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
+      val e = entryOf(key)
+      if (e < 0) null else { valueRow.setLong(0, t.valueAt(e)); valueRow }
+    }
+
+    override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
+      if (state != 0) throw new IllegalStateException("put after commit or abort")
+      val v = value.getLong(0)
+      val e = entryOf(key)
+      val k = if (e >= 0) t.keyAt(e) else {
+        val b = key.getBytes // a copy unless the row is one whole byte array: then copy it here
+        if (b eq key.getBaseObject) b.clone() else b
+      }
+      if (e >= 0) t.setValue(e, v) else t.add(IdTable.hash(k, IdTable.BYTES, k.length), k, v)
+      if (firstRemove >= 0) putAfterRemove = true
+      log.record(PUT, k, v, withValue = true)
+    }
+
+    override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
+      if (state != 0) throw new IllegalStateException("remove after commit or abort")
+      val e = entryOf(key)
+      if (e >= 0) {
+        val v = t.valueAt(e)
+        if (firstRemove < 0) firstRemove = log.position
+        log.record(REMOVE, t.keyAt(e), 0L, withValue = false)
+        t.removeAt(e)
+        removes += 1
+        if (v > maxRemoved) maxRemoved = v
+      }
+    }
+
+    override def iterator(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = {
+      checkFamily(colFamilyName)
+      val pair = new UnsafeRowPair(iterKey, iterValue)
+      // entries keep their numbers while removals only mark them (IdTable.compact renumbers)
+      val it = new Iterator[UnsafeRowPair] {
+        private val epoch = t.epoch
+        private var pos = 0
+        private def check(): Unit = if (t.epoch != epoch) {
+          throw new IllegalStateException("onceflow's id state store changed under an iterator")
+        }
+        override def hasNext: Boolean = {
+          check()
+          while (pos < t.extent && !t.isLive(pos)) pos += 1
+          pos < t.extent
+        }
+        override def next(): UnsafeRowPair = {
+          if (!hasNext) throw new NoSuchElementException("no more state rows")
+          val k = t.keyAt(pos)
+          iterKey.pointTo(k, k.length)
+          iterValue.setLong(0, t.valueAt(pos))
+          iterEntry = pos
+          pos += 1
+          pair.withRows(iterKey, iterValue)
+        }
+      }
+      new StateStoreIterator(it, () => { iterEntry = -1 })
+    }
+
+    override def commit(): Long = {
+      if (state != 0) throw new IllegalStateException("commit after commit or abort")
+      val end = java.nio.ByteBuffer.allocate(10)
+      // puts first, then removals of every entry expiring at or before maxRemoved: one record
+      val oneEviction = removes > 0 && !putAfterRemove && t.minValue > maxRemoved
+      if (oneEviction) end.put(EVICT).putLong(maxRemoved)
+      end.put(END)
+      val head = java.nio.ByteBuffer.allocate(4).putInt(DELTA_MAGIC).array()
+      try {
+        writeAtomic(file(version + 1, DELTA), (head, 4),
+          (log.array, if (oneEviction) firstRemove else log.position), (end.array, end.position()))
+      } catch {
+        case e: Throwable => abort(); throw e
+      }
+      state = 1
+      t.compact() // here rather than in the next batch's first lookup
+      if (conf.commitValidationEnabled) { // Spark checks that every partition's store committed
+        StateStore.reportCommitToCoordinator(version + 1, id, hadoopConf)
+      }
+      IdStateStoreProvider.this.synchronized {
+        if (owned && (table eq t)) { tableVersion = version + 1; tableInUse = false }
+      }
+      version + 1
+    }
+
+    override def abort(): Unit = {
+      if (state == 0) {
+        state = 2
+        IdStateStoreProvider.this.synchronized {
+          if (owned && (table eq t)) { table = null; tableVersion = -1L; tableInUse = false }
+        }
+      }
+    }
+
+    override def release(): Unit = abort()
+
+    override def metrics: StateStoreMetrics =
+      StateStoreMetrics(t.size.toLong, t.size.toLong * 64L, Map.empty)
+
+    override def getStateStoreCheckpointInfo(): StateStoreCheckpointInfo =
+      StateStoreCheckpointInfo(id.partitionId, version + 1, None, None)
+
+    override def hasCommitted: Boolean = state == 1
+
+    override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
+
+    private def unsupported(what: String): Nothing =
+      throw new UnsupportedOperationException(s"onceflow's id state store does not support $what")
+
+    override def prefixScan(prefixKey: UnsafeRow, colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+      unsupported("prefix scans")
+    override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
+      unsupported("several values per key")
+    override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
+      unsupported("several values per key")
+    override def prefixScanWithMultiValues(prefixKey: UnsafeRow,
+        colFamilyName: String): StateStoreIterator[UnsafeRowPair] = unsupported("several values per key")
+    override def createColFamilyIfAbsent(name: String, keySchema: StructType, valueSchema: StructType,
+        spec: KeyStateEncoderSpec, multi: Boolean, internal: Boolean): Unit = unsupported("column families")
+    override def removeColFamilyIfExists(name: String): Boolean = unsupported("column families")
+    override def putList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
+      unsupported("putList")
+    override def merge(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = unsupported("merge")
+    override def mergeList(key: UnsafeRow, values: Array[UnsafeRow], colFamilyName: String): Unit =
+      unsupported("mergeList")
+  }
+}
+
+object IdStateStoreProvider {
+  val HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+  val DELTA = "iddelta"
+  val SNAPSHOT = "idsnap"
+  val DELTA_MAGIC = 0x6f464431 // "oFD1"
+  val SNAPSHOT_MAGIC = 0x6f465331 // "oFS1"
+  val END: Byte = 0
+  val PUT: Byte = 1
+  val REMOVE: Byte = 2
+  val EVICT: Byte = 3
+}

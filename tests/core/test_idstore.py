@@ -1,0 +1,212 @@
+"""onceflow's id state store against Spark's own store, in one live session (onceflow.idstore).
+
+The session (conftest) has the id store's jar on its classpath; each query here chooses its
+state store with ``spark.sql.streaming.stateStore.providerClass``, which Spark reads when a
+query starts. Spark's HDFS-backed store is the reference: the same log, the same plan, the same
+rows per batch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import onceflow
+from onceflow import idstore
+from onceflow.records import EVENT_DDL
+from onceflow.sources.log import EventLog
+from onceflow.verify.generator import GeneratorConfig, generate_segments
+
+pytestmark = pytest.mark.spark
+
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """12 segments: 10% retried sends (often a segment or more after their original), 3% late."""
+    root = tmp_path_factory.mktemp("idstore") / "log"
+    events = EventLog(root)
+    for t in generate_segments(GeneratorConfig(events=6_000, users=40, minutes=12, duplicates=0.1, late=0.03,
+                                               seed=5, segment_size=550, max_disorder_s=40)):
+        events.append(t)
+    for i, seg in enumerate(events.segments()):  # Spark's file source takes files in mtime order
+        os.utime(seg.path, (1_700_000_000 + i, 1_700_000_000 + i))
+    return root
+
+
+def run(spark: Any, provider: str, log: Path, checkpoint: Path, *, fail_batch: int | None = None,
+        flag: Path | None = None, aggregate: bool = False) -> dict[int, list[Any]]:
+    """Drain the log through ``deduplicate`` with ``provider``; each batch's rows, sorted.
+
+    ``fail_batch``: that batch's dedup stage fails once (a UDF in the same stage raises while
+    ``flag`` does not exist, then creates it), after the store took the batch's ids.
+    ``aggregate``: also count per user in a stateful aggregation (update mode).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType
+
+    spark.conf.set(idstore.PROVIDER_KEY, provider)
+    stream = (spark.readStream.schema(EVENT_DDL).option("maxFilesPerTrigger", 1).parquet(str(log))
+              .select("event_id", "user", "event_time"))
+    events = onceflow.deduplicate(stream, id="event_id", event_time="event_time", within="1 minute")
+    if fail_batch is not None:
+        assert flag is not None
+        marker = str(flag)
+
+        def check(_: str) -> bool:
+            import os
+
+            if os.path.exists(marker + ".armed") and not os.path.exists(marker):
+                open(marker, "w").close()
+                raise RuntimeError("injected task failure after the store took the batch's ids")
+            return True
+
+        events = events.where(F.udf(check, BooleanType())("event_id"))
+    if aggregate:
+        events = events.groupBy("user").agg(F.count(F.lit(1)).alias("n"))
+    out: dict[int, list[Any]] = {}
+
+    def batch(df: Any, batch_id: int) -> None:
+        out[batch_id] = sorted(tuple(r) for r in df.collect())  # runs the batch's dedup stage
+        if fail_batch is not None and batch_id == fail_batch - 1 and flag is not None:
+            Path(str(flag) + ".armed").touch()  # the next batch's dedup stage fails once
+
+    writer = events.writeStream.foreachBatch(batch).option("checkpointLocation", str(checkpoint))
+    if aggregate:
+        writer = writer.outputMode("update")
+    query = writer.trigger(availableNow=True).start()
+    try:
+        query.awaitTermination()
+    finally:
+        spark.conf.set(idstore.PROVIDER_KEY, HDFS)
+    # the ids the store holds after each batch (a reloaded table must not keep evicted ones)
+    STATE_ROWS[str(checkpoint)] = [p["stateOperators"][0]["numRowsTotal"] for p in query.recentProgress
+                                   if p["numInputRows"]]
+    return out
+
+
+STATE_ROWS: dict[str, list[int]] = {}
+"""Per checkpoint, the dedup state's row count after each batch with input."""
+
+
+def state_files(checkpoint: Path, suffix: str) -> list[Path]:
+    return sorted((checkpoint / "state").rglob(f"*.{suffix}"))
+
+
+@pytest.fixture(scope="module")
+def reference(spark: Any, log: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, list[Any]]:
+    """Each batch's deduplicated rows with Spark's own state store."""
+    ck = tmp_path_factory.mktemp("hdfs") / "ck"
+    REFERENCE_CK.append(str(ck))
+    return run(spark, HDFS, log, ck)
+
+
+REFERENCE_CK: list[str] = []
+
+
+def test_same_rows_as_sparks_store_in_every_batch(spark: Any, log: Path, tmp_path: Path,
+                                                  reference: dict[int, list[Any]]) -> None:
+    got = run(spark, idstore.PROVIDER_CLASS, log, tmp_path / "ck")
+    assert len(reference) >= 12 and sum(map(len, reference.values())) > 5_000
+    assert got == reference
+    assert STATE_ROWS[str(tmp_path / "ck")] == STATE_ROWS[REFERENCE_CK[0]]
+    assert state_files(tmp_path / "ck", "iddelta"), "the id store wrote no delta files"
+    assert not state_files(tmp_path / "ck", "delta"), "Spark's store ran instead"
+
+
+def test_a_copied_checkpoint_is_rebuilt_from_its_files(spark: Any, log: Path, tmp_path: Path,
+                                                       reference: dict[int, list[Any]]) -> None:
+    """Half the log, a snapshot, the checkpoint copied (a new path: no table in memory), the rest."""
+    half = tmp_path / "half"
+    half.mkdir()
+    segments = EventLog(log).segments()
+    for seg in segments[:7]:
+        shutil.copy2(seg.path, half / seg.path.name)  # with its mtime
+    spark.conf.set("spark.sql.streaming.stateStore.minDeltasForSnapshot", "2")
+    try:
+        first = run(spark, idstore.PROVIDER_CLASS, half, tmp_path / "ck")
+    finally:
+        spark.conf.unset("spark.sql.streaming.stateStore.minDeltasForSnapshot")
+    import time
+
+    deadline = time.monotonic() + 30  # maintenance writes snapshots every 5 s (the session's setting)
+    while not state_files(tmp_path / "ck", "idsnap") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert state_files(tmp_path / "ck", "idsnap"), "no snapshot was written"
+    shutil.copytree(tmp_path / "ck", tmp_path / "ck2")
+    for seg in segments[7:]:
+        shutil.copy2(seg.path, half / seg.path.name)  # with its mtime
+    rest = run(spark, idstore.PROVIDER_CLASS, half, tmp_path / "ck2")
+    assert min(rest) > max(first)
+    # the ids held after each batch: as Spark's store held them (the reloaded table included)
+    assert STATE_ROWS[str(tmp_path / "ck")] + STATE_ROWS[str(tmp_path / "ck2")] == STATE_ROWS[REFERENCE_CK[0]]
+    # the first run ended with a no-data batch (its watermark moved): compare the batches with rows
+    def with_rows(batches: dict[int, list[Any]]) -> list[list[Any]]:
+        return [rows for _, rows in sorted(batches.items()) if rows]
+
+    assert with_rows({**first, **rest}) == with_rows(reference)
+
+
+def test_a_failed_task_leaves_no_ids_behind(spark: Any, log: Path, tmp_path: Path,
+                                            reference: dict[int, list[Any]]) -> None:
+    """Batch 4's dedup stage fails after the store took its ids; the restarted query re-runs it."""
+    flag = tmp_path / "failed"
+    with pytest.raises(Exception, match="injected task failure"):
+        run(spark, idstore.PROVIDER_CLASS, log, tmp_path / "ck", fail_batch=4, flag=flag)
+    assert flag.exists()
+    got = run(spark, idstore.PROVIDER_CLASS, log, tmp_path / "ck", fail_batch=4, flag=flag)
+    assert min(got) == 4, sorted(got)
+    assert got == {b: rows for b, rows in reference.items() if b >= 4}
+
+
+def test_a_retried_task_starts_from_the_committed_ids(log: Path, tmp_path: Path,
+                                                     reference: dict[int, list[Any]]) -> None:
+    """Spark retries the failed task in the same query run: the provider saw the failed attempt."""
+    cmd = [sys.executable, "-m", "tests.core.idstore_retry_driver", str(log), str(tmp_path / "ck"),
+           str(tmp_path / "failed")]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "failed").exists(), "the task did not fail"
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got == {str(b): [[str(v) for v in row] for row in rows] for b, rows in reference.items()}
+
+
+def test_other_stateful_operators_keep_sparks_store(spark: Any, log: Path, tmp_path: Path,
+                                                    tmp_path_factory: pytest.TempPathFactory) -> None:
+    want = run(spark, HDFS, log, tmp_path_factory.mktemp("hdfs-agg") / "ck", aggregate=True)
+    got = run(spark, idstore.PROVIDER_CLASS, log, tmp_path / "ck", aggregate=True)
+    assert got == want and len(got) >= 12
+    assert state_files(tmp_path / "ck", "iddelta") and state_files(tmp_path / "ck", "delta")
+
+
+def test_another_provider_in_conf_is_refused() -> None:
+    from onceflow.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drop one of them"):
+        idstore.session_conf({idstore.PROVIDER_KEY: HDFS})
+    conf = idstore.session_conf({"spark.jars": "/x.jar"})
+    assert conf[idstore.PROVIDER_KEY] == idstore.PROVIDER_CLASS
+    assert conf["spark.jars"].split(",")[0] == "/x.jar" and conf["spark.jars"].endswith(".jar")
+
+
+def test_a_checkpoint_of_the_id_store_needs_it_at_restart(spark: Any, log: Path, tmp_path: Path) -> None:
+    from onceflow.errors import ConfigError
+
+    run(spark, idstore.PROVIDER_CLASS, log, tmp_path / "ids")
+    run(spark, HDFS, log, tmp_path / "hdfs")
+    jars = spark.conf.get("spark.jars")
+    assert "onceflow-idstore" in jars
+    idstore.check_checkpoint(tmp_path / "ids", jars)  # the session has it: fine
+    idstore.check_checkpoint(tmp_path / "hdfs", "")
+    idstore.check_checkpoint(tmp_path / "new", "")  # not started
+    with pytest.raises(ConfigError, match=r"session\(id_store=True\)"):
+        idstore.check_checkpoint(tmp_path / "ids", "")
