@@ -114,7 +114,8 @@ def session(
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
     )
     conf = dict(conf or {})
-    if id_store if id_store is not None else idstore.enabled_by_env():
+    use_id_store = idstore.enabled_by_env() if id_store is None else id_store
+    if use_id_store:
         conf = idstore.session_conf(conf)
     if kafka:
         from onceflow import jars

@@ -29,11 +29,12 @@ import org.apache.spark.sql.types.{LongType, StructType}
  *      Spark re-runs the batch on version v). Only after the rename is the table at v + 1.
  *      An eviction that removed every entry expiring at or before T is written as one record
  *      "evict up to T" instead of one record per id.
- *   4. abort() (a failed or killed task): the table is dropped; the next getStore rebuilds
- *      it from the files, so a half-applied batch never survives.
- *   5. doMaintenance() (Spark's background thread): a snapshot `<v>.idsnap` of a table not in
- *      use every `minDeltasForSnapshot` versions, and files no longer needed to rebuild the
- *      last `minVersionsToRetain` versions deleted.
+ *   4. abort() (a failed or killed task): a changed table is dropped; the next getStore
+ *      rebuilds it from the files, so a half-applied batch never survives. An unchanged one
+ *      (a read-only use) stays at v.
+ *   5. doSnapshotMaintenance / doCleanupMaintenance (Spark's maintenance thread): a snapshot
+ *      `<v>.idsnap` of a table not in use every `minDeltasForSnapshot` versions, and the files
+ *      no longer needed to rebuild the last `minVersionsToRetain` versions deleted.
  * Every step may be repeated: a re-run of version v writes the same delta file again.
  */
 class IdStateStoreProvider extends StateStoreProvider {
@@ -122,9 +123,9 @@ class IdStateStoreProvider extends StateStoreProvider {
     StateStoreProvider.create(HDFS_PROVIDER).supportedCustomMetrics
 
   override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
-      uniqueId: Option[String], forceSnapshotOnCommit: Boolean): StateStore =
-    if (delegate != null) delegate.upgradeReadStoreToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
-    else super.upgradeReadStoreToWriteStore(readStore, version, uniqueId, forceSnapshotOnCommit)
+      uniqueId: Option[String], force: Boolean): StateStore =
+    if (delegate == null) super.upgradeReadStoreToWriteStore(readStore, version, uniqueId, force)
+    else delegate.upgradeReadStoreToWriteStore(readStore, version, uniqueId, force)
 
   override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] =
     StateStoreProvider.create(HDFS_PROVIDER).supportedInstanceMetrics
@@ -259,17 +260,11 @@ class IdStateStoreProvider extends StateStoreProvider {
     val log = new OpLog
     val head = java.nio.ByteBuffer.allocate(8).putInt(SNAPSHOT_MAGIC).putInt(t.size).array()
     var e = 0
-    while (e < t.extent) { if (t.isLive(e)) log.record(0, t.keyAt(e), t.valueAt(e), withValue = true); e += 1 }
-    // the op byte of each record is not part of a snapshot: written without it below
-    val a = log.array
-    val out = new java.io.ByteArrayOutputStream(log.position)
-    var i = 0
-    while (i < log.position) {
-      val len = java.nio.ByteBuffer.wrap(a, i + 1, 4).getInt()
-      out.write(a, i + 1, 4 + len + 8)
-      i += 1 + 4 + len + 8
+    while (e < t.extent) {
+      if (t.isLive(e)) log.entry(t.keyAt(e), t.valueAt(e))
+      e += 1
     }
-    writeAtomic(file(version, SNAPSHOT), (head, head.length), (out.toByteArray, out.size()))
+    writeAtomic(file(version, SNAPSHOT), (head, head.length), (log.array, log.position))
   }
 
   /** Deletes files that no retained version (the last minVersionsToRetain) needs. */
@@ -402,8 +397,12 @@ class IdStateStoreProvider extends StateStoreProvider {
     override def abort(): Unit = {
       if (state == 0) {
         state = 2
+        val unchanged = log.position == 0 // e.g. a read-only use: the table is still version v
         IdStateStoreProvider.this.synchronized {
-          if (owned && (table eq t)) { table = null; tableVersion = -1L; tableInUse = false }
+          if (owned && (table eq t)) {
+            if (!unchanged) { table = null; tableVersion = -1L }
+            tableInUse = false
+          }
         }
       }
     }

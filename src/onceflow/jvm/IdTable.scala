@@ -158,5 +158,10 @@ final class OpLog {
     buf.put(op).putInt(k.length).put(k)
     if (withValue) buf.putLong(v)
   }
+  /** A snapshot's entry: the key's length and bytes, then its value (no operation byte). */
+  def entry(k: Array[Byte], v: Long): Unit = {
+    room(12 + k.length)
+    buf.putInt(k.length).put(k).putLong(v)
+  }
   def array: Array[Byte] = buf.array()
 }
