@@ -210,3 +210,25 @@ def test_a_checkpoint_of_the_id_store_needs_it_at_restart(spark: Any, log: Path,
     idstore.check_checkpoint(tmp_path / "new", "")  # not started
     with pytest.raises(ConfigError, match=r"session\(id_store=True\)"):
         idstore.check_checkpoint(tmp_path / "ids", "")
+
+
+def test_onceflow_run_with_the_id_store_then_without_it(tmp_path: Path) -> None:
+    """``onceflow run --id-store`` runs Example 5-1 on it; the same checkpoint without it is refused."""
+    from onceflow.verify.verdict import read_counts
+    from tests.helpers import distinct_counts
+
+    events = EventLog(tmp_path / "log")
+    for t in generate_segments(GeneratorConfig(events=3_000, users=20, minutes=3, duplicates=0.1, seed=3,
+                                               segment_size=1_000)):
+        events.append(t)
+    env = {k: v for k, v in os.environ.items() if k != idstore.ENV}
+    cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(tmp_path / "log"),
+           "--checkpoint", str(tmp_path / "ck"), "--db", str(tmp_path / "db.sqlite"), "--once",
+           "--max-files-per-trigger", "1"]
+    first = subprocess.run([*cmd, "--id-store"], capture_output=True, text=True, timeout=300, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert read_counts(tmp_path / "db.sqlite") == distinct_counts(tmp_path / "log")
+    assert state_files(tmp_path / "ck", "iddelta") and not state_files(tmp_path / "ck", "delta")
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode != 0
+    assert "started with onceflow's id state store" in again.stderr + again.stdout
