@@ -101,8 +101,10 @@ def build() -> Path:
             jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: onceflow\n\n")
             for f in sorted(out.rglob("*.class")):
                 jar.write(f, f.relative_to(out).as_posix())
-        shutil.move(str(staged), str(target.with_suffix(".tmp")))
-        os.replace(target.with_suffix(".tmp"), target)  # whole or absent, also for a concurrent build
+        # whole or absent; drivers started together (verify's standbys) may each build it
+        moving = target.parent / f".{target.name}.{os.getpid()}.tmp"
+        shutil.move(str(staged), str(moving))
+        os.replace(moving, target)
     return target
 
 

@@ -232,3 +232,16 @@ def test_onceflow_run_with_the_id_store_then_without_it(tmp_path: Path) -> None:
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert again.returncode != 0
     assert "started with onceflow's id state store" in again.stderr + again.stdout
+
+
+def test_drivers_starting_together_each_get_the_jar(tmp_path: Path) -> None:
+    """Three processes build into an empty cache at once (verify starts standby drivers together)."""
+    env = dict(os.environ, ONCEFLOW_CACHE_DIR=str(tmp_path / "cache"))
+    code = "from onceflow import idstore; print(idstore.build())"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-1000:] for _, err in outs]
+    jars = {out.strip() for out, _ in outs}
+    assert len(jars) == 1 and Path(jars.pop()).is_file()
+    assert [p.name for p in (tmp_path / "cache" / "jvm").iterdir()] == [Path(outs[0][0].strip()).name]
