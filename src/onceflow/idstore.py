@@ -68,7 +68,7 @@ def jar_path() -> Path:
 
 
 def build() -> Path:
-    """The id store's jar, compiled now if this Spark and source have none yet (~10-20 s).
+    """The id store's jar, compiled now if this Spark and source have none yet (~5 s here).
 
     Returns:
         The jar's path.

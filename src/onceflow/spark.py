@@ -75,7 +75,7 @@ def session(
             ``format("kafka")`` and :func:`onceflow.read_kafka` read with it. Applies to a new
             session only (``spark.jars`` is read when the JVM starts).
         id_store: Keep ``deduplicate``'s ids in onceflow's id state store
-            (:mod:`onceflow.idstore`: Example 5-1 ~1.5x faster; compiled on first use, ~15 s)
+            (:mod:`onceflow.idstore`: Example 5-1 ~1.5x faster; compiled on first use, ~5 s)
             instead of Spark's HDFS-backed store; other stateful operators keep Spark's.
             ``None``: as ``$ONCEFLOW_ID_STORE`` says (off when unset). A checkpoint keeps the
             store its query started with.
