@@ -29,16 +29,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from bench_latency import pct
 from confluent_kafka import Consumer, Producer
 
 from onceflow.spark import session
 from onceflow.verify.kafka_server import KafkaServer
-
-
-def pct(values: list[float], q: float) -> float:
-    """The ``q`` quantile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 def source(spark: Any, broker: KafkaServer, topic: str) -> Any:

@@ -96,20 +96,20 @@ def run_onceflow(spark: Any, log: Path, work: Path, files: int) -> Timing:
     return time.perf_counter() - t0, batch_ms(query.query.recentProgress)
 
 
-def run_noop(spark: Any, log: Path, work: Path, files: int) -> Timing:
-    def batch(df: Any, _: int) -> None:
-        window_deltas(df).write.format("noop").mode("overwrite").save()
+def noop_batch(df: Any, _: int) -> None:
+    """The plan's per-batch window deltas, written to Spark's ``noop`` sink."""
+    window_deltas(df).write.format("noop").mode("overwrite").save()
 
-    return drain(events(spark, log, max_files_per_trigger=files).writeStream.foreachBatch(batch), work / "ck")
+
+def run_noop(spark: Any, log: Path, work: Path, files: int) -> Timing:
+    stream = events(spark, log, max_files_per_trigger=files)
+    return drain(stream.writeStream.foreachBatch(noop_batch), work / "ck")
 
 
 def run_nodedup(spark: Any, log: Path, work: Path, files: int) -> Timing:
-    def batch(df: Any, _: int) -> None:
-        window_deltas(df).write.format("noop").mode("overwrite").save()
-
     stream = (spark.readStream.schema(EVENT_DDL).option("maxFilesPerTrigger", files).parquet(str(log))
               .select("event_id", "user", "event_time").withWatermark("event_time", "1 minute"))
-    return drain(stream.writeStream.foreachBatch(batch), work / "ck")
+    return drain(stream.writeStream.foreachBatch(noop_batch), work / "ck")
 
 
 @contextmanager

@@ -89,34 +89,6 @@ def offset_batches(checkpoint: str | os.PathLike[str]) -> list[int]:
     return _batch_ids(Path(checkpoint) / "offsets")
 
 
-def state_store_provider(checkpoint: str | os.PathLike[str]) -> str | None:
-    """The state store provider Spark recorded in the checkpoint's last planned batch.
-
-    Spark keeps ``spark.sql.streaming.stateStore.providerClass`` in each offset log entry and
-    restarts a query with that one, whatever the session says.
-
-    Args:
-        checkpoint: The checkpoint directory.
-
-    Returns:
-        The class name, or None before the first batch (or when the entry names none).
-
-    Raises:
-        CheckpointReadError: The last offset log entry cannot be read.
-    """
-    batches = offset_batches(checkpoint)
-    if not batches:
-        return None
-    lines = read_log_lines(Path(checkpoint) / "offsets" / str(batches[-1]))
-    try:
-        meta = json.loads(lines[1]) if len(lines) > 1 else {}
-    except json.JSONDecodeError as exc:
-        raise CheckpointReadError(f"offsets/{batches[-1]} in {checkpoint}: unreadable metadata: "
-                                  f"{exc}") from exc
-    value = (meta.get("conf") or {}).get("spark.sql.streaming.stateStore.providerClass")
-    return str(value) if value else None
-
-
 def committed_batches(checkpoint: str | os.PathLike[str]) -> list[int]:
     """Batch ids with an entry in the commit log (finished batches).
 

@@ -124,11 +124,9 @@ def session_conf(conf: dict[str, str]) -> dict[str, str]:
     if given and given != PROVIDER_CLASS:
         raise ConfigError(f"session(id_store=True) sets {PROVIDER_KEY}, and conf names {given}: "
                           f"drop one of them")
-    out = dict(conf)
-    jars = [j for j in out.get("spark.jars", "").split(",") if j]
-    out["spark.jars"] = ",".join([*jars, str(build())])
-    out[PROVIDER_KEY] = PROVIDER_CLASS
-    return out
+    from onceflow.jars import with_jars
+
+    return {**with_jars(conf, [build()]), PROVIDER_KEY: PROVIDER_CLASS}
 
 
 def check_checkpoint(checkpoint: str | os.PathLike[str], session_jars: str) -> None:
@@ -143,8 +141,11 @@ def check_checkpoint(checkpoint: str | os.PathLike[str], session_jars: str) -> N
             have its jar (Spark would fail to load the class in its first stateful task).
     """
     from onceflow import checkpoint as ckpt
+    from onceflow import ranges
 
-    if ckpt.state_store_provider(checkpoint) == PROVIDER_CLASS and "onceflow-idstore" not in session_jars:
+    root = Path(checkpoint)
+    fixed = ranges.checkpoint_conf(root, ckpt.offset_batches(root)) or {}
+    if fixed.get(PROVIDER_KEY) == PROVIDER_CLASS and "onceflow-idstore" not in session_jars:
         raise ConfigError(f"the query in {checkpoint} started with onceflow's id state store, and Spark "
                           f"restarts it with the store it started with: create the session with "
                           f"onceflow.spark.session(id_store=True) (or set {ENV}=1)")

@@ -272,6 +272,12 @@ def require(name: str) -> list[Path]:
     return found
 
 
+def with_jars(conf: dict[str, str], paths: list[Path]) -> dict[str, str]:
+    """``conf`` with ``paths`` appended to its ``spark.jars`` (a new dict; ``conf`` unchanged)."""
+    given = [j for j in conf.get("spark.jars", "").split(",") if j]
+    return {**conf, "spark.jars": ",".join([*given, *(str(p) for p in paths)])}
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m onceflow.jars fetch NAME...``: fetch sets (used by the project's scripts)."""
     args = list(sys.argv[1:] if argv is None else argv)

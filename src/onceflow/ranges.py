@@ -155,6 +155,27 @@ def offsets_lines(checkpoint: Path, batch_id: int) -> tuple[dict[str, Any], list
     return json.loads(lines[1]), lines[2:]
 
 
+def checkpoint_conf(checkpoint: Path, planned: list[int]) -> dict[str, Any] | None:
+    """Spark's settings fixed in the checkpoint: ``conf`` of the newest readable plan's metadata.
+
+    Spark restarts a query with these (shuffle partitions, the state store provider, ...),
+    whatever the session says.
+
+    Args:
+        checkpoint: The checkpoint directory.
+        planned: Its planned batch ids (:func:`onceflow.checkpoint.offset_batches`).
+
+    Returns:
+        The settings, or None when no plan can be read.
+    """
+    for b in reversed(planned):
+        try:
+            return dict(offsets_lines(checkpoint, b)[0].get("conf", {}))
+        except CheckpointReadError:
+            continue
+    return None
+
+
 def log_position(line: str) -> int | None:
     """A file source's position in its log, from its offset line (None: not a file source's offset)."""
     value = _offset(line)

@@ -26,7 +26,7 @@ from typing import Any
 
 from onceflow import checkpoint as ckpt
 from onceflow import ranges
-from onceflow.errors import CheckpointReadError, OutOfStepError
+from onceflow.errors import OutOfStepError
 from onceflow.ranges import InputRange
 
 RESTORE_FILE = "onceflow-restore.json"
@@ -163,7 +163,7 @@ def continue_restore(sink: Any, checkpoint: Path, batch_id: int) -> bool:
             for p in directory.iterdir():
                 if (log_id := _log_id(p)) is not None and log_id > pos:
                     ranges.remove(p)
-    ranges.write(checkpoint, nxt, _conf(checkpoint, ckpt.offset_batches(checkpoint)) or {})
+    ranges.write(checkpoint, nxt, ranges.checkpoint_conf(checkpoint, ckpt.offset_batches(checkpoint)) or {})
     return True
 
 
@@ -335,7 +335,7 @@ class Repair:
                             "older onceflow): its plan cannot be restored")
             return plan
         gone = [d for d in state_dirs(root) if not _has_version(d, c + 1)]
-        conf = _conf(root, planned)
+        conf = ranges.checkpoint_conf(root, planned)
         if gone or conf is None:
             plan.refused = (f"the checkpoint lacks the query's state after batch {c} ({gone[0]})" if gone else
                             "the checkpoint has no plan to take Spark's settings from (offsets/ is empty)")
@@ -375,7 +375,8 @@ class Repair:
         if plan.refused:
             raise OutOfStepError(f"cannot repair {self.checkpoint}: {plan.refused}")
         done = []
-        conf = _conf(self.checkpoint, ckpt.offset_batches(self.checkpoint)) or {}  # before plans go
+        planned = ckpt.offset_batches(self.checkpoint)
+        conf = ranges.checkpoint_conf(self.checkpoint, planned) or {}  # before plans go
         for p in plan.remove:
             ranges.remove(p)
             done.append(f"removed {p.relative_to(self.checkpoint)}")
@@ -407,11 +408,3 @@ def _log_id(p: Path) -> int | None:
     return int(name) if name.isdigit() else None
 
 
-def _conf(root: Path, planned: list[int]) -> dict[str, Any] | None:
-    """Spark's settings fixed in the checkpoint (``conf`` of a plan's metadata)."""
-    for b in reversed(planned):
-        try:
-            return dict(ranges.offsets_lines(root, b)[0].get("conf", {}))
-        except CheckpointReadError:
-            continue
-    return None

@@ -120,8 +120,7 @@ def session(
     if kafka:
         from onceflow import jars
 
-        given = [j for j in conf.get("spark.jars", "").split(",") if j]
-        conf["spark.jars"] = ",".join([*given, *(str(p) for p in jars.require(jars.CONNECTOR))])
+        conf = jars.with_jars(conf, jars.require(jars.CONNECTOR))
     key = "spark.driver.extraJavaOptions"
     extra = os.environ.get(JAVA_OPTIONS_ENV, "").strip()
     if fast_start and not extra:

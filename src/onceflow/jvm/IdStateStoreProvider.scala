@@ -140,16 +140,19 @@ class IdStateStoreProvider extends StateStoreProvider {
   override def doSnapshotMaintenance(): Unit = {
     if (delegate != null) { delegate.doSnapshotMaintenance(); return }
     if (id == null) return
+    // the entries serialized while no store holds the table; the file written after
     val snap = synchronized {
       if (table != null && !tableInUse && tableVersion - lastSnapshot >= conf.minDeltasForSnapshot) {
-        (tableVersion, table.copy())
+        (tableVersion, snapshotEntries(table))
       } else {
         null
       }
     }
     if (snap != null) {
-      writeSnapshot(snap._1, snap._2)
-      lastSnapshot = snap._1
+      val (version, (count, entries)) = snap
+      val head = java.nio.ByteBuffer.allocate(8).putInt(SNAPSHOT_MAGIC).putInt(count).array()
+      writeAtomic(file(version, SNAPSHOT), (head, head.length), (entries.array, entries.position))
+      lastSnapshot = version
     }
   }
 
@@ -256,15 +259,15 @@ class IdStateStoreProvider extends StateStoreProvider {
     }
   }
 
-  private def writeSnapshot(version: Long, t: IdTable): Unit = {
+  /** The live entries of `t` as a snapshot's body, and how many. */
+  private def snapshotEntries(t: IdTable): (Int, OpLog) = {
     val log = new OpLog
-    val head = java.nio.ByteBuffer.allocate(8).putInt(SNAPSHOT_MAGIC).putInt(t.size).array()
     var e = 0
     while (e < t.extent) {
       if (t.isLive(e)) log.entry(t.keyAt(e), t.valueAt(e))
       e += 1
     }
-    writeAtomic(file(version, SNAPSHOT), (head, head.length), (log.array, log.position))
+    (t.size, log)
   }
 
   /** Deletes files that no retained version (the last minVersionsToRetain) needs. */

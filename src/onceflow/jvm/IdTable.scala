@@ -121,13 +121,6 @@ final class IdTable(initial: Int) {
     var e = 0
     while (e < n) { if (values(e) <= t) removeAt(e); e += 1 }
   }
-
-  def copy(): IdTable = {
-    val t = new IdTable(math.max(size, 16))
-    var e = 0
-    while (e < n) { if (!dead(e)) t.add(hashes(e), keys(e), values(e)); e += 1 }
-    t
-  }
 }
 
 object IdTable {
