@@ -231,8 +231,8 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
     if pipeline not in PIPELINES:
-        _run_user_pipeline(pipeline, input_dir, checkpoint, db, delta_root, pg_dsn, sink_kind, once,
-                           master, conf, standby)
+        out = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, kafka=out_kafka)
+        _run_user_pipeline(pipeline, input_dir, checkpoint, out, sink_kind, once, master, conf, standby)
         return
     spark = None
     if standby is not None:
@@ -260,9 +260,9 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     )
 
 
-def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, db: Path | None,
-                       delta_root: Path | None, pg_dsn: str | None, sink_kind: str | None, once: bool,
-                       master: str | None, conf: dict[str, str], standby: Path | None) -> None:
+def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where_out: SinkOptions,
+                       sink_kind: str | None, once: bool, master: str | None, conf: dict[str, str],
+                       standby: Path | None) -> None:
     """``--pipeline PATH.py:FUNCTION``: the user's function builds the query over ``--input``."""
     from onceflow import pipelines
     from onceflow.spark import session
@@ -283,7 +283,7 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, db: P
     spark = session(master=master, conf=conf)
     if standby is not None:
         wait_for_release(standby)
-    sink = make_sink(kind, SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root), sink_id=USER_SINK_ID)
+    sink = make_sink(kind, where_out, sink_id=USER_SINK_ID)
     try:
         query = pipelines.start(fn, spark, where, sink, checkpoint.absolute(), once)
         query.awaitTermination()

@@ -81,7 +81,7 @@ from onceflow.verify.standalone import StandaloneCluster
 from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget
 from onceflow.verify.verdict import Verdict
 
-KEEP_MARKERS = ("sqlite", "postgres", "delta", "lossy")
+KEEP_MARKERS = ("sqlite", "postgres", "delta", "lossy", "kafka")
 """Sinks whose markers verify checks against Spark's commit log (the naive ones never read theirs)."""
 
 
@@ -419,7 +419,8 @@ class _Run:
             kafka = (self.src.broker.bootstrap, TOPIC) if self.cfg.source == "kafka" else None
             oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck, kafka)
             oracle.run()
-            verdict = judge(self.target.name, oracle, self.target.reader())
+            verdict = judge(self.target.name, oracle, self.target.reader(),
+                            json_values=self.target.broker is not None)
         finally:
             spark.stop()
         if self.cfg.sink in KEEP_MARKERS:  # every batch Spark committed has its marker in the sink

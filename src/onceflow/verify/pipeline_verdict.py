@@ -10,7 +10,10 @@ never the sinks' code:
 
 Values are compared in one canonical form (:func:`canon`): timestamps as UTC text with
 microseconds, dates as ISO text, decimals and floats as floats to 12 significant digits,
-booleans as integers (SQLite keeps them so). A table is judged by key (``upsert``/``merge``:
+booleans as integers (SQLite keeps them so). A Kafka sink's tables are topics of JSON records
+(:func:`kafka_reader`): there the expected values are first put in the form JSON gives them
+(:func:`json_form`: timestamps and dates as their ``str()``, bytes as UTF-8 text), as the Kafka
+sink's documentation says a record holds them. A table is judged by key (``upsert``/``merge``:
 missing keys are lost, unexpected keys extra, a differing row is lost when an ``add`` column is
 lower, duplicated when higher, else wrong) or as a multiset of rows (``append``).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import json
 import sqlite3
 from collections import Counter
 from collections.abc import Callable
@@ -31,8 +35,10 @@ from onceflow.verify.recompute import CountDiff
 from onceflow.verify.verdict import Verdict
 
 Rows = list[dict[str, Any]]
-Reader = Callable[[str], "Rows | None"]
-"""Reads a sink's table by name (None: the table does not exist)."""
+Reader = Callable[[str, "Folded | None"], "Rows | None"]
+"""Reads a sink's table by name (None: the table does not exist), given what the oracle expects
+of it (its spec and columns; None for the ``late=`` table). Only the Kafka reader needs the
+latter: a topic is a log of records, folded into a table by the spec."""
 
 
 def canon(value: Any) -> Any:
@@ -50,6 +56,19 @@ def canon(value: Any) -> Any:
     return value
 
 
+def json_form(value: Any) -> Any:
+    """``value`` as a JSON record of the Kafka sink holds it, read back (see the module)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, dict):
+        return {str(k): json_form(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_form(v) for v in value]
+    if value is None or isinstance(value, (str, int, float)):
+        return value
+    return str(value)  # timestamps, dates, decimals
+
+
 def _merge(how: str, stored: Any, new: Any) -> Any:
     if stored is None:
         return new
@@ -61,18 +80,27 @@ def _merge(how: str, stored: Any, new: Any) -> Any:
 
 
 class Folded:
-    """One table's expected contents, built batch by batch."""
+    """One table's expected contents, built batch by batch.
 
-    def __init__(self, spec: Table) -> None:
+    Args:
+        spec: The table's spec.
+        form: Applied to every value before :func:`canon` (:func:`json_form` for Kafka).
+    """
+
+    def __init__(self, spec: Table, form: Callable[[Any], Any] | None = None) -> None:
         self.spec = spec
+        self.form = form
+        self.columns: list[str] = []
+        """The columns of the rows folded in (the first batch's order)."""
         self.appended: Counter[tuple[tuple[str, Any], ...]] = Counter()
         self.keyed: dict[tuple[Any, ...], dict[str, Any]] = {}
 
-    def add(self, rows: Rows) -> None:
+    def add(self, rows: Rows, columns: list[str] | None = None) -> None:
         """Fold one batch's rows for this table."""
-        spec = self.spec
+        spec, form = self.spec, self.form
+        self.columns = self.columns or list(columns or [])
         for raw in rows:
-            row = {k: canon(v) for k, v in raw.items()}
+            row = {k: canon(form(v) if form else v) for k, v in raw.items()}
             if spec.mode == "append":
                 self.appended[tuple(sorted(row.items()))] += 1
                 continue
@@ -90,18 +118,25 @@ class Folded:
         return sum(self.appended.values()) if self.spec.mode == "append" else len(self.keyed)
 
 
-def fold(captured: list[tuple[int, Captured]]) -> dict[str, Folded]:
-    """The expected tables from every batch's outputs, in batch order."""
+    def found(self) -> Rows:
+        """What a reader folded: the rows a table of this spec holds (keyed: one per key)."""
+        if self.spec.mode == "append":
+            return [dict(row) for row, n in self.appended.items() for _ in range(n)]
+        return list(self.keyed.values())
+
+
+def fold(captured: list[tuple[int, Captured]], form: Callable[[Any], Any] | None = None) -> dict[str, Folded]:
+    """The expected tables from every batch's outputs, in batch order (``form``: see :class:`Folded`)."""
     out: dict[str, Folded] = {}
     for _, batch in captured:
         for name, table in batch.outputs.items():
             spec = batch.tables.get(name)
             if spec is None:
                 continue  # per_batch returned a table write_stream has no spec for: the query fails too
-            out.setdefault(name, Folded(spec)).add(table.to_pylist())
+            out.setdefault(name, Folded(spec, form)).add(table.to_pylist(), table.column_names)
         for name, spec in batch.tables.items():
             if name != batch.late:
-                out.setdefault(name, Folded(spec))
+                out.setdefault(name, Folded(spec, form))
     return out
 
 
@@ -128,10 +163,11 @@ def _compare(name: str, want: Folded, got: Rows, violations: list[str]) -> Count
     twice = [k for k, rs in by_key.items() if len(rs) > 1]
     low = high = wrong = 0
     example = ""
-    for key, row in want.keyed.items():
+    for key, folded in want.keyed.items():
         rs = by_key.get(key)
         if not rs:
             continue
+        row = {c: canon(v) for c, v in folded.items()}  # sums folded from canonical parts: again
         diff = {c: (v, rs[0].get(c)) for c, v in row.items() if rs[0].get(c) != v}
         if not diff:
             continue
@@ -170,12 +206,20 @@ def unmarked(committed: list[int], markers: list[dict[str, Any]]) -> list[int]:
     return [b for b in committed if b not in marked]
 
 
-def judge(sink: str, oracle: PipelineOracle, read: Reader) -> Verdict:
-    """The verdict on the sink's tables against the oracle's (late rows: by id)."""
+def judge(sink: str, oracle: PipelineOracle, read: Reader, json_values: bool = False) -> Verdict:
+    """The verdict on the sink's tables against the oracle's (late rows: by id).
+
+    Args:
+        sink: The sink's name in the verdict.
+        oracle: The oracle, run.
+        read: Reads the sink's tables.
+        json_values: The sink keeps values as JSON (Kafka): compare the expected values in
+            :func:`json_form`.
+    """
     violations: list[str] = []
     tables: dict[str, CountDiff] = {}
-    for name, want in sorted(fold(oracle.captured).items()):
-        got = read(name)
+    for name, want in sorted(fold(oracle.captured, json_form if json_values else None).items()):
+        got = read(name, want)
         if got is None:
             got = []
             if want.rows():
@@ -185,7 +229,7 @@ def judge(sink: str, oracle: PipelineOracle, read: Reader) -> Verdict:
     late = next((c.late for _, c in oracle.captured if c.late), None)
     if late is not None:
         ids = late_ids(oracle)
-        rows = read(late) or []
+        rows = read(late, None) or []
         cols = oracle.dedup.ids
         found = {tuple(canon(r.get(c)) for c in cols) for r in rows}
         late_want = {tuple(canon(v) for v in k) for k in ids}
@@ -199,7 +243,7 @@ def judge(sink: str, oracle: PipelineOracle, read: Reader) -> Verdict:
 
 def sqlite_reader(db: Path) -> Reader:
     """A SQLite database's tables as rows."""
-    def read(name: str) -> Rows | None:
+    def read(name: str, _want: Folded | None = None) -> Rows | None:
         if not db.exists():
             return None
         conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
@@ -217,7 +261,7 @@ def sqlite_reader(db: Path) -> Reader:
 
 def postgres_reader(dsn: str) -> Reader:
     """A PostgreSQL schema's tables as rows (the DSN's ``search_path``)."""
-    def read(name: str) -> Rows | None:
+    def read(name: str, _want: Folded | None = None) -> Rows | None:
         import psycopg
         from psycopg import sql
         from psycopg.rows import dict_row
@@ -231,11 +275,55 @@ def postgres_reader(dsn: str) -> Reader:
 
 def delta_reader(root: Path) -> Reader:
     """Delta tables under ``root`` (one directory per table) as rows."""
-    def read(name: str) -> Rows | None:
+    def read(name: str, _want: Folded | None = None) -> Rows | None:
         from deltalake import DeltaTable
 
         path = root / name
         if not (path / "_delta_log").is_dir():
             return None
         return DeltaTable(str(path)).to_pyarrow_table().to_pylist()  # type: ignore[no-any-return]
+    return read
+
+
+def _record_row(key: bytes | None, value: bytes | None, want: Folded | None) -> dict[str, Any]:
+    """One record as a row, by the Kafka sink's documented record form.
+
+    The value is a JSON object of every column, except when the table's rows have only a
+    ``value`` column beside their key columns: then it is that column's bytes, and the key
+    columns come from the record's key (one column: its text; more: a JSON object).
+    """
+    text = (value or b"").decode("utf-8", "replace")
+    keys = list(want.spec.key) if want is not None else []
+    raw = want is not None and bool(want.columns) and set(want.columns) == {"value", *keys}
+    if not raw:
+        row = json.loads(text) if text else {}
+        return row if isinstance(row, dict) else {"value": text}
+    out: dict[str, Any] = {"value": text if value is not None else None}
+    if len(keys) == 1:
+        out[keys[0]] = key.decode("utf-8", "replace") if key is not None else None
+    elif keys:
+        out.update(json.loads(key or b"{}"))
+    return out
+
+
+def kafka_reader(bootstrap: str) -> Reader:
+    """A Kafka sink's tables: each topic read with ``read_committed``, folded by its spec.
+
+    The verifier's own consumer reads the records in offset order (a key's records are in one
+    partition, so in order); an ``append`` table is its records, an ``upsert`` table the last
+    record of each key (as a compacted topic keeps it), a ``merge`` table the per-batch partial
+    rows folded per key (``add`` summed, ``max``/``min`` kept).
+    """
+    def read(name: str, want: Folded | None) -> Rows | None:
+        from onceflow.verify.kafka_rig import read_messages
+
+        messages = read_messages(bootstrap, name)
+        if not messages:
+            return None
+        rows = [_record_row(m.key(), m.value(), want) for m in messages]
+        if want is None or want.spec.mode == "append":
+            return rows
+        folded = Folded(want.spec)
+        folded.add(rows)
+        return folded.found()
     return read

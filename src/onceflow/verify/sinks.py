@@ -42,7 +42,8 @@ EFFECT_SINKS = ("http", "http-naive")
 DELTA_SINKS = ("delta", "delta-naive")
 KAFKA_SINKS = ("kafka", "kafka-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
-USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta", "delta-naive")
+USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta", "delta-naive", "kafka",
+              "kafka-naive")
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
 """The sink id (markers' namespace) a user's pipeline writes under in ``onceflow run``/``verify``."""

@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.sinks.postgres import sql as pg
@@ -47,6 +47,9 @@ from onceflow.verify.verdict import (
     judge_postgres,
     judge_sqlite,
 )
+
+if TYPE_CHECKING:
+    from onceflow.verify.pipeline_verdict import Reader
 
 
 def delta_batches(root: Path, sink_id: str) -> list[dict[str, Any]]:
@@ -269,10 +272,12 @@ class SinkTarget:
                 time.sleep(0.2)
         return f"the drivers' database connections terminated for {seconds:.0f} s ({killed} killed)"
 
-    def reader(self) -> Callable[[str], list[dict[str, Any]] | None]:
+    def reader(self) -> Reader:
         """Reads one of the sink's tables by name (a user pipeline's verdict)."""
         from onceflow.verify import pipeline_verdict as pv
 
+        if self.broker is not None:
+            return pv.kafka_reader(self.broker.bootstrap)
         if self.kind in DELTA_SINKS:
             assert self.db is not None
             return pv.delta_reader(self.db)
