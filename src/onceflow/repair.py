@@ -73,7 +73,8 @@ def check_start(sink: Any, checkpoint: Path, batch_id: int) -> None:
     """
     if not getattr(sink, "keeps_markers", True):
         return
-    have = sorted(int(m["batch_id"]) for m in sink.batches())
+    recent = getattr(sink, "recent_batches", sink.batches)  # only the last matters here
+    have = sorted(int(m["batch_id"]) for m in recent())
     last = have[-1] if have else None
     committed = ckpt.committed_batches(checkpoint)
     done = committed[-1] if committed else None

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from onceflow.errors import OnceflowError
 from onceflow.sinks.kafka import KafkaTopicsSink
@@ -175,6 +176,66 @@ def test_a_second_driver_of_the_sink_id_fences_the_first(broker: Any) -> None:
         other.bind("q2")  # another checkpoint's batch ids restart at 0
     for s in (first, second, other):
         s.close()
+
+
+def test_a_new_driver_reads_the_marker_topics_end_past_aborted_transactions(broker: Any) -> None:
+    """bind reads the markers from the topic's end back, not its whole history; aborted ones are skipped."""
+    spec = {"parcels": Table(key="id")}
+    rows = pa.table({"id": ["p"], "qty": [1]})
+    sink = KafkaTopicsSink(broker.bootstrap, sink_id="tail")
+    sink.bind("q1")
+    for b in range(300):  # 600 offsets: each marker and its transaction's commit record
+        assert sink.commit_tables(b, {"parcels": rows}, spec, BatchStats(1, 0, 0), 1)
+    sink.close()
+    # an earlier driver's transaction after the last commit: 150 marker-like records, then aborted
+    zombie = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "onceflow.other"})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    for _ in range(150):
+        zombie.produce("onceflow_batches.tail", key=b"tail", value=json.dumps({"batch_id": 999}).encode())
+    zombie.flush(10)
+    zombie.abort_transaction(30)
+    fresh = KafkaTopicsSink(broker.bootstrap, sink_id="tail")
+    recent = fresh.recent_batches()
+    ids = [m["batch_id"] for m in recent]  # 64 offsets from the end: aborted only; then 512 more
+    assert ids and ids == list(range(ids[0], 300)) and ids[0] > 0, ids
+    assert [m["batch_id"] for m in fresh.batches()] == list(range(300))
+    fresh.bind("q1")
+    assert not fresh.commit_tables(299, {"parcels": rows}, spec, BatchStats(1, 0, 0), 1)  # a replay
+    assert fresh.commit_tables(300, {"parcels": rows}, spec, BatchStats(1, 0, 0), 1)
+    assert fresh.recent_batches()[-1]["batch_id"] == 300  # read again after a commit
+    fresh.close()
+    topic = ConfigResource(ResourceType.TOPIC, "onceflow_batches.tail")
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    conf = admin.describe_configs([topic])[topic].result(30)
+    assert conf["cleanup.policy"].value == "compact"  # the last marker is never deleted by retention
+    assert int(conf["min.compaction.lag.ms"].value) == 7 * 24 * 3600 * 1000
+
+
+def test_a_compacted_marker_topic_still_decides_replays(broker: Any) -> None:
+    """Compaction (here within seconds) leaves the last marker: a new driver skips it, writes the next."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    quick = {"cleanup.policy": "compact", "segment.ms": "100", "min.cleanable.dirty.ratio": "0.001",
+             "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
+    for fut in admin.create_topics([NewTopic("onceflow_batches.packed", 1, -1, config=quick)]).values():
+        fut.result(30)
+    spec = {"boxes": Table(key="id")}
+    rows = pa.table({"id": ["b"], "qty": [1]})
+    sink = KafkaTopicsSink(broker.bootstrap, sink_id="packed")
+    sink.bind("q1")
+    for b in range(30):
+        assert sink.commit_tables(b, {"boxes": rows}, spec, BatchStats(1, 0, 0), 1)
+        time.sleep(0.15)  # segments roll: the log cleaner may compact them
+    sink.close()
+    left = lambda: len(read_messages(broker.bootstrap, "onceflow_batches.packed", "read_uncommitted"))  # noqa: E731
+    wait_until(lambda: left() < 10, 60, "the marker topic compacted")
+    fresh = KafkaTopicsSink(broker.bootstrap, sink_id="packed")
+    assert [m["batch_id"] for m in fresh.batches()][-1] == 29
+    fresh.bind("q1")
+    assert not fresh.commit_tables(29, {"boxes": rows}, spec, BatchStats(1, 0, 0), 1)  # a replay
+    assert fresh.commit_tables(30, {"boxes": rows}, spec, BatchStats(1, 0, 0), 1)
+    fresh.close()
+    assert len(read_records(broker.bootstrap, "boxes")) == 31
 
 
 def test_a_large_batch_is_one_transaction_with_headers_only_when_asked(broker: Any) -> None:

@@ -25,9 +25,9 @@ Commit protocol of :meth:`KafkaTopicsSink.commit_tables` for batch N (``bind`` f
 ``init_transactions`` — which ``check`` started in the background while Spark starts the query,
 else ``bind`` runs it — with the transactional id ``onceflow.<sink_id>``: Kafka aborts what an
 earlier producer with that id left open, and fences it — a zombie driver's next send or commit
-fails with ``ProducerFenced``; then it reads the marker topic to its end with ``read_committed``
-(stable: no transaction of this id is open any more) for the last committed batch and the query
-id of the checkpoint that wrote it):
+fails with ``ProducerFenced``; then it reads the marker topic's last records with ``read_committed``
+(stable: no transaction of this id is open any more; :meth:`KafkaTopicsSink.recent_batches`) for
+the last committed batch and the query id of the checkpoint that wrote it):
 
 1. **Check.** Crash point ``before_sink_write``. The rows are checked against the tables' specs
    (:class:`onceflow.errors.BatchRejectedError`: nothing produced).
@@ -67,6 +67,10 @@ from onceflow.tables import Table, check_outputs
 
 MARKER_TOPIC = "onceflow_batches.{sink_id}"
 """The default marker topic (one partition; records keyed by sink id)."""
+MARKER_TOPIC_CONFIG = {"cleanup.policy": "compact", "min.compaction.lag.ms": str(7 * 24 * 3600 * 1000)}
+"""A marker topic the sink creates: every marker kept 7 days (for ``onceflow repair`` of a restored
+checkpoint, and audits), then compacted to the last one per sink id — the one a replay is
+decided by, which time retention could delete once a later (aborted) record rolled its segment."""
 
 _log = logging.getLogger("onceflow.kafka")
 _TIMEOUT_S = 60.0
@@ -122,6 +126,7 @@ class KafkaTopicsSink:
         self._last: int | None = None
         self._query_id: str | None = None
         self._topics: set[str] = set()
+        self._recent: list[dict[str, Any]] | None = None
 
     def __repr__(self) -> str:
         return f"onceflow.kafka({self.bootstrap!r}, sink_id={self.sink_id!r})"
@@ -131,8 +136,13 @@ class KafkaTopicsSink:
 
         return AdminClient(self._conf)
 
-    def ensure_topic(self, topic: str, partitions: int) -> None:
+    def ensure_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None) -> None:
         """Create ``topic`` with ``partitions`` partitions unless the brokers have it (once per sink).
+
+        Args:
+            topic: The topic.
+            partitions: Its partitions, when created.
+            config: Its topic settings, when created.
 
         Raises:
             OnceflowError: The brokers refused to create it (another writer creating it meanwhile
@@ -145,7 +155,7 @@ class KafkaTopicsSink:
         client = self._producer or self._admin()  # the producer is connected already: faster
         if topic not in client.list_topics(timeout=_TIMEOUT_S).topics:  # all topics: none auto-created
             admin = self._admin()  # kept while its futures are pending
-            futures = admin.create_topics([NewTopic(topic, partitions, -1)])
+            futures = admin.create_topics([NewTopic(topic, partitions, -1, config=dict(config or {}))])
             for fut in futures.values():
                 try:
                     fut.result(timeout=_TIMEOUT_S)
@@ -156,7 +166,7 @@ class KafkaTopicsSink:
 
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""
-        self.ensure_topic(self.marker_topic, 1)
+        self.ensure_topic(self.marker_topic, 1, MARKER_TOPIC_CONFIG)
         producer = self.ck.Producer({**_PRODUCER, **self._conf, "transactional.id": self.transactional_id})
         producer.list_topics(timeout=_TIMEOUT_S)  # connected first: else librdkafka may find no broker
         producer.init_transactions(_TIMEOUT_S)    # for its coordinator query and wait 0.5 s for the next
@@ -171,7 +181,7 @@ class KafkaTopicsSink:
         if self._producer is None:
             starting, self._starting = self._starting, None
             self._producer = starting.result() if starting is not None else self._start()
-        markers = self.batches()
+        markers = self._recent = self.recent_batches()
         found = str(markers[-1].get("query_id") or "") or None if markers else None
         if found is not None and found != query_id:
             raise CheckpointMismatchError(
@@ -213,6 +223,7 @@ class KafkaTopicsSink:
             self.bind(self._query_id)
         if self._last is not None and self._last >= batch_id:  # 2
             return False
+        self._recent = None  # what bind read is about to be out of date
         for name in outputs:
             self.ensure_topic(name, self.partitions)
         written = {n: rows.num_rows for n, rows in outputs.items()}  # one record per row
@@ -318,6 +329,22 @@ class KafkaTopicsSink:
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's markers from the marker topic (``read_committed``), by batch id."""
+        return self._read_markers(None)
+
+    def recent_batches(self) -> list[dict[str, Any]]:
+        """The markers of the last committed batches (at least the last one), by batch id.
+
+        Read from the marker topic's end backwards — 64 offsets, then 8x more each time no
+        marker of this sink is among them (aborted transactions and their control records take
+        offsets too) — so a process's first batch does not read the whole history. After
+        :meth:`bind` and until a commit, what bind read.
+        """
+        if self._recent is not None:
+            return list(self._recent)
+        return self._read_markers(64)
+
+    def _read_markers(self, tail: int | None) -> list[dict[str, Any]]:
+        """Markers from the last ``tail`` offsets on (growing until one is found), or all (None)."""
         consumer = self.ck.Consumer({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
                                      "enable.auto.commit": False, "isolation.level": "read_committed"})
         try:
@@ -326,21 +353,34 @@ class KafkaTopicsSink:
                 low, high = consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S, cached=False)
             except self.ck.KafkaException:
                 return []  # no marker topic yet
-            found: dict[int, dict[str, Any]] = {}
-            if high > low:
-                consumer.assign([self.ck.TopicPartition(self.marker_topic, 0, low)])
-                deadline = time.monotonic() + _TIMEOUT_S
-                while consumer.position([tp])[0].offset < high:
-                    if time.monotonic() > deadline:
-                        raise OnceflowError(f"onceflow.kafka: reading the markers of {self.marker_topic} "
-                                            f"did not reach offset {high} in {_TIMEOUT_S:.0f} s")
-                    for m in consumer.consume(1000, timeout=1.0):
-                        if m.error() is None and m.key() == self.sink_id.encode():
-                            row = json.loads(m.value())
-                            found.setdefault(int(row["batch_id"]), row)
-            return [found[b] for b in sorted(found)]
+            start = low if tail is None else max(low, high - tail)
+            while True:
+                found = self._read_range(consumer, start, high)
+                if found or start <= low:
+                    return [found[b] for b in sorted(found)]
+                tail = 8 * (tail or 64)
+                high, start = start, max(low, start - tail)
         finally:
             consumer.close()
+
+    def _read_range(self, consumer: Any, start: int, high: int) -> dict[int, dict[str, Any]]:
+        """This sink's markers at offsets ``[start, high)`` of the marker topic."""
+        found: dict[int, dict[str, Any]] = {}
+        if high <= start:
+            return found
+        tp = self.ck.TopicPartition(self.marker_topic, 0)
+        consumer.unassign()  # else position() still gives where a read of a later range ended
+        consumer.assign([self.ck.TopicPartition(self.marker_topic, 0, start)])
+        deadline = time.monotonic() + _TIMEOUT_S
+        while consumer.position([tp])[0].offset < high:
+            if time.monotonic() > deadline:
+                raise OnceflowError(f"onceflow.kafka: reading the markers of {self.marker_topic} "
+                                    f"did not reach offset {high} in {_TIMEOUT_S:.0f} s")
+            for m in consumer.consume(1000, timeout=1.0):
+                if m.error() is None and m.offset() < high and m.key() == self.sink_id.encode():
+                    row = json.loads(m.value())
+                    found.setdefault(int(row["batch_id"]), row)
+        return found
 
     def flush(self) -> None:
         """Nothing to wait for: a batch is visible when its transaction committed."""
