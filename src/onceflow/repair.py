@@ -39,7 +39,8 @@ onceflow's id store, :mod:`onceflow.idstore`: iddelta, idsnap)."""
 
 def _sink_args(sink: Any) -> str:
     """The ``onceflow repair`` options that name ``sink``."""
-    options = (("dsn", "--dsn"), ("ledger_path", "--ledger"), ("root", "--delta"), ("path", "--db"))
+    options = (("dsn", "--dsn"), ("ledger_path", "--ledger"), ("root", "--delta"), ("path", "--db"),
+               ("bootstrap", "--kafka"))
     for attr, option in options:
         value = getattr(sink, attr, None)
         if value is not None:

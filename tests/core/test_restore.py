@@ -44,6 +44,9 @@ class _Sink:
         elif kind == "delta":
             self.location = str(tmp / "lake")
             self.option = ["--delta", self.location]
+        elif kind == "kafka":
+            self.location = request.getfixturevalue("kafka_broker").bootstrap
+            self.option = ["--kafka", self.location]
         else:
             self.server = request.getfixturevalue("pg_server")
             self.location = request.getfixturevalue("pg_dsn")
@@ -53,6 +56,8 @@ class _Sink:
     def open(self) -> Any:
         if self.kind == "sqlite":
             return onceflow.sqlite(self.location)
+        if self.kind == "kafka":
+            return onceflow.kafka(self.location)
         return onceflow.delta(self.location) if self.kind == "delta" else onceflow.postgres(self.location)
 
     def backup(self) -> None:
@@ -102,8 +107,17 @@ def _tree(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres", "delta"])
-@pytest.mark.parametrize("restored", ["database", "checkpoint"])
+@pytest.fixture
+def kafka_broker() -> Any:
+    from onceflow.verify.kafka_server import KafkaServer
+
+    with KafkaServer() as broker:
+        yield broker
+
+
+@pytest.mark.parametrize(("kind", "restored"), [
+    (kind, restored) for kind in ("sqlite", "postgres", "delta") for restored in ("database", "checkpoint")
+] + [("kafka", "checkpoint")])  # a Kafka topic is not restored from a backup
 def test_a_restore_is_refused_then_repaired_exactly(spark: Any, tmp_path: Path, kind: str, restored: str,
                                                     request: pytest.FixtureRequest) -> None:
     sink = _Sink(kind, tmp_path, request)
@@ -126,6 +140,7 @@ def test_a_restore_is_refused_then_repaired_exactly(spark: Any, tmp_path: Path, 
     message = str(refused.value)
     assert ("lacks batches 2-3" in message) if restored == "database" else ("has batch 3" in message)
     assert "onceflow repair --checkpoint" in message
+    assert kind == "postgres" or " ".join(sink.option) in message  # the command names the sink (dsn redacted)
 
     before = _tree(tmp_path / "ck")
     dry = _repair(tmp_path, sink, "--dry-run")

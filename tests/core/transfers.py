@@ -10,6 +10,7 @@ files alone (pyarrow, no Spark, no onceflow); :func:`read_sink` reads what a sin
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,23 @@ def expected(inputs: Path) -> dict[str, Any]:
 
 
 def read_sink(kind: str, location: str) -> dict[str, Any]:
-    """What a SQLite (file), PostgreSQL (DSN) or Delta (root) sink holds, in :func:`expected`'s shape."""
+    """What a SQLite (file), PostgreSQL (DSN), Delta (root) or Kafka (brokers) sink holds, as expected()."""
     if kind == "delta":
         from deltalake import DeltaTable
 
         t = DeltaTable(f"{location}/transfers").to_pyarrow_table().to_pylist()
         b = DeltaTable(f"{location}/balances").to_pyarrow_table().to_pylist()
+    elif kind == "kafka":  # every record read once with read_committed; partial sums added up
+        from onceflow.verify.kafka_rig import read_records
+
+        t = [json.loads(v or b"{}") for _, v in read_records(location, "transfers")]
+        sums: dict[str, list[int]] = {}
+        for _, v in read_records(location, "balances"):
+            row = json.loads(v or b"{}")
+            total = sums.setdefault(row["account"], [0, 0])
+            total[0] += row["cents"]
+            total[1] += row["n"]
+        b = [{"account": a, "cents": c, "n": n} for a, (c, n) in sums.items()]
     elif kind == "sqlite":
         import sqlite3
 

@@ -10,11 +10,16 @@ import click
 from onceflow.errors import ConfigError
 
 
-def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | None, sink_id: str) -> Any:
+def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | None, kafka: str | None,
+          sink_id: str) -> Any:
     """The sink whose markers the checkpoint is compared with (reads only)."""
-    if sum(x is not None for x in (db, dsn, delta, ledger)) != 1:
-        raise ConfigError("onceflow repair needs exactly one of --db FILE, --dsn DSN, --delta DIR or "
-                          "--ledger FILE (the query's sink)")
+    if sum(x is not None for x in (db, dsn, delta, ledger, kafka)) != 1:
+        raise ConfigError("onceflow repair needs exactly one of --db FILE, --dsn DSN, --delta DIR, "
+                          "--ledger FILE or --kafka HOST:PORT (the query's sink)")
+    if kafka is not None:
+        from onceflow.sinks.kafka import KafkaTopicsSink
+
+        return KafkaTopicsSink(kafka, sink_id=sink_id)  # reads its marker topic; produces nothing
     for path in (db, delta, ledger):
         if path is not None and not path.exists():
             raise ConfigError(f"no sink at {path}: give the path the query writes to (a database restored "
@@ -53,11 +58,13 @@ class _LedgerMarkers:
 @click.option("--dsn", help="A PostgreSQL sink's connection string ('' for $ONCEFLOW_PG_DSN).")
 @click.option("--delta", type=click.Path(file_okay=False, path_type=Path), help="A Delta sink's root.")
 @click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), help="An HTTP sink's ledger.")
+@click.option("--kafka", metavar="HOST:PORT", help="A Kafka sink's brokers (its markers: the topic "
+              "onceflow_batches.<sink id>).")
 @click.option("--sink-id", default="default", show_default=True,
               help="The sink's id (write_stream's sink_id; onceflow run writes under 'user_counts').")
 @click.option("--dry-run", is_flag=True, help="Print what would change, change nothing.")
 def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | None,
-           sink_id: str, dry_run: bool) -> None:
+           kafka: str | None, sink_id: str, dry_run: bool) -> None:
     """Bring a query's checkpoint back into agreement with its sink after either was restored.
 
     The sink behind (its database restored from an older backup): the checkpoint is rewound to
@@ -71,7 +78,7 @@ def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | Non
 
     if not (checkpoint / "metadata").exists():
         raise ConfigError(f"{checkpoint} is not a Spark checkpoint of a started query (no metadata file)")
-    sink = _sink(db, dsn, delta, ledger, sink_id)
+    sink = _sink(db, dsn, delta, ledger, kafka, sink_id)
     fixer = Repair(checkpoint, sink)
     plan = fixer.plan()
     click.echo(f"onceflow repair: {plan.summary}" if plan.summary else "onceflow repair:")
