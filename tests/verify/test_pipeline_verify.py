@@ -137,6 +137,22 @@ def test_a_kafka_pipeline_under_crashes(orders_sample: Path, tmp_path: Path) -> 
     assert rc == 1 and rep["verdict"]["tables"]["customers"]["duplicated_events"] > 0, out
 
 
+def test_a_pipeline_reading_kafka_with_spark_s_reader_into_kafka(orders_sample: Path, tmp_path: Path) -> None:
+    """``format("kafka")`` in the user's code (Spark's connector, its columns) and ``--sink kafka``."""
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(f.read_text() for f in sorted(orders_sample.iterdir())))
+    rc, out, rep = _verify(tmp_path / "report", "--pipeline", f"{KAFKA}:build_spark_reader", "--source",
+                           "kafka", "--sink", "kafka", "--input", str(records), "--seed", "7",
+                           "--rounds", "1", "--faults", "crash_after_sink_commit")
+    assert rc == 0, out
+    assert rep["rounds"][0]["rows_at_risk"] > 0, rep["rounds"]
+    assert rep["verdict"]["tables"]["customers"]["expected_rows"] == 40
+    entry = (tmp_path / "report" / "work" / "checkpoint" / "offsets" / "0").read_text().splitlines()[-1]
+    logged = json.loads(entry)  # Spark's connector's form: {topic: {partition: offset}}
+    assert list(logged) == ["verify-events"]
+    assert all(isinstance(v, int) for v in logged["verify-events"].values())
+
+
 def test_pipeline_mistakes_are_named_before_any_round(tmp_path: Path, orders_sample: Path) -> None:
     rc, out, _ = _verify(tmp_path, "--pipeline", f"{ORDERS}:nope", "--input", str(orders_sample))
     assert rc == 2 and "has no function 'nope'" in out and "build" in out

@@ -12,11 +12,12 @@ acknowledged before the round goes on).
 
 The oracle reads the whole topic with its own consumer (:func:`onceflow.verify.kafka_rig.read_topic`)
 and cuts each committed batch out of it (:func:`batch_records`) by the offsets Spark logged
-(``offsets/N-1`` to ``offsets/N`` of the ``onceflow_kafka`` source: per partition the next offset
-to read; ``from``: where a batch resumed after skipped offsets); :func:`batch_table` builds the
-batch with the source's documented columns (``key, value, topic, partition, offset, timestamp,
-timestampType, headers, record_id``); the record id is the header ``idHeader``, else the JSON field
-``idField`` of the value, else ``topic/partition/offset``.
+(``offsets/N-1`` to ``offsets/N`` of the source: per partition the next offset to read;
+``from``: where onceflow's source resumed after skipped offsets); :func:`batch_table` builds the
+batch with the documented columns of Spark's connector (``format("kafka")``: ``key, value, topic,
+partition, offset, timestamp, timestampType``, and ``headers`` with ``includeHeaders``) or of
+onceflow's source (those, ``headers`` and ``record_id``: the header ``idHeader``, else the JSON
+field ``idField`` of the value, else ``topic/partition/offset``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ COLUMNS = pa.schema([
     ("record_id", pa.string()),
 ])
 """The ``onceflow_kafka`` source's columns, as its documentation gives them."""
+NATIVE = pa.schema([f for f in COLUMNS if f.name != "record_id"])
+"""Spark's Kafka connector's columns, as Spark's documentation gives them (``headers`` only with
+the option ``includeHeaders=true``)."""
 
 Record = dict[str, Any]
 
@@ -146,11 +150,23 @@ def batch_records(records: list[Record], checkpoint: Path, batch_id: int, topic:
     return sorted(chosen, key=lambda r: (r["partition"], r["offset"]))
 
 
-def batch_table(chosen: list[Record], topic: str, options: dict[str, Any]) -> pa.Table:
-    """A batch's records (:func:`batch_records`) with the source's columns, ids as ``options`` say."""
+def batch_table(chosen: list[Record], topic: str, options: dict[str, Any], native: bool = False) -> pa.Table:
+    """A batch's records (:func:`batch_records`) with the source's columns.
+
+    Args:
+        chosen: The batch's records.
+        topic: Their topic.
+        options: The reader's options (``idHeader``/``idField``: where the record id is;
+            ``includeHeaders``: Spark's connector gives headers only when ``true``).
+        native: Spark's connector (:data:`NATIVE`) instead of onceflow's source (:data:`COLUMNS`).
+    """
     header, field = options.get("idHeader"), options.get("idField")
-    return pa.Table.from_pylist([
+    table = pa.Table.from_pylist([
         {"key": r["key"], "value": r["value"], "topic": topic, "partition": r["partition"],
          "offset": r["offset"], "timestamp": r["timestamp_ms"] * 1000, "timestampType": r["timestamp_type"],
          "headers": [{"key": k, "value": v} for k, v in r["headers"]],
          "record_id": _record_id(r, topic, header, field)} for r in chosen], schema=COLUMNS)
+    if native:
+        with_headers = str(options.get("includeHeaders", "false")).lower() == "true"
+        return table.select([f.name for f in NATIVE if with_headers or f.name != "headers"])
+    return table

@@ -23,10 +23,11 @@ Procedure, for each batch N in Spark's commit log, in order (:class:`PipelineOra
    holds every kept row so far (the aggregate Spark updates), upserted by key.
 
 With ``--source kafka`` the batches come from the topic instead (:mod:`onceflow.verify.pipeline_kafka`:
-the ``onceflow_kafka`` source's reader, over the records Spark's offset log gives each batch).
+the records Spark's offset log gives each batch, with the columns of the source the pipeline
+reads — Spark's connector, ``format("kafka")``, or onceflow's ``onceflow_kafka``).
 
-Limits (documented in docs/verify.md): one source, files in the ``input`` directory or onceflow's
-Kafka source; rows with the same id are resends (same content: which copy Spark keeps within one
+Limits (documented in docs/verify.md): one source, files in the ``input`` directory or a Kafka
+topic; rows with the same id are resends (same content: which copy Spark keeps within one
 batch is its choice); a streaming aggregation needs ``output_mode="update"``; ``rejects=`` is not
 judged; a ``per_batch`` that reads the clock or random numbers is judged only with ``stable=``
 tables (and then only its deterministic columns can match).
@@ -49,6 +50,10 @@ from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.tables import Table
 from onceflow.verify import kafka_rig, pipeline_kafka, spark_log
+
+KafkaBatch = Callable[[dict[str, Any], bool], pa.Table]
+"""A Kafka batch's records as a table, given the reader's options and whether the source is
+Spark's connector (:func:`onceflow.verify.pipeline_kafka.batch_table`)."""
 
 
 @dataclass
@@ -105,7 +110,7 @@ class _BatchReader:
     """``spark.readStream`` of the proxy session: the same reader, over one batch's files."""
 
     def __init__(self, spark: Any, files: Sequence[Path],
-                 kafka: Callable[[dict[str, Any]], pa.Table] | None = None) -> None:
+                 kafka: KafkaBatch | None = None) -> None:
         self._spark, self._files, self._kafka = spark, files, kafka
         self._format, self._schema, self._options = "parquet", None, {}  # type: ignore[var-annotated]
 
@@ -130,11 +135,11 @@ class _BatchReader:
         self._format = format or self._format
         self._schema = schema if schema is not None else self._schema
         self._options.update(options)
-        if self._format == "onceflow_kafka" and self._kafka is not None:
-            return self._spark.createDataFrame(self._kafka(dict(self._options)))
+        if self._format in ("onceflow_kafka", "kafka") and self._kafka is not None:
+            return self._spark.createDataFrame(self._kafka(dict(self._options), self._format == "kafka"))
         if self._format in ("kafka", "onceflow_kafka", "rate", "socket"):
-            raise ConfigError(f"verify --pipeline: the oracle reads files (or onceflow's Kafka source with "
-                              f"--source kafka), not {self._format!r}")
+            raise ConfigError(f"verify --pipeline: the oracle reads files (or Kafka with --source kafka: "
+                              f"format('kafka') or onceflow.read_kafka), not {self._format!r}")
         reader = self._spark.read.format(self._format).options(**self._options)
         if self._schema is not None:
             reader = reader.schema(self._schema)
@@ -160,7 +165,7 @@ class _Session:
     """The user's ``spark`` during the oracle's call: ``readStream`` reads one batch's files."""
 
     def __init__(self, spark: Any, files: Sequence[Path],
-                 kafka: Callable[[dict[str, Any]], pa.Table] | None = None) -> None:
+                 kafka: KafkaBatch | None = None) -> None:
         self._spark, self._files, self._kafka = spark, files, kafka
 
     @property
@@ -239,7 +244,7 @@ class PipelineOracle:
         return Captured(specs, arrow, late, mode)
 
     def _call(self, batch_id: int, files: list[Path],
-              kafka: Callable[[dict[str, Any]], pa.Table] | None = None) -> Captured:
+              kafka: KafkaBatch | None = None) -> Captured:
         self._batch_id = batch_id
         where = f"{self.kafka[0]}/{self.kafka[1]}" if self.kafka else ""
         built = self.pipeline(_Session(self.spark, files, kafka), where, None, "", True)

@@ -36,3 +36,15 @@ def _orders(spark: Any, input: str) -> Any:
 def build_late(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
     return write_stream(_orders(spark, input), sink, checkpoint, tables=TABLES, per_batch=per_batch,
                         once=once, late="late_orders")
+
+
+def build_spark_reader(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
+    """The pipeline as Spark users write it: ``format("kafka")`` (Spark's connector), the id in the value."""
+    bootstrap, topic = input.rsplit("/", 1)
+    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+           .option("subscribe", topic).option("startingOffsets", "earliest")
+           .option("maxOffsetsPerTrigger", 500).load())
+    orders = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("o")).select("o.*")
+    clean = deduplicate(orders, id="order_id", event_time="ts", within="20 minutes")
+    return write_stream(clean, sink, checkpoint, tables=TABLES, per_batch=per_batch, once=once,
+                        trigger="300 milliseconds")
