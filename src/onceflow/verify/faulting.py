@@ -169,6 +169,9 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
         drain(start(), rec, timeout,
                "restarted with another batch size, drained")
         return
+    if fault == "kill_random":
+        _kill_random(start(), rec, rng, timeout, t0, ck, in_flight)
+        return
     d = start()
     try:
         wait_until(lambda: progressed() or d.proc.poll() is not None, timeout, "a committed batch")
@@ -191,12 +194,39 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
                                "retried by Spark), query went on")
         elif fault == "worker_kill" and cluster is not None:
             _kill_worker(cluster, d, rec, target, timeout, t0, in_flight)
-        else:  # kill_random
+    except AssertionError as exc:
+        rec.outcome = f"timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+
+
+def _kill_random(d: Driver, rec: RoundRecord, rng: random.Random, timeout: float, t0: float,
+                 ck: Path | None, in_flight: Callable[[], list[int]]) -> None:
+    """``kill_random``: SIGKILL the driver and its JVM at a random moment of a batch that reads input.
+
+    The moment is drawn (0-300 ms) after this driver planned a new batch whose source offsets
+    moved (:func:`onceflow.verify.spark_log.reads_input`): a kill while no batch with data runs
+    proves nothing (a batch left planned by the previous round is not waited for: it may be
+    planned before this driver even started). Without a checkpoint to watch: 0-2 s after start.
+    """
+    try:
+        if ck is None:
             time.sleep(rng.uniform(0.0, 2.0))
-            rec.fault_s = time.monotonic() - t0
-            d.kill()
-            rec.fault_batches = in_flight()
-            rec.outcome = "driver and JVM SIGKILLed at a random moment"
+        else:
+            before = set(spark_log.planned(ck))
+            wait_until(lambda: d.proc.poll() is not None or any(
+                b not in before and spark_log.reads_input(ck, b) for b in spark_log.in_flight(ck)),
+                timeout, "a batch that reads input", poll_s=0.01)
+            if d.proc.poll() is not None:
+                rec.outcome = (f"the driver exited with {d.proc.returncode} before a batch with input: "
+                               f"{error_line(d)}")
+                return
+            time.sleep(rng.uniform(0.0, 0.3))
+        rec.fault_s = time.monotonic() - t0
+        d.kill()
+        rec.fault_batches = in_flight()
+        rec.outcome = "driver and JVM SIGKILLed at a random moment of a batch reading input"
     except AssertionError as exc:
         rec.outcome = f"timed out: {exc}"
     finally:

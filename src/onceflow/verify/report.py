@@ -87,7 +87,8 @@ def _flag(n: int) -> str:
 
 
 STARTUP_PX = 70
-"""Width of the start-up span (verify's start to the first committed batch) on the timeline."""
+"""Width of the start-up span (verify's start to the first committed batch, or to just before
+the first fault when that comes first) on the timeline."""
 
 
 def first_batch_s(result: VerifyResult) -> float:
@@ -100,7 +101,10 @@ def _svg_timeline(result: VerifyResult) -> str:
     """Rounds, faults and committed batches over time; start-up drawn as one narrow span."""
     width, height, left, top = 900, 260, 60, 20
     end = max([r.ended_s for r in result.rounds] + [result.final_drain_s[1], 1.0])
+    faults = [r.fault_s for r in result.rounds if r.fault_s is not None]
     first = min(first_batch_s(result), end * 0.99)
+    if faults and min(faults) < first:  # a fault in the first batch: the span ends before it
+        first = max(min(faults) - 0.5, 0.0)
     lead = STARTUP_PX if first > 0 else 0
 
     def x(seconds: float) -> float:

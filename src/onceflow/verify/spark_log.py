@@ -152,3 +152,17 @@ def in_flight(checkpoint: Path) -> list[int]:
     """Batches planned and not committed (what a kill at this moment interrupted)."""
     done = set(committed(checkpoint))
     return [b for b in planned(checkpoint) if b not in done]
+
+
+def reads_input(checkpoint: Path, batch_id: int) -> bool:
+    """Whether planned batch ``batch_id`` reads input: a source's end offset moved since N-1.
+
+    A no-data batch (Spark's, to advance the watermark) repeats N-1's offsets. An offset file
+    that cannot be read (being written) counts as no input.
+    """
+    try:
+        now = read_offsets(checkpoint, batch_id).offsets
+        before = read_offsets(checkpoint, batch_id - 1).offsets if batch_id > 0 else ()
+    except (CheckpointReadError, OSError, ValueError):
+        return False
+    return any(o is not None for o in now) and now != before
