@@ -398,7 +398,8 @@ class _Run:
             finally:
                 feeder.join()
         else:
-            _ingest_round(fault, self.rig, chunk, start, rec, target, self.rng, cfg.round_timeout_s, self.t0)
+            _ingest_round(fault, self.rig, chunk, start, rec, target, self.rng, cfg.round_timeout_s, self.t0,
+                          self.ck)
         rec.segments_appended = len(chunk)
         rec.markers_after = target.committed_batches()
         rec.ended_s = time.monotonic() - self.t0
@@ -458,7 +459,7 @@ class _Run:
 
 def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Callable[[], Driver],
                   rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float,
-                  t0: float) -> None:
+                  t0: float, ck: Path | None = None) -> None:
     """One round of a run with ``ingest``: the input goes through a sender and the receiver."""
     point = RECEIVER_CRASHES.get(fault)
     if point:  # this receiver life dies by itself at its second group commit
@@ -467,7 +468,7 @@ def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Call
     base = rig.events_new()
     rig.feed(rec.round, chunk)
     if fault not in INGEST_ROUND_FAULTS:
-        inject(fault, start, rec, target, rng, timeout, t0)
+        inject(fault, start, rec, target, rng, timeout, t0, ck=ck)
         try:
             rig.wait_sender(timeout)
         except (AssertionError, subprocess.TimeoutExpired) as exc:

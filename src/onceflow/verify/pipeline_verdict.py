@@ -117,7 +117,6 @@ class Folded:
         """Rows the table must hold."""
         return sum(self.appended.values()) if self.spec.mode == "append" else len(self.keyed)
 
-
     def found(self) -> Rows:
         """What a reader folded: the rows a table of this spec holds (keyed: one per key)."""
         if self.spec.mode == "append":
