@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -191,5 +193,10 @@ def test_two_phase_commit_disabled_on_the_server_is_explained() -> None:
         with pytest.raises(PostgresError, match="max_prepared_transactions = 0"):
             pg_writer.ensure_tables(_spec(dsn, "2pc"))
         pg_writer.ensure_tables(_spec(dsn, "staged"))  # the staged protocol needs nothing
+        # onceflow verify says so before its first round (else every driver fails at its first batch)
+        verify = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "verify", "--rounds", "1",
+                                 "--sink", "postgres-2pc", "--pg-dsn", dsn, "--report", "/nonexistent/r"],
+                                capture_output=True, text=True, timeout=120)
+        assert verify.returncode == 2 and "max_prepared_transactions = 0" in verify.stderr, verify.stderr
     finally:
         server.stop()

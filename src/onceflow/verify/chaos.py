@@ -161,6 +161,14 @@ class VerifyConfig:
             raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {self.sink!r}")
         if self.sink.startswith("postgres"):
             pg.resolve_dsn(self.pg_dsn)  # fails early, with what to set
+        if self.sink == "postgres-2pc":
+            from onceflow.errors import PostgresError
+
+            try:  # else every driver fails at its first batch, and the run says little else
+                with pg.connect(pg.resolve_dsn(self.pg_dsn)) as conn:
+                    pg.require_prepared(conn)
+            except PostgresError as exc:
+                raise ConfigError(f"--sink postgres-2pc: {exc}") from None
 
 
     def _check_pipeline(self) -> None:

@@ -273,6 +273,19 @@ def max_prepared_transactions(conn: Any) -> int:
     return int(conn.execute("SHOW max_prepared_transactions").fetchone()[0])
 
 
+def require_prepared(conn: Any) -> None:
+    """Refuse protocol ``2pc`` on a server without prepared transactions.
+
+    Raises:
+        PostgresError: ``max_prepared_transactions`` is 0, with what to set.
+    """
+    if max_prepared_transactions(conn) == 0:
+        raise PostgresError(
+            "protocol '2pc' needs PREPARE TRANSACTION, but the server has max_prepared_transactions = 0. "
+            "Set it (e.g. max_prepared_transactions = 64 in postgresql.conf, at least the number of Spark "
+            "tasks per batch) and restart PostgreSQL, or use protocol 'staged'.")
+
+
 def copy_arrow(conn: Any, table: Any, columns: list[str], data: Any) -> int:
     """COPY an Arrow table or record batch into ``table`` (CSV, written by Arrow's C++ writer).
 

@@ -262,13 +262,8 @@ def ensure_tables(spec: TargetSpec) -> None:
     if spec.key:
         pkey = sql.SQL(", PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, spec.key)))
     with pg.session(spec.dsn) as conn:
-        if spec.protocol == "2pc" and pg.max_prepared_transactions(conn) == 0:
-            raise PostgresError(
-                "protocol '2pc' needs PREPARE TRANSACTION, but the server has "
-                "max_prepared_transactions = 0. Set it (e.g. max_prepared_transactions = 64 in "
-                "postgresql.conf, at least the number of Spark tasks per batch) and restart "
-                "PostgreSQL, or use protocol 'staged'."
-            )
+        if spec.protocol == "2pc":
+            pg.require_prepared(conn)
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow:ddl'))")
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}{})").format(spec.ident(), cols, pkey))
