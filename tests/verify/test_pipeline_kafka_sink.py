@@ -1,9 +1,10 @@
 """``onceflow verify --pipeline ... --sink kafka``: a user's pipeline into Kafka topics, proven or caught.
 
-The pipeline (``tests/verify/pipelines/sensors.py``, written for this test) writes one topic per
-table mode and record form of the Kafka sink: an ``append`` table of JSON objects, an ``upsert``
-table of raw ``value`` records keyed by one column, and a ``merge`` table keyed by two columns.
-verify's oracle reads the topics with ``read_committed`` and folds them by each table's spec.
+The pipeline (``tests/verify/pipelines/sensors.py``, written for this test) reads a topic with
+Spark's own ``format("kafka")`` and writes one topic per table mode and record form of the Kafka
+sink: an ``append`` table of JSON objects, an ``upsert`` table of raw ``value`` records keyed by
+one column, and a ``merge`` table keyed by two columns. verify's oracle reads the topics with
+``read_committed`` and folds them by each table's spec.
 """
 
 from __future__ import annotations
@@ -43,21 +44,24 @@ def _distinct(readings: Path) -> dict[str, dict[str, Any]]:
     return {r["reading_id"]: r for r in rows}
 
 
-def test_a_pipeline_into_kafka_topics_is_exact_under_crashes(readings: Path, tmp_path: Path) -> None:
-    rc, out, rep = _verify(tmp_path, "--pipeline", f"{SENSORS}:build", "--input", str(readings),
-                           "--sink", "kafka", "--rounds", "3", "--seed", "4",
+def test_a_pipeline_from_and_into_kafka_topics_is_exact_under_crashes(readings: Path, tmp_path: Path) -> None:
+    """Kafka in (``format("kafka")``: verify produces the readings as records) and Kafka out."""
+    rc, out, rep = _verify(tmp_path, "--pipeline", f"{SENSORS}:build_kafka", "--input", str(readings),
+                           "--source", "kafka", "--sink", "kafka", "--rounds", "3", "--seed", "4",
                            "--faults", "crash_inside_sink_txn,crash_after_sink_commit,kill_random")
     assert rc == 0, out
     assert all(r["rows_at_risk"] > 0 for r in rep["rounds"]), rep["rounds"]  # every fault hit data
     tables = rep["verdict"]["tables"]
-    # the oracle's expectation against a count by hand from the sample (no reading is late)
+    # the oracle's expectation against a count by hand from the sample: records of partitions read
+    # behind the others' event time are late by the watermark (dropped: this pipeline keeps no late=)
     distinct = _distinct(readings)
-    assert tables["hot"]["expected_rows"] == sum(r["degrees"] > 30 for r in distinct.values()) > 100
+    assert 100 < tables["hot"]["expected_rows"] <= sum(r["degrees"] > 30 for r in distinct.values())
     assert tables["latest"]["expected_rows"] == len({r["sensor"] for r in distinct.values()}) == 25
     assert tables["per_site"]["expected_rows"] == len({r["site"] for r in distinct.values()}) * 2  # two days
     assert all(t["lost_events"] == 0 and t["duplicated_events"] == 0 for t in tables.values()), tables
 
 
+@pytest.mark.long  # ~30 s: make test is at its 30 minutes
 def test_a_producer_without_transactions_is_caught(readings: Path, tmp_path: Path) -> None:
     """``kafka-naive`` produces every attempt of a batch: the replayed batch's records twice."""
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{SENSORS}:build", "--input", str(readings),

@@ -137,6 +137,7 @@ def test_a_kafka_pipeline_under_crashes(orders_sample: Path, tmp_path: Path) -> 
     assert rc == 1 and rep["verdict"]["tables"]["customers"]["duplicated_events"] > 0, out
 
 
+@pytest.mark.long  # ~50 s; make test runs format("kafka") in test_pipeline_kafka_sink.py
 def test_a_pipeline_reading_kafka_with_spark_s_reader_into_kafka(orders_sample: Path, tmp_path: Path) -> None:
     """``format("kafka")`` in the user's code (Spark's connector, its columns) and ``--sink kafka``."""
     records = tmp_path / "records.jsonl"

@@ -63,7 +63,7 @@ def test_standalone_cluster_with_a_worker_kill(tmp_path: Path) -> None:
     assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
 
 
-@pytest.mark.slow
+@pytest.mark.long  # ~65 s: make test-long (make test restarts the broker in tests/sinks/test_kafka_sink.py)
 def test_kafka_in_kafka_out_under_crashes_and_a_broker_outage(tmp_path: Path) -> None:
     """``--source kafka --sink kafka``: the oracle reads the output topics with ``read_committed``."""
     rc, out, rep = _verify(tmp_path, "--rounds", "3", "--seed", "21", "--events-per-round", "2000",

@@ -294,6 +294,10 @@ class IdStateStoreProvider extends StateStoreProvider {
     private val iterKey = new UnsafeRow(keyFields)
     private val iterValue = { val r = new UnsafeRow(1); r.pointTo(new Array[Byte](16), 16); r }
     private var iterEntry = -1 // the entry the iterator last returned (its key row is iterKey)
+    // The key get() last found absent, copied, and its hash: Spark's dedup puts exactly that key
+    // next, which then needs neither a second hash nor a second probe (cleared by any change).
+    private var missKey: Array[Byte] = null
+    private var missHash = 0L
 
     Option(TaskContext.get()).foreach { ctx =>
       ctx.addTaskCompletionListener[Unit](_ => if (state == 0) abort()) // a failed task's store
@@ -314,18 +318,34 @@ class IdStateStoreProvider extends StateStoreProvider {
     }
 
     override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
-      val e = entryOf(key)
-      if (e < 0) null else { valueRow.setLong(0, t.valueAt(e)); valueRow }
+      if ((key eq iterKey) && iterEntry >= 0 && t.isLive(iterEntry)) {
+        valueRow.setLong(0, t.valueAt(iterEntry)); return valueRow
+      }
+      val h = IdTable.hash(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      val e = t.find(h, key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+      if (e >= 0) { valueRow.setLong(0, t.valueAt(e)); valueRow }
+      else { missKey = copyOf(key); missHash = h; null }
+    }
+
+    private def copyOf(key: UnsafeRow): Array[Byte] = {
+      val b = key.getBytes // a copy unless the row is one whole byte array: then copy it here
+      if (b eq key.getBaseObject) b.clone() else b
     }
 
     override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
       if (state != 0) throw new IllegalStateException("put after commit or abort")
       val v = value.getLong(0)
-      val e = entryOf(key)
-      val k = if (e >= 0) t.keyAt(e) else {
-        val b = key.getBytes // a copy unless the row is one whole byte array: then copy it here
-        if (b eq key.getBaseObject) b.clone() else b
+      val miss = missKey
+      missKey = null
+      if (miss != null && miss.length == key.getSizeInBytes &&
+          IdTable.sameBytes(miss, key.getBaseObject, key.getBaseOffset, miss.length)) {
+        t.add(missHash, miss, v) // absent since get(): nothing changed the table in between
+        if (firstRemove >= 0) putAfterRemove = true
+        log.record(PUT, miss, v, withValue = true)
+        return
       }
+      val e = entryOf(key)
+      val k = if (e >= 0) t.keyAt(e) else copyOf(key)
       if (e >= 0) t.setValue(e, v) else t.add(IdTable.hash(k, IdTable.BYTES, k.length), k, v)
       if (firstRemove >= 0) putAfterRemove = true
       log.record(PUT, k, v, withValue = true)
@@ -333,6 +353,7 @@ class IdStateStoreProvider extends StateStoreProvider {
 
     override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
       if (state != 0) throw new IllegalStateException("remove after commit or abort")
+      missKey = null
       val e = entryOf(key)
       if (e >= 0) {
         val v = t.valueAt(e)

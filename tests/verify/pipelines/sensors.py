@@ -1,6 +1,7 @@
 """A sensor pipeline written for ``verify --pipeline ... --sink kafka`` only: every record form.
 
-Readings arrive as JSON lines (a resent reading has the same ``reading_id``); each batch writes
+Readings arrive as JSON lines (a resent reading has the same ``reading_id``) in files (``build``)
+or as the values of Kafka records read with ``format("kafka")`` (``build_kafka``); each batch writes
 three topics, one per table mode and record form of the Kafka sink:
 
 * ``hot`` (``append``): every reading above 30 degrees, as a JSON object of its columns (a
@@ -43,7 +44,22 @@ def per_batch(df: Any) -> dict[str, Any]:
 
 
 def build(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
-    readings = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 2).json(input)
+    """Readings from JSON-lines files in ``input``."""
+    return _written(spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 2).json(input), sink,
+                    checkpoint, once)
+
+
+def build_kafka(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
+    """Readings from a Kafka topic (``input`` = ``<bootstrap>/<topic>``), read with Spark's own reader."""
+    bootstrap, topic = input.rsplit("/", 1)
+    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+           .option("subscribe", topic).option("startingOffsets", "earliest")
+           .option("maxOffsetsPerTrigger", 400).load())
+    readings = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("r")).select("r.*")
+    return _written(readings, sink, checkpoint, once)
+
+
+def _written(readings: Any, sink: Any, checkpoint: str, once: bool) -> Any:
     clean = deduplicate(readings, id="reading_id", event_time="ts", within="30 minutes")
     return write_stream(clean, sink, checkpoint, tables=TABLES, per_batch=per_batch, once=once,
                         trigger="300 milliseconds")
