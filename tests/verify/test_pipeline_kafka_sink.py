@@ -10,26 +10,17 @@ one column, and a ``merge`` table keyed by two columns. verify's oracle reads th
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.verify.pipelines import sensors
+from tests.verify.verify_cli import run_verify as _verify
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 SENSORS = str(Path(sensors.__file__))
-
-
-def _verify(report: Path, *args: str) -> tuple[int, str, dict[str, Any]]:
-    proc = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report),
-                           *args], capture_output=True, text=True, timeout=900, env=dict(os.environ))
-    data = json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else {}
-    return proc.returncode, proc.stdout + proc.stderr, data
 
 
 @pytest.fixture(scope="module")

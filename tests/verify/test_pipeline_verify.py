@@ -9,10 +9,7 @@ a key minted by ``uuid4()`` in ``per_batch``) and the payments example (an ``add
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,19 +18,12 @@ import pytest
 from onceflow.examples import payments
 from onceflow.testing import explain, verify_pipeline
 from tests.verify.pipelines import sample
+from tests.verify.verify_cli import run_verify as _verify
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 ORDERS = str(Path(__file__).parent / "pipelines" / "orders.py")
 KAFKA = str(Path(__file__).parent / "pipelines" / "orders_kafka.py")
-
-
-def _verify(report: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, str, dict[str, Any]]:
-    proc = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report),
-                           *args], capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **env} if env else None)
-    data = json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else {}
-    return proc.returncode, proc.stdout + proc.stderr, data
 
 
 @pytest.fixture(scope="module")

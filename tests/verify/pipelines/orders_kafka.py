@@ -12,6 +12,7 @@ from typing import Any
 
 from orders import TABLES, per_batch  # the sibling module: the same tables and transform
 from pyspark.sql import functions as F
+from sensors import json_values  # a sibling too: format("kafka"), JSON values as columns
 
 import onceflow
 from onceflow import deduplicate, write_stream
@@ -40,11 +41,7 @@ def build_late(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -
 
 def build_spark_reader(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
     """The pipeline as Spark users write it: ``format("kafka")`` (Spark's connector), the id in the value."""
-    bootstrap, topic = input.rsplit("/", 1)
-    raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
-           .option("subscribe", topic).option("startingOffsets", "earliest")
-           .option("maxOffsetsPerTrigger", 500).load())
-    orders = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("o")).select("o.*")
-    clean = deduplicate(orders, id="order_id", event_time="ts", within="20 minutes")
+    clean = deduplicate(json_values(spark, input, SCHEMA, 500), id="order_id", event_time="ts",
+                        within="20 minutes")
     return write_stream(clean, sink, checkpoint, tables=TABLES, per_batch=per_batch, once=once,
                         trigger="300 milliseconds")

@@ -51,12 +51,23 @@ def build(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any
 
 def build_kafka(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
     """Readings from a Kafka topic (``input`` = ``<bootstrap>/<topic>``), read with Spark's own reader."""
+    return _written(json_values(spark, input, SCHEMA, 400), sink, checkpoint, once)
+
+
+def json_values(spark: Any, input: str, schema: str, per_trigger: int) -> Any:
+    """The JSON values of a topic's records as columns, read with ``format("kafka")``.
+
+    Args:
+        spark: The session.
+        input: ``<bootstrap>/<topic>`` (what ``verify --source kafka`` passes).
+        schema: The values' schema (DDL).
+        per_trigger: Offsets per micro-batch.
+    """
     bootstrap, topic = input.rsplit("/", 1)
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
            .option("subscribe", topic).option("startingOffsets", "earliest")
-           .option("maxOffsetsPerTrigger", 400).load())
-    readings = raw.select(F.from_json(F.col("value").cast("string"), SCHEMA).alias("r")).select("r.*")
-    return _written(readings, sink, checkpoint, once)
+           .option("maxOffsetsPerTrigger", per_trigger).load())
+    return raw.select(F.from_json(F.col("value").cast("string"), schema).alias("v")).select("v.*")
 
 
 def _written(readings: Any, sink: Any, checkpoint: str, once: bool) -> Any:
