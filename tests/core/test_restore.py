@@ -146,6 +146,10 @@ def test_a_restore_is_refused_then_repaired_exactly(spark: Any, tmp_path: Path, 
     dry = _repair(tmp_path, sink, "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "would remove" in dry.stdout and _tree(tmp_path / "ck") == before  # a dry run changes nothing
+    if kind == "kafka":  # a wrong sink id is not an empty sink: refused, the checkpoint unchanged
+        wrong = _repair(tmp_path, sink, "--sink-id", "nosuch")
+        assert wrong.returncode != 0 and "no marker topic onceflow_batches.nosuch" in wrong.stderr, wrong
+        assert _tree(tmp_path / "ck") == before
     fixed = _repair(tmp_path, sink)
     assert fixed.returncode == 0, fixed.stderr
     _run(spark, tmp_path, sink)

@@ -19,7 +19,11 @@ def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | N
     if kafka is not None:
         from onceflow.sinks.kafka import KafkaTopicsSink
 
-        return KafkaTopicsSink(kafka, sink_id=sink_id)  # reads its marker topic; produces nothing
+        sink = KafkaTopicsSink(kafka, sink_id=sink_id)  # reads its marker topic; produces nothing
+        if not sink.has_marker_topic():  # else a wrong address or id would look like an empty sink
+            raise ConfigError(f"no marker topic {sink.marker_topic} on the brokers {kafka}: give the brokers "
+                              "and --sink-id the query writes with")
+        return sink
     for path in (db, delta, ledger):
         if path is not None and not path.exists():
             raise ConfigError(f"no sink at {path}: give the path the query writes to (a database restored "

@@ -164,6 +164,17 @@ class KafkaTopicsSink:
                         raise OnceflowError(f"onceflow.kafka: cannot create topic {topic}: {exc}") from None
         self._topics.add(topic)
 
+    def has_marker_topic(self) -> bool:
+        """Whether the brokers have this sink's marker topic (a sink that committed a batch does).
+
+        Raises:
+            ConfigError: The brokers cannot be reached.
+        """
+        try:
+            return self.marker_topic in self._admin().list_topics(timeout=_TIMEOUT_S).topics
+        except Exception as exc:  # confluent_kafka.KafkaException
+            raise ConfigError(f"onceflow.kafka: cannot reach the brokers {self.bootstrap}: {exc}") from None
+
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""
         self.ensure_topic(self.marker_topic, 1, MARKER_TOPIC_CONFIG)

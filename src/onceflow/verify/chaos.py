@@ -34,7 +34,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, PostgresError
 from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
@@ -162,8 +162,6 @@ class VerifyConfig:
         if self.sink.startswith("postgres"):
             pg.resolve_dsn(self.pg_dsn)  # fails early, with what to set
         if self.sink == "postgres-2pc":
-            from onceflow.errors import PostgresError
-
             try:  # else every driver fails at its first batch, and the run says little else
                 with pg.connect(pg.resolve_dsn(self.pg_dsn)) as conn:
                     pg.require_prepared(conn)
