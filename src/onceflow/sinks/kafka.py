@@ -164,16 +164,24 @@ class KafkaTopicsSink:
                         raise OnceflowError(f"onceflow.kafka: cannot create topic {topic}: {exc}") from None
         self._topics.add(topic)
 
+    def _reachable_topics(self) -> set[str]:
+        """The brokers' topics, listed by a new admin client (a wrong address or credentials fail here).
+
+        Raises:
+            ConfigError: The brokers cannot be reached.
+        """
+        try:
+            return set(self._admin().list_topics(timeout=_TIMEOUT_S).topics)
+        except Exception as exc:  # confluent_kafka.KafkaException
+            raise ConfigError(f"onceflow.kafka: cannot reach the brokers {self.bootstrap}: {exc}") from None
+
     def has_marker_topic(self) -> bool:
         """Whether the brokers have this sink's marker topic (a sink that committed a batch does).
 
         Raises:
             ConfigError: The brokers cannot be reached.
         """
-        try:
-            return self.marker_topic in self._admin().list_topics(timeout=_TIMEOUT_S).topics
-        except Exception as exc:  # confluent_kafka.KafkaException
-            raise ConfigError(f"onceflow.kafka: cannot reach the brokers {self.bootstrap}: {exc}") from None
+        return self.marker_topic in self._reachable_topics()
 
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""
@@ -208,10 +216,7 @@ class KafkaTopicsSink:
         The producer's ``init_transactions`` (0.06-0.5 s measured on a real broker) runs in the
         background while Spark starts the query; :meth:`bind` waits for it.
         """
-        try:
-            self._admin().list_topics(timeout=_TIMEOUT_S)
-        except Exception as exc:  # confluent_kafka.KafkaException
-            raise ConfigError(f"onceflow.kafka: cannot reach the brokers {self.bootstrap}: {exc}") from None
+        self._reachable_topics()
         if self._producer is None and self._starting is None:
             pool = ThreadPoolExecutor(1, thread_name_prefix="onceflow-kafka-start")
             self._starting = pool.submit(self._start)
