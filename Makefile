@@ -32,7 +32,7 @@ test: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)
 	bash scripts/ensure_postgres.sh
 	bash scripts/ensure_chromium.sh
-	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector
+	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector postgres-jdbc
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
@@ -41,7 +41,7 @@ test: $(TESTSTAMP)
 test-long: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)
 	bash scripts/ensure_postgres.sh
-	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector
+	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector postgres-jdbc
 	PY=$(PY) bash scripts/test_long.sh
 
 docs: $(TESTSTAMP)
@@ -53,7 +53,7 @@ lint: $(TESTSTAMP)
 
 bench: $(STAMP)
 	bash scripts/ensure_java.sh $(PY)
-	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector
+	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector postgres-jdbc
 	$(PY) benchmarks/bench_user_counts.py
 
 clean:

@@ -8,21 +8,30 @@ a local broker, from a record produced (and acknowledged) to the record visible 
 * ``kafka-rt``   — Real-Time Mode into Spark's own Kafka sink (JVM); visible = consumed from
                    the output topic by a consumer polling it;
 * ``kafka-mb``   — the same query as micro-batches (``processingTime="0 seconds"``);
+* ``pg-rt``      — Real-Time Mode into PostgreSQL through onceflow's real-time upsert writer
+                   (:func:`onceflow.write_realtime`: a JVM ``ForeachWriter``, one autocommitted
+                   upsert per record keyed by topic/partition/offset); visible = the row read
+                   by a second connection polling every 1 ms (``$ONCEFLOW_PG_DSN``, or a
+                   temporary server as the tests start one);
+* ``pg-mb``      — the same rows as micro-batches (``processingTime="0 seconds"``) through
+                   onceflow's exactly-once PostgreSQL sink (driver side), for comparison;
 * ``foreach-rt`` — Real-Time Mode into a Python ``foreach`` writer that upserts each row into
                    SQLite and commits (one transaction per row, keyed by the record's
                    topic/partition/offset — an idempotent sink); visible = the row read by a
                    second connection. Sent in bursts of ``--burst`` records: the time to the
                    first row and to the last row of each burst.
 
-Usage: python benchmarks/bench_realtime.py [--modes kafka-rt,kafka-mb,foreach-rt] [--samples 120]
+Usage: python benchmarks/bench_realtime.py [--modes kafka-rt,kafka-mb,pg-rt,pg-mb,foreach-rt] [--samples 120]
        [--warmup 30] [--burst 3000] [--duration "5 seconds"]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 from contextlib import closing
@@ -32,6 +41,7 @@ from typing import Any
 from bench_latency import pct
 from confluent_kafka import Consumer, Producer
 
+import onceflow
 from onceflow.spark import session
 from onceflow.verify.kafka_server import KafkaServer
 
@@ -77,6 +87,49 @@ def kafka_mode(spark: Any, broker: KafkaServer, work: Path, real_time: bool,
     finally:
         query.stop()
         consumer.close()
+    return samples
+
+
+def pg_mode(spark: Any, broker: KafkaServer, work: Path, dsn: str, real_time: bool,
+            args: argparse.Namespace) -> list[float]:
+    """Produce one record at a time; milliseconds until its row is read from PostgreSQL."""
+    import psycopg
+
+    name = "pgrt" if real_time else "pgmb"
+    broker.create_topic(f"in-{name}", 2)
+    rows = source(spark, broker, f"in-{name}").selectExpr("topic", "partition", "offset",
+                                                          "cast(value as string) AS v")
+    table = f"bench_{name}"
+    if real_time:
+        query = onceflow.write_realtime(rows, table, ["topic", "partition", "offset"], work / f"ck-{name}",
+                                        dsn=dsn, duration=args.duration)
+    else:
+        query = onceflow.write_stream(rows, onceflow.postgres(dsn, sink_id=name), work / f"ck-{name}",
+                                      tables={table: onceflow.Table(key=["topic", "partition", "offset"])},
+                                      trigger="0 seconds")
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 0})
+    samples = []
+    try:
+        with psycopg.connect(dsn, autocommit=True) as reader:
+            for i in range(args.warmup + args.samples):
+                value = f"v{i}"
+                t0 = time.perf_counter()
+                producer.produce(f"in-{name}", value=value.encode(), partition=i % 2)
+                producer.flush(10)
+                while True:
+                    try:
+                        if reader.execute(f"SELECT 1 FROM {table} WHERE v = %s", (value,)).fetchone():
+                            break
+                    except psycopg.errors.UndefinedTable:  # the micro-batch sink creates it
+                        pass
+                    if time.perf_counter() - t0 > 60:
+                        raise SystemExit(f"{name}: record {i} not in PostgreSQL after 60 s")
+                    time.sleep(0.001)
+                if i >= args.warmup:
+                    samples.append((time.perf_counter() - t0) * 1000)
+                time.sleep(0.05)
+    finally:
+        query.stop()
     return samples
 
 
@@ -146,20 +199,29 @@ def foreach_mode(spark: Any, broker: KafkaServer, work: Path,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--modes", default="kafka-rt,kafka-mb,foreach-rt")
+    ap.add_argument("--modes", default="kafka-rt,kafka-mb,pg-rt,pg-mb,foreach-rt")
     ap.add_argument("--samples", type=int, default=120)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--burst", type=int, default=3000)
     ap.add_argument("--duration", default="5 seconds", help="the real-time trigger's batch duration")
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    spark = session(kafka=True)
+    spark = session(kafka=True, realtime=any(m.startswith("pg-") for m in modes))
+    dsn, server = os.environ.get("ONCEFLOW_PG_DSN"), None
+    if any(m.startswith("pg-") for m in modes) and not dsn:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from tests.pg_server import TempPostgres
+
+        server = TempPostgres()
+        server.start()
+        dsn = server.new_database()
     broker = KafkaServer({})
     work = Path(tempfile.mkdtemp(prefix="bench-realtime-"))
     try:
         for mode in modes:
-            if mode in ("kafka-rt", "kafka-mb"):
-                s = kafka_mode(spark, broker, work, mode == "kafka-rt", args)
+            if mode in ("kafka-rt", "kafka-mb", "pg-rt", "pg-mb"):
+                s = (kafka_mode(spark, broker, work, mode == "kafka-rt", args) if mode.startswith("kafka")
+                     else pg_mode(spark, broker, work, str(dsn), mode == "pg-rt", args))
                 print(f"{mode}: {len(s)} records: p50 {pct(s, 0.5):.1f} ms, p90 {pct(s, 0.9):.1f}, "
                       f"p99 {pct(s, 0.99):.1f}, max {max(s):.1f}", flush=True)
             elif mode == "foreach-rt":
@@ -169,10 +231,12 @@ def main() -> None:
                       f"{statistics.median(a for _, a in bursts):.2f} s (median of {len(bursts)})",
                       flush=True)
             else:
-                raise SystemExit(f"unknown mode {mode!r}: kafka-rt, kafka-mb or foreach-rt")
+                raise SystemExit(f"unknown mode {mode!r}: kafka-rt, kafka-mb, pg-rt, pg-mb or foreach-rt")
     finally:
         spark.stop()
         broker.close()
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from onceflow.api import deduplicate, delta, http, kafka, postgres, sqlite, writ
 from onceflow.contract import expect
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
 from onceflow.query import OnceQuery
+from onceflow.realtime import write_realtime
 from onceflow.sources.kafka import read_kafka
 from onceflow.sources.log import EventLog
 from onceflow.tables import Table
@@ -21,4 +22,4 @@ __version__ = "0.1.0"
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
            "__version__", "deduplicate", "delta", "expect", "http", "kafka", "postgres", "read_kafka",
-           "sqlite", "write_stream"]
+           "sqlite", "write_realtime", "write_stream"]

@@ -13,9 +13,8 @@ so crash recovery stays Spark's: a version is committed when its delta file is r
 place, and a failed task's table is rebuilt from the files. Every other stateful operator of
 the query (aggregations, joins) goes to Spark's HDFS-backed store unchanged.
 
-It is Scala compiled against the session's own Spark: :func:`build` runs the Scala compiler
-that PySpark ships (``pyspark/jars/scala-compiler-*.jar``) once per Spark version and source,
-into ``<cache>/jvm/`` (:func:`onceflow.java.cache_dir`); later sessions reuse the jar.
+It is Scala compiled against the session's own Spark (:mod:`onceflow.scalac`: the Scala
+compiler PySpark ships, once per Spark version and source, into ``<cache>/jvm/``).
 
 Use it with ``onceflow.spark.session(id_store=True)`` (or ``ONCEFLOW_ID_STORE=1``). Spark
 records the state store provider in the checkpoint at a query's first batch: a query started
@@ -24,16 +23,11 @@ with the id store must be restarted with it, and one started without it keeps Sp
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
-import zipfile
 from pathlib import Path
 
+from onceflow import scalac
 from onceflow.errors import ConfigError
-from onceflow.java import cache_dir, find_java
 
 PROVIDER_CLASS = "org.apache.spark.sql.onceflow.IdStateStoreProvider"
 """The value of ``spark.sql.streaming.stateStore.providerClass`` for the id store."""
@@ -43,7 +37,7 @@ PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 ENV = "ONCEFLOW_ID_STORE"
 """``1``/``true``: :func:`onceflow.spark.session` uses the id store unless told otherwise."""
 
-SOURCES = tuple(Path(__file__).parent / "jvm" / n for n in ("IdTable.scala", "IdStateStoreProvider.scala"))
+SOURCES = tuple(scalac.JVM_DIR / n for n in ("IdTable.scala", "IdStateStoreProvider.scala"))
 """The Scala sources, shipped in the package."""
 
 
@@ -52,19 +46,9 @@ def enabled_by_env() -> bool:
     return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
 
 
-def _spark_jars() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "jars"
-
-
 def jar_path() -> Path:
     """Where the built jar is kept: one per source text and Spark version."""
-    import pyspark
-
-    text = b"".join(p.read_bytes() for p in SOURCES) + pyspark.__version__.encode()
-    digest = hashlib.sha256(text).hexdigest()[:16]
-    return cache_dir() / "jvm" / f"onceflow-idstore-{pyspark.__version__}-{digest}.jar"
+    return scalac.jar_path("onceflow-idstore", SOURCES)
 
 
 def build() -> Path:
@@ -74,38 +58,10 @@ def build() -> Path:
         The jar's path.
 
     Raises:
-        ConfigError: PySpark ships no Scala compiler, or the source does not compile against
-            this Spark (the compiler's messages are in the error).
+        ConfigError: PySpark ships no Scala compiler (use Spark's default state store:
+            ``session(id_store=False)``), or the source does not compile against this Spark.
     """
-    target = jar_path()
-    if target.exists():
-        return target
-    jars = sorted(_spark_jars().glob("*.jar"))
-    if not any(j.name.startswith("scala-compiler") for j in jars):
-        raise ConfigError(f"onceflow's id state store is compiled with the Scala compiler PySpark ships, "
-                          f"and {_spark_jars()} has none: use Spark's default state store "
-                          f"(session(id_store=False))")
-    classpath = os.pathsep.join(str(j) for j in jars)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="onceflow-idstore-") as tmp:
-        out = Path(tmp) / "classes"
-        out.mkdir()
-        cmd = [find_java(), "-cp", classpath, "scala.tools.nsc.Main", "-classpath", classpath,
-               "-nowarn", "-d", str(out), *(str(p) for p in SOURCES)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-        if done.returncode != 0:
-            raise ConfigError(f"onceflow's id state store does not compile against this Spark "
-                              f"({_spark_jars()}): {(done.stdout + done.stderr).strip()[-2000:]}")
-        staged = Path(tmp) / target.name
-        with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
-            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\nCreated-By: onceflow\n\n")
-            for f in sorted(out.rglob("*.class")):
-                jar.write(f, f.relative_to(out).as_posix())
-        # whole or absent; drivers started together (verify's standbys) may each build it
-        moving = target.parent / f".{target.name}.{os.getpid()}.tmp"
-        shutil.move(str(staged), str(moving))
-        os.replace(moving, target)
-    return target
+    return scalac.build("onceflow-idstore", SOURCES, "onceflow's id state store (session(id_store=True))")
 
 
 def session_conf(conf: dict[str, str]) -> dict[str, str]:

@@ -8,6 +8,9 @@ Two sets, each pinned below with every jar's SHA-256:
   puts them on ``spark.jars``; :func:`onceflow.read_kafka` then reads with
   ``format("kafka")``. Maven Central has no connector built for pyspark 4.3 yet: the 4.2.0
   connector is pinned (its data source API is the one 4.3 runs; the tests run it on 4.3).
+* ``postgres-jdbc``: PostgreSQL's JDBC driver (``org.postgresql:postgresql``; its runtime
+  dependencies are annotations and Windows authentication, not needed), for the real-time
+  upsert writer (:mod:`onceflow.realtime`), which runs in Spark's JVM.
 * ``kafka-broker``: a Kafka broker (``kafka_2.13``, KRaft mode, no ZooKeeper) and its runtime
   dependencies, for tests, demos and ``onceflow verify --source kafka``
   (:class:`onceflow.verify.kafka_server.KafkaServer`).
@@ -45,6 +48,7 @@ DIR_ENV = "ONCEFLOW_JARS_DIR"
 REPO_ENV = "ONCEFLOW_MAVEN_REPO"
 BROKER = "kafka-broker"
 CONNECTOR = "kafka-connector"
+POSTGRES_JDBC = "postgres-jdbc"
 _STAMP = ".onceflow-verified"
 
 _BROKER: tuple[tuple[str, str], ...] = (
@@ -151,7 +155,13 @@ _CONNECTOR: tuple[tuple[str, str], ...] = (
      "641c7947afc8aa1189e433b7c2d305293993c8691bc1c2062d6d4f513b12518c"),
 )
 
-SETS: dict[str, tuple[tuple[str, str], ...]] = {BROKER: _BROKER, CONNECTOR: _CONNECTOR}
+_POSTGRES_JDBC: tuple[tuple[str, str], ...] = (
+    ("org.postgresql:postgresql:42.7.14",
+     "73914527305a40cce504b0d3d90b23caf565136912d607ae8ae7c5895512332c"),
+)
+
+SETS: dict[str, tuple[tuple[str, str], ...]] = {BROKER: _BROKER, CONNECTOR: _CONNECTOR,
+                                                 POSTGRES_JDBC: _POSTGRES_JDBC}
 """Set name -> ``(group:artifact:version, sha256)`` of each jar."""
 
 
@@ -215,7 +225,7 @@ def fetch(name: str, progress: Callable[[str], None] | None = None) -> list[Path
     """Make every jar of a set present and checked (steps in the module docstring).
 
     Args:
-        name: ``kafka-connector`` or ``kafka-broker``.
+        name: A set of :data:`SETS` (``kafka-connector``, ``kafka-broker``, ``postgres-jdbc``).
         progress: Called with one line per jar downloaded.
 
     Returns:

@@ -56,6 +56,7 @@ def session(
     fast_start: bool = False,
     kafka: bool = False,
     id_store: bool | None = None,
+    realtime: bool = False,
 ) -> SparkSession:
     """Get or create a SparkSession with onceflow's defaults.
 
@@ -79,13 +80,17 @@ def session(
             instead of Spark's HDFS-backed store; other stateful operators keep Spark's.
             ``None``: as ``$ONCEFLOW_ID_STORE`` says (off when unset). A checkpoint keeps the
             store its query started with.
+        realtime: Put the real-time upsert writer (:func:`onceflow.write_realtime`) and
+            PostgreSQL's JDBC driver (``onceflow jars fetch postgres-jdbc``) on ``spark.jars``;
+            the writer is compiled on first use (~5 s). Applies to a new session only.
 
     Returns:
         The session. Its JVM is registered as a crash-point companion.
 
     Raises:
         JavaNotFoundError: No Java runtime.
-        ConfigError: ``kafka=True`` and the connector's jars were not fetched; ``id_store`` and
+        ConfigError: ``kafka=True`` (``realtime=True``) and the connector's (JDBC driver's)
+            jars were not fetched; ``id_store`` and
             ``conf`` name different state store providers, or the id store does not compile.
     """
     find_java()
@@ -121,6 +126,11 @@ def session(
         from onceflow import jars
 
         conf = jars.with_jars(conf, jars.require(jars.CONNECTOR))
+    if realtime:
+        from onceflow import jars
+        from onceflow import realtime as rt
+
+        conf = jars.with_jars(conf, rt.session_jars())
     key = "spark.driver.extraJavaOptions"
     extra = os.environ.get(JAVA_OPTIONS_ENV, "").strip()
     if fast_start and not extra:

@@ -1,4 +1,4 @@
-"""``onceflow jars``: fetch the Java jars of Spark's Kafka connector and of a Kafka broker."""
+"""``onceflow jars``: fetch the Java jars onceflow runs with (Kafka connector and broker, PostgreSQL JDBC)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ def jars() -> None:
     \b
     kafka-connector  Spark's own Kafka connector, for onceflow.spark.session(kafka=True)
     kafka-broker     a single-node Kafka broker (KRaft), for tests, demos and verify
+    postgres-jdbc    PostgreSQL's JDBC driver, for onceflow.write_realtime
     """
 
 

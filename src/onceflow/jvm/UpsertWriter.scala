@@ -1,0 +1,115 @@
+/*
+ * onceflow: a JVM ForeachWriter for Spark's Real-Time Mode, upserting each record into one
+ * PostgreSQL table as it arrives.
+ *
+ * Built by onceflow.realtime (the Scala compiler PySpark ships, against the session's own
+ * Spark jars); the PostgreSQL JDBC driver comes from `onceflow jars fetch postgres-jdbc`.
+ */
+package org.apache.spark.sql.onceflow
+
+import java.sql.{Connection, DriverManager, PreparedStatement, SQLException, Timestamp}
+import java.time.{Instant, ZoneOffset}
+import java.util.Properties
+
+import org.apache.spark.sql.{ForeachWriter, Row}
+
+/**
+ * Writes every row of a stateless streaming query to one PostgreSQL table with
+ * `INSERT ... ON CONFLICT (key) DO UPDATE` (or `DO NOTHING` when every column is key), one
+ * autocommitted statement per row: a row is visible once its statement returns.
+ *
+ * Why a replay writes nothing twice: Spark's Real-Time Mode logs each batch's end offsets when
+ * the batch (the trigger's duration) ends; a crash replays the records after the last logged
+ * batch. The table's key identifies the record (its id, or its topic/partition/offset) and the
+ * other columns are computed from the record alone, so a replayed record writes the row it
+ * wrote before: the table after any number of replays is the table of one run.
+ *
+ * Protocol (one task, one partition of one real-time batch):
+ *   1. open(partition, epoch): connect (autocommit), prepare the upsert.
+ *   2. process(row): bind the row's values, execute; the row is committed and visible. A
+ *      connection error (SQLSTATE class 08, 57P01-57P03: the server restarting or
+ *      unreachable) closes the connection, waits (50 ms doubling to 2 s), reconnects and runs the
+ *      same upsert again, for up to `retryMillis`; then, or on any other error, the task fails
+ *      naming the row's key, and Spark's query fails: restarted on its checkpoint it replays
+ *      from the last logged batch.
+ *   3. close(error): the connection is closed; nothing is pending (every row was committed by
+ *      its own statement).
+ */
+class UpsertWriter(
+    url: String,
+    user: String,
+    password: String,
+    sql: String,
+    keyIndexes: Array[Int],
+    retryMillis: Long) extends ForeachWriter[Row] {
+
+  @transient private var conn: Connection = _
+  @transient private var stmt: PreparedStatement = _
+
+  private def connect(): Unit = {
+    val props = new Properties()
+    if (user != null) props.setProperty("user", user)
+    if (password != null) props.setProperty("password", password)
+    conn = DriverManager.getConnection(url, props)
+    conn.setAutoCommit(true)
+    stmt = conn.prepareStatement(sql)
+  }
+
+  private def disconnect(): Unit = {
+    try { if (stmt != null) stmt.close() } catch { case _: SQLException => }
+    try { if (conn != null) conn.close() } catch { case _: SQLException => }
+    stmt = null
+    conn = null
+  }
+
+  override def open(partitionId: Long, epochId: Long): Boolean = {
+    Class.forName("org.postgresql.Driver")
+    connect()
+    true
+  }
+
+  private def bind(row: Row): Unit = {
+    var i = 0
+    while (i < row.length) {
+      row.get(i) match {
+        // instants as UTC offsets: the column is timestamptz, whatever the JVM's time zone
+        case ts: Timestamp => stmt.setObject(i + 1, ts.toInstant.atOffset(ZoneOffset.UTC))
+        case at: Instant => stmt.setObject(i + 1, at.atOffset(ZoneOffset.UTC))
+        case v => stmt.setObject(i + 1, v)
+      }
+      i += 1
+    }
+  }
+
+  private def transient(e: SQLException): Boolean = {
+    val state = Option(e.getSQLState).getOrElse("")
+    state.startsWith("08") || state == "57P01" || state == "57P02" || state == "57P03"
+  }
+
+  private def keyOf(row: Row): String = keyIndexes.map(i => String.valueOf(row.get(i))).mkString(", ")
+
+  override def process(row: Row): Unit = {
+    val deadline = System.currentTimeMillis() + retryMillis
+    var wait = 50L
+    var done = false
+    while (!done) {
+      try {
+        if (conn == null) connect()
+        bind(row)
+        stmt.executeUpdate()
+        done = true
+      } catch {
+        case e: SQLException if transient(e) && System.currentTimeMillis() + wait < deadline =>
+          disconnect()
+          Thread.sleep(wait)
+          wait = math.min(wait * 2, 2000L)
+        case e: SQLException =>
+          throw new RuntimeException(
+            s"onceflow's real-time upsert of the row with key (${keyOf(row)}) failed " +
+              s"(SQLSTATE ${e.getSQLState}): ${e.getMessage}", e)
+      }
+    }
+  }
+
+  override def close(errorOrNull: Throwable): Unit = disconnect()
+}

@@ -1,0 +1,243 @@
+"""Spark's Real-Time Mode into PostgreSQL: each record upserted as it arrives, effectively once.
+
+Spark 4.1+ runs a stateless query with ``trigger(realTime=...)`` as long-running tasks that
+hand each record to the sink as it arrives (milliseconds, BENCHMARKS.md "Real-Time Mode"); the
+trigger's duration is how often the offsets are logged. It refuses ``foreachBatch``, and a
+Python ``foreach`` writer gets its rows only when each real-time batch ends — so onceflow's
+micro-batch sinks cannot serve it. :func:`write_realtime` runs a JVM ``ForeachWriter``
+(``jvm/UpsertWriter.scala``, compiled by :mod:`onceflow.scalac` against the session's Spark, with
+PostgreSQL's JDBC driver from ``onceflow jars fetch postgres-jdbc``) that upserts every row into
+one table, keyed by what identifies the record, one autocommitted statement per row.
+
+Why nothing is written twice: a crash replays the records after the last logged real-time
+batch; each replayed record upserts the row it upserted before (same key, same values — the
+query must be stateless and its columns computed from the record alone). The table after any
+number of crashes and replays is the table of one run without them. Producer duplicates with
+the same id (a key of the id) land on one row. This is for one-row-per-record tables;
+counts, windows and anything stateful need micro-batches (:func:`onceflow.write_stream`).
+
+Start-up steps of :func:`write_realtime`:
+
+1. the DataFrame is checked: streaming, the key's columns present, every column of a type a
+   PostgreSQL column holds; the connection string must have a JDBC equivalent, the duration
+   must not be shorter than Spark's minimum;
+2. an existing table must have the same columns and the key as its primary key;
+3. the session must carry the writer's jars — a refusal at steps 1-3 creates and writes
+   nothing;
+4. the table is created with the key as its primary key if it does not exist, the writer is
+   built in the driver JVM with the upsert's SQL and the connection's settings (the password
+   never reaches a message), and the query is started with ``trigger(realTime=duration)`` and
+   ``outputMode("update")`` (Real-Time Mode's only mode).
+
+The session must carry the writer's jars: :func:`onceflow.spark.session` with
+``realtime=True`` (a session of your own: put :func:`session_jars` on ``spark.jars``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from onceflow import jars, scalac
+from onceflow.durations import parse_duration
+from onceflow.errors import ConfigError
+from onceflow.sinks.postgres import sql as pg
+from onceflow.sinks.postgres.sink import pg_type
+from onceflow.tables import Table, check_existing
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.query import StreamingQuery
+
+SOURCES = (scalac.JVM_DIR / "UpsertWriter.scala",)
+WRITER_CLASS = "org.apache.spark.sql.onceflow.UpsertWriter"
+_JAR_NAME = "onceflow-realtime"
+MIN_DURATION_KEY = "spark.sql.streaming.realTimeMode.minBatchDuration"
+
+
+def build() -> Path:
+    """The writer's jar, compiled now if this Spark and source have none yet (~5 s here).
+
+    Raises:
+        ConfigError: PostgreSQL's JDBC driver was not fetched, or the writer does not compile.
+    """
+    return scalac.build(_JAR_NAME, SOURCES, "onceflow's real-time upsert writer",
+                        extra=jars.require(jars.POSTGRES_JDBC))
+
+
+def session_jars() -> list[Path]:
+    """The jars a session needs on ``spark.jars`` for :func:`write_realtime`.
+
+    Raises:
+        ConfigError: See :func:`build`.
+    """
+    return [build(), *jars.require(jars.POSTGRES_JDBC)]
+
+
+def jdbc_target(dsn: str) -> tuple[str, str | None, str | None]:
+    """A libpq connection string or URL as a JDBC URL, user and password.
+
+    Args:
+        dsn: ``host=... dbname=...`` or ``postgresql://user:pw@host:port/db``.
+
+    Returns:
+        ``(jdbc:postgresql://host:port/db[?params], user, password)``.
+
+    Raises:
+        ConfigError: A connection parameter the JDBC driver has no equivalent for here.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        params = {k: str(v) for k, v in conninfo_to_dict(dsn).items() if v is not None}
+    except Exception as exc:  # psycopg.ProgrammingError: a malformed DSN
+        raise ConfigError(f"cannot read the PostgreSQL connection string {pg.redact(dsn)!r}: "
+                          f"{pg.scrub(str(exc), dsn)}") from None
+    host = params.pop("host", None) or params.pop("hostaddr", None) or "localhost"
+    if host.startswith("/"):
+        raise ConfigError(f"the real-time writer connects over TCP (JDBC has no Unix sockets): give "
+                          f"host=127.0.0.1 (or the server's name) instead of the socket directory {host}")
+    port = params.pop("port", "5432")
+    dbname = params.pop("dbname", None)
+    user = params.pop("user", None) or os.environ.get("PGUSER")
+    password = params.pop("password", None) or os.environ.get("PGPASSWORD")
+    jdbc_names = {"sslmode": "sslmode", "application_name": "ApplicationName",
+                  "connect_timeout": "connectTimeout"}
+    passed = {jdbc_names[k]: params.pop(k) for k in list(params) if k in jdbc_names}
+    if params:
+        raise ConfigError(f"the real-time writer's JDBC connection has no equivalent for "
+                          f"{', '.join(sorted(params))} in {pg.redact(dsn)!r}: drop them (host, port, "
+                          f"dbname, user, password, sslmode, application_name, connect_timeout are used)")
+    query = "&".join(f"{k}={v}" for k, v in sorted(passed.items()))
+    url = f"jdbc:postgresql://{host}:{port}/{dbname or user or ''}" + (f"?{query}" if query else "")
+    return url, user, password
+
+
+def _columns(df: DataFrame, key: Sequence[str]) -> dict[str, str]:
+    """Step 1: every column's PostgreSQL type, the key checked."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if not df.isStreaming:
+        raise ConfigError("write_realtime takes a streaming DataFrame (spark.readStream...); for a "
+                          "batch DataFrame write with Spark's JDBC writer or onceflow.write_stream")
+    missing = [k for k in key if k not in df.columns]
+    if not key or missing:
+        raise ConfigError(f"write_realtime's key {list(key)} must name columns of the DataFrame "
+                          f"({', '.join(df.columns)}): what identifies the record, e.g. its id, or "
+                          f"topic, partition, offset for Kafka")
+    schema = to_arrow_schema(df.schema, timezone="UTC")
+    return {f.name: pg_type(f.type) for f in schema}
+
+
+def _check_duration(spark: Any, duration: str) -> None:
+    """Step 1: the real-time batch is not shorter than Spark allows."""
+    least = spark.conf.get(MIN_DURATION_KEY, "5s") or "5s"
+    try:
+        floor = parse_duration(least)
+    except ConfigError:  # a form of Spark's own that onceflow does not read: Spark checks it
+        return
+    if parse_duration(duration) < floor:
+        raise ConfigError(f"write_realtime's duration {duration!r} is shorter than Spark's minimum real-time "
+                          f"batch ({MIN_DURATION_KEY} = {least}): the duration is how often offsets are "
+                          f"logged, not a latency (rows are written as they arrive); use '{least}' or more")
+
+
+def _check_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str]) -> bool:
+    """Step 2: an existing table fits; returns whether it exists."""
+    with pg.session(dsn) as conn:
+        found = pg.existing_table(conn, table)
+    if found is not None:
+        check_existing("PostgreSQL", table, Table(key=list(key), mode="upsert"), tuple(types), *found)
+    return found is not None
+
+
+def _check_jars(spark: Any) -> None:
+    """Step 3: the session carries the writer's jars."""
+    given = spark.conf.get("spark.jars", "") or ""
+    if _JAR_NAME not in given or "postgresql-" not in given:
+        raise ConfigError("write_realtime runs a JVM writer that must be on the session's classpath "
+                          "when it starts: create the session with onceflow.spark.session(realtime=True) "
+                          "(or add onceflow.realtime.session_jars() to spark.jars)")
+
+
+def _create_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str]) -> str:
+    """Step 4: the table created if missing; returns the upsert's SQL with ``?`` parameters."""
+    from psycopg import sql
+
+    ident = sql.Identifier
+    with pg.session(dsn) as conn:
+        body = [sql.SQL("{} {}").format(ident(c), sql.SQL(t)) for c, t in types.items()]
+        body.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(ident, key))))
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident(table),
+                                                                          sql.SQL(", ").join(body)))
+        cols = sql.SQL(", ").join(map(ident, types))
+        marks = sql.SQL(", ").join(sql.SQL("?") for _ in types)
+        rest = [c for c in types if c not in key]
+        action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+            sql.SQL("{} = EXCLUDED.{}").format(ident(c), ident(c)) for c in rest)) if rest
+            else sql.SQL("DO NOTHING"))
+        stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
+            ident(table), cols, marks, sql.SQL(", ").join(map(ident, key)), action)
+        return stmt.as_string(conn)
+
+
+def _writer(spark: Any, dsn: str, upsert: str, key_indexes: list[int], retry_ms: int) -> Any:
+    """Step 4: the writer built in the driver JVM."""
+    url, user, password = jdbc_target(dsn)
+    gateway = spark.sparkContext._gateway
+    indexes = gateway.new_array(gateway.jvm.int, len(key_indexes))
+    for i, k in enumerate(key_indexes):
+        indexes[i] = k
+    writer_class = gateway.jvm.org.apache.spark.sql.onceflow.UpsertWriter
+    return writer_class(url, user, password, upsert, indexes, retry_ms)
+
+
+def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoint: str | os.PathLike[str], *,
+                   dsn: str | None = None, duration: str = "5 seconds", retry_for: str | float = "1 minute",
+                   query_name: str | None = None) -> StreamingQuery:
+    """Start a Real-Time Mode query that upserts each row into a PostgreSQL table as it arrives.
+
+    Args:
+        df: A stateless streaming DataFrame (e.g. Kafka read by Spark's connector, then
+            ``select``/``withColumn``/``filter``), one output row per input record at most.
+        table: The PostgreSQL table (created with ``key`` as its primary key if missing).
+        key: The column(s) that identify the record: its id, or ``topic, partition, offset``.
+            A replay after a crash rewrites the same rows because of it.
+        checkpoint: Spark checkpoint directory; reuse it to resume.
+        dsn: PostgreSQL connection string (else ``$ONCEFLOW_PG_DSN``); TCP (host=...), as the
+            writer connects over JDBC from Spark's JVM.
+        duration: The real-time batch's duration: how often Spark logs the offsets read (a
+            crash replays at most that much input); not a latency. At least Spark's
+            ``spark.sql.streaming.realTimeMode.minBatchDuration`` (5 s by default).
+        retry_for: How long one row's upsert is retried across connection errors (the server
+            restarting) before the query fails.
+        query_name: The query's name (``spark.streams``, the progress listener).
+
+    Returns:
+        Spark's ``StreamingQuery``.
+
+    Raises:
+        ConfigError: Not a streaming DataFrame, a key that is not a column, a column type
+            PostgreSQL cannot hold, an existing table of other columns or key, a session
+            without the writer's jars, a DSN the JDBC driver cannot use.
+    """
+    keys = [key] if isinstance(key, str) else list(key)
+    types = _columns(df, keys)
+    resolved = pg.resolve_dsn(dsn)
+    jdbc_target(resolved)  # a DSN the JDBC driver cannot use is refused before anything is created
+    retry_ms = int(parse_duration(retry_for) * 1000)
+    _check_duration(df.sparkSession, duration)
+    _check_table(resolved, table, types, keys)
+    _check_jars(df.sparkSession)
+    upsert = _create_table(resolved, table, types, keys)
+    names = list(types)
+    jwriter = _writer(df.sparkSession, resolved, upsert, [names.index(k) for k in keys], retry_ms)
+    writer: Any = df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
+    writer = writer.trigger(realTime=duration)
+    if query_name:
+        writer = writer.queryName(query_name)
+    writer._jwrite.foreach(jwriter)
+    query: StreamingQuery = writer.start()
+    return query
