@@ -16,9 +16,11 @@ the query (aggregations, joins) goes to Spark's HDFS-backed store unchanged.
 It is Scala compiled against the session's own Spark (:mod:`onceflow.scalac`: the Scala
 compiler PySpark ships, once per Spark version and source, into ``<cache>/jvm/``).
 
-Use it with ``onceflow.spark.session(id_store=True)`` (or ``ONCEFLOW_ID_STORE=1``). Spark
-records the state store provider in the checkpoint at a query's first batch: a query started
-with the id store must be restarted with it, and one started without it keeps Spark's store.
+:func:`onceflow.spark.session` uses it by default (``id_store=False`` or ``ONCEFLOW_ID_STORE=0``
+keep Spark's store; a ``conf`` naming another provider, e.g. RocksDB, is kept). Spark records the
+state store provider in the checkpoint at a query's first batch: a query started with the id
+store must be restarted with it, and one started without it (e.g. before onceflow made it the
+default) keeps Spark's store.
 """
 
 from __future__ import annotations
@@ -35,15 +37,27 @@ PROVIDER_CLASS = "org.apache.spark.sql.onceflow.IdStateStoreProvider"
 PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass"
 
 ENV = "ONCEFLOW_ID_STORE"
-"""``1``/``true``: :func:`onceflow.spark.session` uses the id store unless told otherwise."""
+"""``0``/``false``: :func:`onceflow.spark.session` uses Spark's store unless told otherwise (the
+id store is the default)."""
 
 SOURCES = tuple(scalac.JVM_DIR / n for n in ("IdTable.scala", "IdStateStoreProvider.scala"))
 """The Scala sources, shipped in the package."""
 
 
 def enabled_by_env() -> bool:
-    """Whether ``$ONCEFLOW_ID_STORE`` asks for the id store."""
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes")
+    """Whether ``$ONCEFLOW_ID_STORE`` leaves the id store on: unset (the default), ``1``/``true``.
+
+    Raises:
+        ConfigError: A value that is neither on (``1``, ``true``, ``yes``, ``on``) nor off
+            (``0``, ``false``, ``no``, ``off``).
+    """
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("", "1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{ENV}={value!r}: use 1 (onceflow's id state store, the default) or 0 "
+                      f"(Spark's HDFS-backed store)")
 
 
 def jar_path() -> Path:
@@ -104,4 +118,5 @@ def check_checkpoint(checkpoint: str | os.PathLike[str], session_jars: str) -> N
     if fixed.get(PROVIDER_KEY) == PROVIDER_CLASS and "onceflow-idstore" not in session_jars:
         raise ConfigError(f"the query in {checkpoint} started with onceflow's id state store, and Spark "
                           f"restarts it with the store it started with: create the session with "
-                          f"onceflow.spark.session(id_store=True) (or set {ENV}=1)")
+                          f"onceflow.spark.session() (the id store is its default; not id_store=False, "
+                          f"{ENV}=0 or onceflow run --spark-store), or id_store=True")

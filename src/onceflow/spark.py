@@ -13,12 +13,14 @@ JVM options (see :mod:`onceflow.jvmstart`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 from typing import TYPE_CHECKING
 
 from onceflow import faults, idstore
+from onceflow.errors import ConfigError
 from onceflow.java import find_java
 from onceflow.jvmstart import JAVA_OPTIONS_ENV
 
@@ -78,8 +80,9 @@ def session(
         id_store: Keep ``deduplicate``'s ids in onceflow's id state store
             (:mod:`onceflow.idstore`: Example 5-1 ~1.5x faster; compiled on first use, ~5 s)
             instead of Spark's HDFS-backed store; other stateful operators keep Spark's.
-            ``None``: as ``$ONCEFLOW_ID_STORE`` says (off when unset). A checkpoint keeps the
-            store its query started with.
+            ``None`` (default): on unless ``$ONCEFLOW_ID_STORE`` is ``0`` or ``conf`` names a
+            state store provider; should it not compile here, Spark's store, with a warning.
+            ``True``: on, or an error. A checkpoint keeps the store its query started with.
         realtime: Put the real-time upsert writer (:func:`onceflow.write_realtime`) and
             PostgreSQL's JDBC driver (``onceflow jars fetch postgres-jdbc``) on ``spark.jars``;
             the writer is compiled on first use (~5 s). Applies to a new session only.
@@ -119,9 +122,13 @@ def session(
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
     )
     conf = dict(conf or {})
-    use_id_store = idstore.enabled_by_env() if id_store is None else id_store
-    if use_id_store:
+    if id_store:
         conf = idstore.session_conf(conf)
+    elif id_store is None and idstore.enabled_by_env() and idstore.PROVIDER_KEY not in conf:
+        try:
+            conf = idstore.session_conf(conf)
+        except ConfigError as exc:  # the default cannot be had here: Spark's store, said once
+            logging.getLogger("onceflow.idstore").warning("using Spark's state store: %s", exc)
     if kafka:
         from onceflow import jars
 

@@ -208,30 +208,57 @@ def test_a_checkpoint_of_the_id_store_needs_it_at_restart(spark: Any, log: Path,
     idstore.check_checkpoint(tmp_path / "ids", jars)  # the session has it: fine
     idstore.check_checkpoint(tmp_path / "hdfs", "")
     idstore.check_checkpoint(tmp_path / "new", "")  # not started
-    with pytest.raises(ConfigError, match=r"session\(id_store=True\)"):
+    with pytest.raises(ConfigError, match=r"id_store=True"):
         idstore.check_checkpoint(tmp_path / "ids", "")
 
 
-def test_onceflow_run_with_the_id_store_then_without_it(tmp_path: Path) -> None:
-    """``onceflow run --id-store`` runs Example 5-1 on it; the same checkpoint without it is refused."""
+def test_onceflow_run_on_the_default_store_and_on_a_checkpoint_of_sparks(tmp_path: Path) -> None:
+    """The id store is the default; a checkpoint started on Spark's store stays on it (an upgrade);
+    one started on the id store and run with ``--spark-store`` is refused."""
     from onceflow.verify.verdict import read_counts
     from tests.helpers import distinct_counts
 
     events = EventLog(tmp_path / "log")
-    for t in generate_segments(GeneratorConfig(events=3_000, users=20, minutes=3, duplicates=0.1, seed=3,
-                                               segment_size=1_000)):
+    segments = list(generate_segments(GeneratorConfig(events=3_000, users=20, minutes=3, duplicates=0.1,
+                                                      seed=3, segment_size=1_000)))
+    for t in segments[:2]:
         events.append(t)
     env = {k: v for k, v in os.environ.items() if k != idstore.ENV}
-    cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(tmp_path / "log"),
-           "--checkpoint", str(tmp_path / "ck"), "--db", str(tmp_path / "db.sqlite"), "--once",
-           "--max-files-per-trigger", "1"]
-    first = subprocess.run([*cmd, "--id-store"], capture_output=True, text=True, timeout=300, env=env)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert read_counts(tmp_path / "db.sqlite") == distinct_counts(tmp_path / "log")
-    assert state_files(tmp_path / "ck", "iddelta") and not state_files(tmp_path / "ck", "delta")
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
-    assert again.returncode != 0
-    assert "started with onceflow's id state store" in again.stderr + again.stdout
+
+    def run_cli(ck: str, *flags: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "onceflow.cli.main", "run", "--log", str(tmp_path / "log"),
+               "--checkpoint", str(tmp_path / ck), "--db", str(tmp_path / f"{ck}.sqlite"), "--once",
+               "--max-files-per-trigger", "1", *flags]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+    old = run_cli("old", "--spark-store")  # as a checkpoint from before the id store was the default
+    assert old.returncode == 0, old.stderr[-2000:]
+    assert state_files(tmp_path / "old", "delta") and not state_files(tmp_path / "old", "iddelta")
+    for t in segments[2:]:
+        events.append(t)
+    upgraded = run_cli("old")  # the default now: Spark restarts the query on the store it started with
+    assert upgraded.returncode == 0, upgraded.stderr[-2000:]
+    assert read_counts(tmp_path / "old.sqlite") == distinct_counts(tmp_path / "log")
+    assert not state_files(tmp_path / "old", "iddelta")
+
+    new = run_cli("new")
+    assert new.returncode == 0, new.stderr[-2000:]
+    assert read_counts(tmp_path / "new.sqlite") == distinct_counts(tmp_path / "log")
+    assert state_files(tmp_path / "new", "iddelta") and not state_files(tmp_path / "new", "delta")
+    refused = run_cli("new", "--spark-store")
+    assert refused.returncode != 0
+    assert "started with onceflow's id state store" in refused.stderr + refused.stdout
+
+
+def test_the_environment_turns_the_default_off_or_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from onceflow.errors import ConfigError
+
+    for value, on in (("", True), ("1", True), ("true", True), ("0", False), ("off", False)):
+        monkeypatch.setenv(idstore.ENV, value)
+        assert idstore.enabled_by_env() is on, value
+    monkeypatch.setenv(idstore.ENV, "maybe")
+    with pytest.raises(ConfigError, match="use 1"):
+        idstore.enabled_by_env()
 
 
 def test_drivers_starting_together_each_get_the_jar(tmp_path: Path) -> None:

@@ -47,8 +47,9 @@ def _sends(n: int, seed: int) -> tuple[list[tuple[str, bytes]], int]:
     rng = random.Random(seed)
     scans_ = []
     for i in range(n):
-        value = {"scan": f"s{i:05d}", "parcel": f"p{rng.randrange(300)}", "depot": rng.choice(["ber", "muc", "ham"]),
-                 "grams": rng.randrange(50, 30_000), "at": f"2026-11-26T{10 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}"}
+        at = f"2026-11-26T{10 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}"
+        value = {"scan": f"s{i:05d}", "parcel": f"p{rng.randrange(300)}",
+                 "depot": rng.choice(["ber", "muc", "ham"]), "grams": rng.randrange(50, 30_000), "at": at}
         scans_.append((value["scan"], json.dumps(value).encode()))
     sends = list(scans_)
     resent = 0

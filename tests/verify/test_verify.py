@@ -12,23 +12,19 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from onceflow.verify.resume import kill_stale
+from tests.verify.verify_cli import run_verify
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 
 def _verify(report: Path, *args: str, timeout: float = 900,
-            dsn: str | None = None) -> tuple[int, str, dict[str, object]]:
-    env = {**os.environ, "ONCEFLOW_PG_DSN": dsn} if dsn else None
-    proc = subprocess.run(
-        [sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report), *args],
-        capture_output=True, text=True, timeout=timeout, env=env,
-    )
-    data = json.loads((report / "report.json").read_text()) if (report / "report.json").exists() else {}
-    return proc.returncode, proc.stdout + proc.stderr, data
+            dsn: str | None = None) -> tuple[int, str, dict[str, Any]]:
+    return run_verify(report, *args, env={"ONCEFLOW_PG_DSN": dsn} if dsn else None, timeout=timeout)
 
 
 def _dsn_for(sink: str, request: pytest.FixtureRequest) -> str | None:

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.verify.verify_cli import run_verify
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
 
-def _verify(report: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, object]]:
-    proc = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "verify", "--report", str(report),
-                           "--source", "kafka", *args], capture_output=True, text=True, timeout=timeout)
-    path = report / "report.json"
-    return proc.returncode, proc.stdout + proc.stderr, json.loads(path.read_text()) if path.exists() else {}
+def _verify(report: Path, *args: str, timeout: float = 900) -> tuple[int, str, dict[str, Any]]:
+    return run_verify(report, "--source", "kafka", *args, timeout=timeout)
 
 
 def _rounds_ok(rep: dict[str, object]) -> list[dict[str, object]]:

@@ -204,16 +204,16 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--input", "input_dir", default=None, metavar="DIR|HOST:PORT/TOPIC",
               help="What a --pipeline PATH.py:FUNCTION reads (its input argument): a directory, or "
                    "a Kafka bootstrap server and topic.")
-@click.option("--id-store", is_flag=True, envvar="ONCEFLOW_ID_STORE", show_envvar=True,
-              help="Keep the deduplication's ids in onceflow's id state store (Example 5-1 ~1.5x "
-                   "faster; compiled once on first use). A checkpoint started with it must be run "
-                   "with it again.")
+@click.option("--id-store/--spark-store", default=None, envvar="ONCEFLOW_ID_STORE", show_envvar=True,
+              help="Where the deduplication keeps its ids: onceflow's id state store (the default; "
+                   "Example 5-1 ~1.5x faster; compiled once on first use) or Spark's HDFS-backed "
+                   "store. A checkpoint keeps the store it started with.")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
         kafka_connector: str, checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
         effects_url: str | None, out_kafka: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
-        standby: Path | None, pipeline: str, input_dir: str | None, id_store: bool) -> None:
+        standby: Path | None, pipeline: str, input_dir: str | None, id_store: bool | None) -> None:
     """Run a pipeline over the event log, exactly once into its sink.
 
     The default pipeline is Streaming Systems Example 5-1 (per-user and global counts per
@@ -226,8 +226,8 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         raise click.BadParameter(f"{pipeline!r}: use {', '.join(PIPELINES)} or PATH.py:FUNCTION",
                                  param_hint="--pipeline")
     conf = _connector_conf(kafka_connector)
-    if id_store:  # read by every session this command creates (onceflow.spark.session)
-        os.environ[idstore.ENV] = "1"
+    if id_store is not None:  # read by every session this command creates (onceflow.spark.session)
+        os.environ[idstore.ENV] = "1" if id_store else "0"
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
     if pipeline not in PIPELINES:

@@ -2,7 +2,7 @@
  * onceflow: a state store for Spark's dropDuplicatesWithinWatermark.
  *
  * Built by onceflow.idstore (the Scala compiler PySpark ships, against the session's own Spark
- * jars) and named by onceflow.spark.session(id_store=True) as
+ * jars) and named by onceflow.spark.session() (its default; id_store=True) as
  * spark.sql.streaming.stateStore.providerClass.
  */
 package org.apache.spark.sql.onceflow
