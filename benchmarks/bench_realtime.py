@@ -206,7 +206,9 @@ def main() -> None:
     ap.add_argument("--duration", default="5 seconds", help="the real-time trigger's batch duration")
     args = ap.parse_args()
     modes = [m for m in args.modes.split(",") if m]
-    spark = session(kafka=True, realtime=any(m.startswith("pg-") for m in modes))
+    # Real-Time Mode refuses a session naming a state store provider other than RocksDB (the
+    # queries here are stateless; write_realtime unsets it itself, Spark's Kafka sink does not)
+    spark = session(kafka=True, realtime=any(m.startswith("pg-") for m in modes), id_store=False)
     dsn, server = os.environ.get("ONCEFLOW_PG_DSN"), None
     if any(m.startswith("pg-") for m in modes) and not dsn:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -176,8 +176,9 @@ def main() -> None:
                          "first ~6 runs: JIT, caches)")
     ap.add_argument("--variants", default="onceflow,noop,plain",
                     help=f"comma-separated subset of {', '.join(VARIANTS)} (onceflow and noop are required)")
-    ap.add_argument("--state-store", choices=["hdfs", "rocksdb", "ids"], default="hdfs",
-                    help="ids: onceflow's id state store (onceflow.idstore) for the dedup state")
+    ap.add_argument("--state-store", choices=["hdfs", "rocksdb", "ids"], default="ids",
+                    help="the dedup state: ids = onceflow's id state store (onceflow.idstore; "
+                         "session()'s default), hdfs = Spark's HDFS-backed store, rocksdb")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "onceflow-bench-log")
     args = ap.parse_args()
     names = [n.strip() for n in args.variants.split(",") if n.strip()]

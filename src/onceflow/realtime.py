@@ -27,7 +27,9 @@ Start-up steps of :func:`write_realtime`:
 4. the table is created with the key as its primary key if it does not exist, the writer is
    built in the driver JVM with the upsert's SQL and the connection's settings (the password
    never reaches a message), and the query is started with ``trigger(realTime=duration)`` and
-   ``outputMode("update")`` (Real-Time Mode's only mode).
+   ``outputMode("update")`` (Real-Time Mode's only mode), the session's state store provider
+   unset while it starts if it is onceflow's id store (Real-Time Mode refuses any but RocksDB;
+   the query keeps no state).
 
 The session must carry the writer's jars: :func:`onceflow.spark.session` with
 ``realtime=True`` (a session of your own: put :func:`session_jars` on ``spark.jars``).
@@ -36,11 +38,12 @@ The session must carry the writer's jars: :func:`onceflow.spark.session` with
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow import jars, scalac
+from onceflow import scalac
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.sinks.postgres import sql as pg
@@ -63,6 +66,8 @@ def build() -> Path:
     Raises:
         ConfigError: PostgreSQL's JDBC driver was not fetched, or the writer does not compile.
     """
+    from onceflow import jars  # not at import: ``python -m onceflow.jars`` imports this package first
+
     return scalac.build(_JAR_NAME, SOURCES, "onceflow's real-time upsert writer",
                         extra=jars.require(jars.POSTGRES_JDBC))
 
@@ -73,6 +78,8 @@ def session_jars() -> list[Path]:
     Raises:
         ConfigError: See :func:`build`.
     """
+    from onceflow import jars
+
     return [build(), *jars.require(jars.POSTGRES_JDBC)]
 
 
@@ -239,5 +246,28 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
     if query_name:
         writer = writer.queryName(query_name)
     writer._jwrite.foreach(jwriter)
-    query: StreamingQuery = writer.start()
+    with _stateless_conf(df.sparkSession):
+        query: StreamingQuery = writer.start()
     return query
+
+
+@contextmanager
+def _stateless_conf(spark: Any) -> Iterator[None]:
+    """Step 4: the query started without onceflow's id state store named in the session.
+
+    Real-Time Mode refuses a session whose state store provider is set to anything but RocksDB,
+    and a stateless query keeps no state: the session's provider (onceflow's id store, the
+    default of :func:`onceflow.spark.session`) is unset while Spark starts the query (which
+    copies the session's settings) and set back afterwards.
+    """
+    from onceflow import idstore
+
+    held = spark.conf.get(idstore.PROVIDER_KEY, None)
+    if held != idstore.PROVIDER_CLASS:
+        yield
+        return
+    spark.conf.unset(idstore.PROVIDER_KEY)
+    try:
+        yield
+    finally:
+        spark.conf.set(idstore.PROVIDER_KEY, held)
