@@ -180,6 +180,8 @@ def main() -> None:
                     help="the dedup state: ids = onceflow's id state store (onceflow.idstore; "
                          "session()'s default), hdfs = Spark's HDFS-backed store, rocksdb")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "onceflow-bench-log")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for the session (repeatable), e.g. spark.shuffle.compress=false")
     args = ap.parse_args()
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     if not {"onceflow", "noop"} <= set(names) or not set(names) <= set(VARIANTS):
@@ -189,7 +191,7 @@ def main() -> None:
     rows = make_log(args.data, args.events, args.segment_size)
     print(f"log: {rows:,} rows ({args.events:,} distinct) in {args.data} "
           f"({time.perf_counter() - t0:.1f} s to prepare)")
-    conf = {}
+    conf = dict(c.split("=", 1) for c in args.conf)
     if args.state_store == "rocksdb":
         conf["spark.sql.streaming.stateStore.providerClass"] = (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
