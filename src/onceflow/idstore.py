@@ -75,7 +75,8 @@ def build() -> Path:
         ConfigError: PySpark ships no Scala compiler (use Spark's default state store:
             ``session(id_store=False)``), or the source does not compile against this Spark.
     """
-    return scalac.build("onceflow-idstore", SOURCES, "onceflow's id state store (session(id_store=True))")
+    return scalac.build("onceflow-idstore", SOURCES, "onceflow's id state store",
+                        remedy=f" (Spark's own store needs none: session(id_store=False) or {ENV}=0)")
 
 
 def session_conf(conf: dict[str, str]) -> dict[str, str]:

@@ -42,6 +42,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from onceflow import scalac
 from onceflow.durations import parse_duration
@@ -117,7 +118,7 @@ def jdbc_target(dsn: str) -> tuple[str, str | None, str | None]:
         raise ConfigError(f"the real-time writer's JDBC connection has no equivalent for "
                           f"{', '.join(sorted(params))} in {pg.redact(dsn)!r}: drop them (host, port, "
                           f"dbname, user, password, sslmode, application_name, connect_timeout are used)")
-    query = "&".join(f"{k}={v}" for k, v in sorted(passed.items()))
+    query = "&".join(f"{k}={quote(v, safe='')}" for k, v in sorted(passed.items()))
     url = f"jdbc:postgresql://{host}:{port}/{dbname or user or ''}" + (f"?{query}" if query else "")
     return url, user, password
 
@@ -127,8 +128,8 @@ def _columns(df: DataFrame, key: Sequence[str]) -> dict[str, str]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     if not df.isStreaming:
-        raise ConfigError("write_realtime takes a streaming DataFrame (spark.readStream...); for a "
-                          "batch DataFrame write with Spark's JDBC writer or onceflow.write_stream")
+        raise ConfigError("write_realtime takes a streaming DataFrame (spark.readStream...); write a "
+                          "batch DataFrame with Spark's JDBC writer (df.write.jdbc)")
     missing = [k for k in key if k not in df.columns]
     if not key or missing:
         raise ConfigError(f"write_realtime's key {list(key)} must name columns of the DataFrame "

@@ -58,7 +58,8 @@ def jar_path(name: str, sources: Sequence[Path], extra: Sequence[Path] = ()) -> 
     return cache_dir() / "jvm" / f"{name}-{pyspark.__version__}-{digest}.jar"
 
 
-def build(name: str, sources: Sequence[Path], what: str, extra: Sequence[Path] = ()) -> Path:
+def build(name: str, sources: Sequence[Path], what: str, extra: Sequence[Path] = (),
+          remedy: str = "") -> Path:
     """The jar of ``sources``, compiled now if this Spark and source have none yet (~5 s here).
 
     Args:
@@ -66,6 +67,7 @@ def build(name: str, sources: Sequence[Path], what: str, extra: Sequence[Path] =
         sources: The Scala files.
         what: What the jar is, for error messages (e.g. ``onceflow's id state store``).
         extra: Jars to compile against besides Spark's.
+        remedy: What the user can do instead, appended to an error (e.g. another store).
 
     Returns:
         The jar's path.
@@ -80,7 +82,7 @@ def build(name: str, sources: Sequence[Path], what: str, extra: Sequence[Path] =
     jars = sorted(spark_jars().glob("*.jar"))
     if not any(j.name.startswith("scala-compiler") for j in jars):
         raise ConfigError(f"{what} is compiled with the Scala compiler PySpark ships, and "
-                          f"{spark_jars()} has none")
+                          f"{spark_jars()} has none{remedy}")
     classpath = os.pathsep.join(str(j) for j in [*jars, *extra])
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
@@ -90,7 +92,7 @@ def build(name: str, sources: Sequence[Path], what: str, extra: Sequence[Path] =
                "-nowarn", "-d", str(out), *(str(p) for p in sources)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         if done.returncode != 0:
-            raise ConfigError(f"{what} does not compile against this Spark ({spark_jars()}): "
+            raise ConfigError(f"{what} does not compile against this Spark ({spark_jars()}){remedy}: "
                               f"{(done.stdout + done.stderr).strip()[-2000:]}")
         staged = Path(tmp) / target.name
         with zipfile.ZipFile(staged, "w", zipfile.ZIP_DEFLATED) as jar:
