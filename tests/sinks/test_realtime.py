@@ -127,30 +127,31 @@ def _started(driver: ProcessGroup) -> bool:
 
 def test_sigkill_mid_stream_replays_onto_the_same_rows(tmp_path: Path, broker: Any, pg_dsn: str,
                                                        utc_spark: Any) -> None:
-    sends, resent = _sends(3000, seed=7)
-    feeder = _feeder(broker.bootstrap, sends, per_s=220)
+    sends, resent = _sends(2400, seed=7)
     first = _driver(tmp_path, broker.bootstrap, pg_dsn, "first")
     try:
-        wait_until(lambda: _started(first) and _rows(pg_dsn) >= 500, 180, "first rows written")
+        wait_until(lambda: _started(first), 180, "the query started")
+        feeder = _feeder(broker.bootstrap, sends, per_s=240)  # ~10 s of records while it runs
+        wait_until(lambda: _rows(pg_dsn) >= 500, 120, "first rows written")
         assert feeder.is_alive(), "the producer finished before the kill: nothing was in flight"
         time.sleep(random.Random(3).uniform(0.2, 1.8))  # a random moment inside a real-time batch
         at_kill = _rows(pg_dsn)
     finally:
         first.kill()
-    assert 500 <= at_kill < 3000
+    assert 500 <= at_kill < 2400
     second = _driver(tmp_path, broker.bootstrap, pg_dsn, "second")
     try:
         feeder.join(120)
-        wait_until(lambda: _started(second) and _rows(pg_dsn) >= 3000, 180, "every scan written")
+        wait_until(lambda: _started(second) and _rows(pg_dsn) >= 2400, 180, "every scan written")
         time.sleep(3)  # a real-time batch more: a late duplicate would show
     finally:
         second.kill()
     expected = _oracle(utc_spark, broker.bootstrap)
-    assert len(expected) == 3000
+    assert len(expected) == 2400
     got = _table(pg_dsn)
     assert sorted(set(expected) - set(got))[:5] == [] and sorted(set(got) - set(expected))[:5] == []
     assert got == expected
-    replayed = _upserts_onto_existing(pg_dsn, 3000) - resent
+    replayed = _upserts_onto_existing(pg_dsn, 2400) - resent
     print(f"rows at the kill {at_kill}; records replayed onto their rows {replayed}")
     assert replayed > 0, "the restarted driver replayed nothing: the kill hit no row in flight"
 
@@ -158,17 +159,18 @@ def test_sigkill_mid_stream_replays_onto_the_same_rows(tmp_path: Path, broker: A
 def test_a_database_restart_mid_stream_loses_and_repeats_nothing(tmp_path: Path, broker: Any, pg_server: Any,
                                                                  utc_spark: Any) -> None:
     dsn = pg_server.new_database()
-    sends, _resent = _sends(2000, seed=11)
-    feeder = _feeder(broker.bootstrap, sends, per_s=200)
+    sends, _resent = _sends(1600, seed=11)
     driver = _driver(tmp_path, broker.bootstrap, dsn, "only")
     try:
-        wait_until(lambda: _started(driver) and _rows(dsn) >= 300, 180, "first rows written")
+        wait_until(lambda: _started(driver), 180, "the query started")
+        feeder = _feeder(broker.bootstrap, sends, per_s=200)  # ~8 s of records while it runs
+        wait_until(lambda: _rows(dsn) >= 300, 120, "first rows written")
         pg_server.halt("fast")  # the server goes down while records keep arriving
         time.sleep(3)
         pg_server.resume()
         assert feeder.is_alive(), "the producer finished during the outage: test the restart mid-stream"
         feeder.join(120)
-        wait_until(lambda: _started(driver) and _rows(dsn) >= 2000, 180, "every scan written")
+        wait_until(lambda: _started(driver) and _rows(dsn) >= 1600, 180, "every scan written")
         assert _started(driver), "the query did not survive the database restart"
     finally:
         driver.kill()
