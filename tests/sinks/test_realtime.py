@@ -125,14 +125,25 @@ def _started(driver: ProcessGroup) -> bool:
     return "started" in driver.output()
 
 
+def _running(tmp: Path, bootstrap: str, dsn: str, sends: list[tuple[str, bytes]], per_s: float,
+             rows: int) -> tuple[ProcessGroup, threading.Thread]:
+    """A driver whose query runs, a producer started after it, and ``rows`` rows written."""
+    driver = _driver(tmp, bootstrap, dsn, "first")
+    try:
+        wait_until(lambda: _started(driver), 180, "the query started")
+        feeder = _feeder(bootstrap, sends, per_s=per_s)  # records arrive while the query runs
+        wait_until(lambda: _rows(dsn) >= rows, 120, "first rows written")
+    except BaseException:
+        driver.kill()
+        raise
+    return driver, feeder
+
+
 def test_sigkill_mid_stream_replays_onto_the_same_rows(tmp_path: Path, broker: Any, pg_dsn: str,
                                                        utc_spark: Any) -> None:
     sends, resent = _sends(2400, seed=7)
-    first = _driver(tmp_path, broker.bootstrap, pg_dsn, "first")
+    first, feeder = _running(tmp_path, broker.bootstrap, pg_dsn, sends, per_s=240, rows=500)  # ~10 s of input
     try:
-        wait_until(lambda: _started(first), 180, "the query started")
-        feeder = _feeder(broker.bootstrap, sends, per_s=240)  # ~10 s of records while it runs
-        wait_until(lambda: _rows(pg_dsn) >= 500, 120, "first rows written")
         assert feeder.is_alive(), "the producer finished before the kill: nothing was in flight"
         time.sleep(random.Random(3).uniform(0.2, 1.8))  # a random moment inside a real-time batch
         at_kill = _rows(pg_dsn)
@@ -160,11 +171,8 @@ def test_a_database_restart_mid_stream_loses_and_repeats_nothing(tmp_path: Path,
                                                                  utc_spark: Any) -> None:
     dsn = pg_server.new_database()
     sends, _resent = _sends(1600, seed=11)
-    driver = _driver(tmp_path, broker.bootstrap, dsn, "only")
+    driver, feeder = _running(tmp_path, broker.bootstrap, dsn, sends, per_s=200, rows=300)  # ~8 s of input
     try:
-        wait_until(lambda: _started(driver), 180, "the query started")
-        feeder = _feeder(broker.bootstrap, sends, per_s=200)  # ~8 s of records while it runs
-        wait_until(lambda: _rows(dsn) >= 300, 120, "first rows written")
         pg_server.halt("fast")  # the server goes down while records keep arriving
         time.sleep(3)
         pg_server.resume()
