@@ -6,16 +6,16 @@ import click
 
 from onceflow import jars as jar_sets
 
+_HELP = ("Java jars onceflow can run with, fetched from Maven Central and checked by SHA-256.\n\n"
+         "\b\n"  # click: the table below is not rewrapped
+         "kafka-connector  Spark's own Kafka connector, for onceflow.spark.session(kafka=True)\n"
+         "kafka-broker     a single-node Kafka broker (KRaft), for tests, demos and verify\n"
+         "postgres-jdbc    PostgreSQL's JDBC driver, for onceflow.write_realtime\n")
 
-@click.group("jars")
+
+@click.group("jars", help=_HELP)
 def jars() -> None:
-    r"""Java jars onceflow can run with, fetched from Maven Central and checked by SHA-256.
-
-    \b
-    kafka-connector  Spark's own Kafka connector, for onceflow.spark.session(kafka=True)
-    kafka-broker     a single-node Kafka broker (KRaft), for tests, demos and verify
-    postgres-jdbc    PostgreSQL's JDBC driver, for onceflow.write_realtime
-    """
+    """Java jars onceflow can run with (the sets are listed by ``onceflow jars --help``)."""
 
 
 @jars.command("fetch")
