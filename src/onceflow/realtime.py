@@ -152,13 +152,12 @@ def _check_duration(spark: Any, duration: str) -> None:
                           f"logged, not a latency (rows are written as they arrive); use '{least}' or more")
 
 
-def _check_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str]) -> bool:
-    """Step 2: an existing table fits; returns whether it exists."""
+def _check_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str]) -> None:
+    """Step 2: an existing table fits."""
     with pg.session(dsn) as conn:
         found = pg.existing_table(conn, table)
     if found is not None:
         check_existing("PostgreSQL", table, Table(key=list(key), mode="upsert"), tuple(types), *found)
-    return found is not None
 
 
 def _check_jars(spark: Any) -> None:
@@ -191,9 +190,10 @@ def _create_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str
         return stmt.as_string(conn)
 
 
-def _writer(spark: Any, dsn: str, upsert: str, key_indexes: list[int], retry_ms: int) -> Any:
-    """Step 4: the writer built in the driver JVM."""
-    url, user, password = jdbc_target(dsn)
+def _writer(spark: Any, target: tuple[str, str | None, str | None], upsert: str, key_indexes: list[int],
+            retry_ms: int) -> Any:
+    """Step 4: the writer built in the driver JVM (``target``: :func:`jdbc_target`'s answer)."""
+    url, user, password = target
     gateway = spark.sparkContext._gateway
     indexes = gateway.new_array(gateway.jvm.int, len(key_indexes))
     for i, k in enumerate(key_indexes):
@@ -234,14 +234,14 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
     keys = [key] if isinstance(key, str) else list(key)
     types = _columns(df, keys)
     resolved = pg.resolve_dsn(dsn)
-    jdbc_target(resolved)  # a DSN the JDBC driver cannot use is refused before anything is created
+    target = jdbc_target(resolved)  # a DSN the JDBC driver cannot use is refused before anything is created
     retry_ms = int(parse_duration(retry_for) * 1000)
     _check_duration(df.sparkSession, duration)
     _check_table(resolved, table, types, keys)
     _check_jars(df.sparkSession)
     upsert = _create_table(resolved, table, types, keys)
     names = list(types)
-    jwriter = _writer(df.sparkSession, resolved, upsert, [names.index(k) for k in keys], retry_ms)
+    jwriter = _writer(df.sparkSession, target, upsert, [names.index(k) for k in keys], retry_ms)
     writer: Any = df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
     writer = writer.trigger(realTime=duration)
     if query_name:
