@@ -175,18 +175,12 @@ def _create_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str
 
     ident = sql.Identifier
     with pg.session(dsn) as conn:
-        body = [sql.SQL("{} {}").format(ident(c), sql.SQL(t)) for c, t in types.items()]
-        body.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(ident, key))))
         conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident(table),
-                                                                          sql.SQL(", ").join(body)))
+                                                                          pg.table_body(types, key)))
         cols = sql.SQL(", ").join(map(ident, types))
         marks = sql.SQL(", ").join(sql.SQL("?") for _ in types)
-        rest = [c for c in types if c not in key]
-        action = (sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
-            sql.SQL("{} = EXCLUDED.{}").format(ident(c), ident(c)) for c in rest)) if rest
-            else sql.SQL("DO NOTHING"))
-        stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}) ON CONFLICT ({}) {}").format(
-            ident(table), cols, marks, sql.SQL(", ").join(map(ident, key)), action)
+        stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
+            ident(table), cols, marks, pg.on_conflict(list(types), key, ident(table)))
         return stmt.as_string(conn)
 
 

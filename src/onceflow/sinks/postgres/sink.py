@@ -106,13 +106,9 @@ class PostgresTablesSink:
             return
         found = pg.existing_table(conn, name)
         if found is None:
-            body = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(pg_type(schema.field(c).type)))
-                    for c in cols]
-            if spec.key:
-                keys = sql.SQL(", ").join(map(sql.Identifier, spec.key))
-                body.append(sql.SQL("PRIMARY KEY ({})").format(keys))
+            types = {c: pg_type(schema.field(c).type) for c in cols}
             conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(name),
-                                                                sql.SQL(", ").join(body)))
+                                                                pg.table_body(types, spec.key)))
             return
         check_existing("PostgreSQL", name, spec, cols, *found)
 
@@ -132,13 +128,7 @@ class PostgresTablesSink:
         pg.copy_arrow(conn, tmp, cols, rows)
         insert = sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, collist, collist, tmp)
         if spec.mode != "append":
-            rest = [c for c in cols if c not in spec.key]
-            merged = spec.merged
-            sets = [sql.SQL("{} = ").format(sql.Identifier(c)) + pg.merge_expr(c, merged[c], target)
-                    if c in merged else sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest]
-            conflict = sql.SQL(" ON CONFLICT ({})").format(sql.SQL(", ").join(map(sql.Identifier, spec.key)))
-            insert = insert + conflict + (sql.SQL(" DO UPDATE SET ") + sql.SQL(", ").join(sets) if sets
-                                          else sql.SQL(" DO NOTHING"))
+            insert = insert + pg.on_conflict(cols, spec.key, target, spec.merged)
         conn.execute(insert)
         return int(rows.num_rows)
 

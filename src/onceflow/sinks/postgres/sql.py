@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -185,6 +185,44 @@ def check_tables(conn: Any, specs: Mapping[str, Table], schemas: Mapping[str, pa
         found = existing_table(conn, name)
         if found is not None:
             check_existing("PostgreSQL", name, spec, expected_columns(name, spec, schemas), *found)
+
+
+def table_body(types: Mapping[str, str], key: Sequence[str]) -> Any:
+    """A ``CREATE TABLE``'s body: every column with its type, then the key as primary key.
+
+    Args:
+        types: Column name to PostgreSQL type, in table order (types come from onceflow's own
+            type mapping, never from user text).
+        key: The primary key's columns (none: no primary key).
+    """
+    from psycopg import sql
+
+    body = [sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t)) for c, t in types.items()]
+    if key:
+        body.append(sql.SQL("PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, key))))
+    return sql.SQL(", ").join(body)
+
+
+def on_conflict(columns: Sequence[str], key: Sequence[str], target: Any,
+                merged: Mapping[str, str] | None = None, *, update: bool = True) -> Any:
+    """An ``INSERT``'s ``ON CONFLICT (key) ...`` clause (with a leading space).
+
+    Args:
+        columns: The inserted columns.
+        key: The conflict target (the table's primary key).
+        target: The target table's identifier.
+        merged: Merged columns (``add``/``max``/``min``, see :func:`merge_expr`); every other
+            non-key column takes the new row's value.
+        update: ``False``: ``DO NOTHING`` (an append keyed by a primary key).
+    """
+    from psycopg import sql
+
+    rest = [c for c in columns if c not in key] if update else []
+    how = merged or {}
+    sets = [sql.SQL("{} = ").format(sql.Identifier(c)) + merge_expr(c, how[c], target) if c in how
+            else sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in rest]
+    action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(sets)) if sets else sql.SQL("DO NOTHING")
+    return sql.SQL(" ON CONFLICT ({}) {}").format(sql.SQL(", ").join(map(sql.Identifier, key)), action)
 
 
 def merge_expr(column: str, how: str, target: Any) -> Any:

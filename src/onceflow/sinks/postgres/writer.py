@@ -254,19 +254,15 @@ def ensure_tables(spec: TargetSpec) -> None:
     """
     from psycopg import sql
 
-    cols = sql.SQL(", ").join(
-        sql.SQL("{} {}").format(sql.Identifier(c), sql.SQL(t))  # types come from _PG_TYPES only
-        for c, t in zip(spec.columns, spec.types, strict=True)
-    )
-    pkey: sql.Composable = sql.SQL("")
-    if spec.key:
-        pkey = sql.SQL(", PRIMARY KEY ({})").format(sql.SQL(", ").join(map(sql.Identifier, spec.key)))
+    types = dict(zip(spec.columns, spec.types, strict=True))  # types come from _PG_TYPES only
+    cols = pg.table_body(types, [])
     with pg.session(spec.dsn) as conn:
         if spec.protocol == "2pc":
             pg.require_prepared(conn)
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow:ddl'))")
-            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({}{})").format(spec.ident(), cols, pkey))
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+                spec.ident(), pg.table_body(types, spec.key)))
             conn.execute(sql.SQL(
                 "CREATE UNLOGGED TABLE IF NOT EXISTS {} (_of_batch bigint, _of_token text, {})"
             ).format(spec.stage, cols))
@@ -386,12 +382,10 @@ def _merge_sql(spec: TargetSpec) -> Any:
     if spec.mode == "append":
         tail: sql.Composable = sql.SQL("")
         if spec.key:
-            tail = sql.SQL(" ON CONFLICT ({}) DO NOTHING").format(
-                sql.SQL(", ").join(map(sql.Identifier, spec.key)))
+            tail = pg.on_conflict(spec.columns, spec.key, spec.ident(), update=False)
         return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} WHERE {}{}").format(
             spec.ident(), cols, cols, spec.stage, where, tail)
     keys = sql.SQL(", ").join(map(sql.Identifier, spec.key))
-    others = [c for c in spec.columns if c not in spec.key]
     merged = spec.merged
     if merged:  # pre-aggregate: one row per key, merged columns by their aggregate
         select = sql.SQL(", ").join(
@@ -402,13 +396,8 @@ def _merge_sql(spec: TargetSpec) -> Any:
         source = sql.SQL("SELECT {} FROM {} WHERE {} GROUP BY {}").format(select, spec.stage, where, keys)
     else:
         source = sql.SQL("SELECT {} FROM {} WHERE {}").format(cols, spec.stage, where)
-    sets = sql.SQL(", ").join(
-        sql.SQL("{} = ").format(sql.Identifier(c)) + pg.merge_expr(c, merged[c], spec.ident())
-        if c in merged else sql.SQL("{0} = excluded.{0}").format(sql.Identifier(c))
-        for c in others)
-    action = sql.SQL("DO UPDATE SET {}").format(sets) if others else sql.SQL("DO NOTHING")
-    return sql.SQL("INSERT INTO {} ({}) {} ON CONFLICT ({}) {}").format(
-        spec.ident(), cols, source, keys, action)
+    return sql.SQL("INSERT INTO {} ({}) {}{}").format(
+        spec.ident(), cols, source, pg.on_conflict(spec.columns, spec.key, spec.ident(), merged))
 
 
 def _delete_staged_sql(spec: TargetSpec, where: str) -> Any:
