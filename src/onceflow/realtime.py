@@ -21,15 +21,24 @@ Start-up steps of :func:`write_realtime`:
 1. the DataFrame is checked: streaming, the key's columns present, every column of a type a
    PostgreSQL column holds; the connection string must have a JDBC equivalent, the duration
    must not be shorter than Spark's minimum;
-2. an existing table must have the same columns and the key as its primary key;
+2. an existing table must have the same columns and the key as its primary key (and an existing
+   ``rejects=`` table the columns of a rejects table, keyed by ``record``);
 3. the session must carry the writer's jars — a refusal at steps 1-3 creates and writes
    nothing;
-4. the table is created with the key as its primary key if it does not exist, the writer is
+4. the table (and the ``rejects=`` table) is created if it does not exist, the writer is
    built in the driver JVM with the upsert's SQL and the connection's settings (the password
    never reaches a message), and the query is started with ``trigger(realTime=duration)`` and
    ``outputMode("update")`` (Real-Time Mode's only mode), the session's state store provider
    unset while it starts if it is onceflow's id store (Real-Time Mode refuses any but RocksDB;
    the query keeps no state).
+
+Rows PostgreSQL refuses (SQLSTATE classes 22 and 23: a value out of range, a ``CHECK`` or
+``NOT NULL`` constraint of the user's table) fail the query, naming the row's key — and a
+restarted query meets the same record again. With ``rejects="table"`` such a row goes to that
+table instead (the layout of onceflow's rejects tables, :mod:`onceflow.rejects`: ``record`` the
+row's key as JSON, ``value`` the row as JSON, ``rule`` ``postgres``, ``column`` the column or
+constraint PostgreSQL named, ``reason`` the SQLSTATE and message, ``batch_id`` the real-time
+batch), once however often the record is replayed, and the query goes on.
 
 The session must carry the writer's jars: :func:`onceflow.spark.session` with
 ``realtime=True`` (a session of your own: put :func:`session_jars` on ``spark.jars``).
@@ -59,6 +68,8 @@ SOURCES = (scalac.JVM_DIR / "UpsertWriter.scala",)
 WRITER_CLASS = "org.apache.spark.sql.onceflow.UpsertWriter"
 _JAR_NAME = "onceflow-realtime"
 MIN_DURATION_KEY = "spark.sql.streaming.realTimeMode.minBatchDuration"
+REJECT_COLUMNS = ("record", "batch_id", "value", "rule", "column", "reason")
+"""The columns of a rejects table the writer fills (the others, Kafka's and files', stay null)."""
 
 
 def build() -> Path:
@@ -160,6 +171,21 @@ def _check_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str]
         check_existing("PostgreSQL", table, Table(key=list(key), mode="upsert"), tuple(types), *found)
 
 
+def _check_rejects(dsn: str, table: str, rejects: str | None) -> None:
+    """Steps 1-2: the ``rejects=`` table is another table, and fits if it exists."""
+    from onceflow import rejects as rj
+
+    if rejects is None:
+        return
+    if not rejects or rejects == table:
+        raise ConfigError(f"write_realtime's rejects={rejects!r} must name a table other than {table!r}: "
+                          f"where rows PostgreSQL refuses go, e.g. rejects='{table}_rejected'")
+    with pg.session(dsn) as conn:
+        found = pg.existing_table(conn, rejects)
+    if found is not None:
+        check_existing("PostgreSQL", rejects, rj.SPEC, rj.COLUMNS, *found)
+
+
 def _check_jars(spark: Any) -> None:
     """Step 3: the session carries the writer's jars."""
     given = spark.conf.get("spark.jars", "") or ""
@@ -184,8 +210,26 @@ def _create_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str
         return stmt.as_string(conn)
 
 
+def _create_rejects(dsn: str, rejects: str) -> str:
+    """Step 4: the rejects table created if missing; returns its insert's SQL with ``?`` parameters."""
+    from psycopg import sql
+
+    from onceflow import rejects as rj
+
+    ident = sql.Identifier(rejects)
+    with pg.session(dsn) as conn:
+        types = {f.name: pg_type(f.type) for f in rj.ARROW_SCHEMA}
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident,
+                                                                          pg.table_body(types, rj.SPEC.key)))
+        stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
+            ident, sql.SQL(", ").join(map(sql.Identifier, REJECT_COLUMNS)),
+            sql.SQL(", ").join(sql.SQL("?") for _ in REJECT_COLUMNS),
+            pg.on_conflict(REJECT_COLUMNS, rj.SPEC.key, ident, update=False))
+        return stmt.as_string(conn)
+
+
 def _writer(spark: Any, target: tuple[str, str | None, str | None], upsert: str, key_indexes: list[int],
-            retry_ms: int) -> Any:
+            retry_ms: int, reject: str | None) -> Any:
     """Step 4: the writer built in the driver JVM (``target``: :func:`jdbc_target`'s answer)."""
     url, user, password = target
     gateway = spark.sparkContext._gateway
@@ -193,12 +237,12 @@ def _writer(spark: Any, target: tuple[str, str | None, str | None], upsert: str,
     for i, k in enumerate(key_indexes):
         indexes[i] = k
     writer_class = gateway.jvm.org.apache.spark.sql.onceflow.UpsertWriter
-    return writer_class(url, user, password, upsert, indexes, retry_ms)
+    return writer_class(url, user, password, upsert, indexes, retry_ms, reject)
 
 
 def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoint: str | os.PathLike[str], *,
                    dsn: str | None = None, duration: str = "5 seconds", retry_for: str | float = "1 minute",
-                   query_name: str | None = None) -> StreamingQuery:
+                   rejects: str | None = None, query_name: str | None = None) -> StreamingQuery:
     """Start a Real-Time Mode query that upserts each row into a PostgreSQL table as it arrives.
 
     Args:
@@ -215,6 +259,8 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
             ``spark.sql.streaming.realTimeMode.minBatchDuration`` (5 s by default).
         retry_for: How long one row's upsert is retried across connection errors (the server
             restarting) before the query fails.
+        rejects: A table for the rows PostgreSQL refuses (SQLSTATE classes 22 and 23), each once
+            (module docstring); without it such a row fails the query, naming its key.
         query_name: The query's name (``spark.streams``, the progress listener).
 
     Returns:
@@ -223,7 +269,8 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
     Raises:
         ConfigError: Not a streaming DataFrame, a key that is not a column, a column type
             PostgreSQL cannot hold, an existing table of other columns or key, a session
-            without the writer's jars, a DSN the JDBC driver cannot use.
+            without the writer's jars, a DSN the JDBC driver cannot use, a ``rejects`` table
+            that is the table itself or of other columns.
     """
     keys = [key] if isinstance(key, str) else list(key)
     types = _columns(df, keys)
@@ -232,10 +279,12 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
     retry_ms = int(parse_duration(retry_for) * 1000)
     _check_duration(df.sparkSession, duration)
     _check_table(resolved, table, types, keys)
+    _check_rejects(resolved, table, rejects)
     _check_jars(df.sparkSession)
     upsert = _create_table(resolved, table, types, keys)
+    reject = _create_rejects(resolved, rejects) if rejects is not None else None
     names = list(types)
-    jwriter = _writer(df.sparkSession, target, upsert, [names.index(k) for k in keys], retry_ms)
+    jwriter = _writer(df.sparkSession, target, upsert, [names.index(k) for k in keys], retry_ms, reject)
     writer: Any = df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
     writer = writer.trigger(realTime=duration)
     if query_name:

@@ -1,11 +1,12 @@
 """A parcel-scan pipeline in Spark's Real-Time Mode into PostgreSQL, for the real-time writer's tests.
 
-``python -m tests.sinks.realtime_driver BOOTSTRAP TOPIC DSN CHECKPOINT``: reads the topic with
+``python -m tests.sinks.realtime_driver BOOTSTRAP TOPIC DSN CHECKPOINT [REJECTS]``: reads the topic with
 Spark's Kafka connector (JSON values ``{"scan": ..., "parcel": ..., "depot": ..., "grams": ...,
 "at": ...}``), turns each record into one row of ``scans`` (:func:`scans`: the weight in
 kilograms, the depot upper-cased, the scan time as a timestamp, the record's partition) and
 upserts it keyed by the scan id with :func:`onceflow.write_realtime` (real-time batches of
-5 seconds, the shortest Spark allows). Prints ``started`` once the query runs; runs until killed.
+5 seconds, the shortest Spark allows), rows PostgreSQL refuses to the table ``REJECTS`` when
+given. Prints ``started`` once the query runs; runs until killed.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ if __name__ == "__main__":
     from onceflow.spark import session
 
     bootstrap, topic, dsn, ck = sys.argv[1:5]
+    rejects = sys.argv[5] if len(sys.argv) > 5 else None
     spark = session(app_name="realtime-test", shuffle_partitions=2, kafka=True, realtime=True)
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
            .option("subscribe", topic).option("startingOffsets", "earliest").load())
     query = onceflow.write_realtime(scans(raw), "scans", "scan", ck, dsn=dsn, duration="5 seconds",
-                                    retry_for="30 seconds")
+                                    retry_for="30 seconds", rejects=rejects)
     print("started", flush=True)
     query.awaitTermination()

@@ -8,7 +8,8 @@ with Spark's batch Kafka reader and keeps one row per scan: the table must equal
 row. That a kill hit rows in flight is checked, not assumed: the server's own statistics
 count the upserts that found their row already there — the retried sends, plus the records
 the restarted driver replayed. A plain ``INSERT`` would have written each replayed record
-twice.
+twice. Some records are poison for the user's table (a weight or depot its ``CHECK``
+constraints refuse): they must reach the ``rejects=`` table, each once, and the query go on.
 """
 
 from __future__ import annotations
@@ -42,20 +43,33 @@ def broker() -> Any:
         yield b
 
 
-def _sends(n: int, seed: int) -> tuple[list[tuple[str, bytes]], int]:
-    """``n`` scans as (key, JSON value), with ~6% of them sent again later; and the resend count."""
+DEPOTS = ("BER", "MUC", "HAM")
+USER_TABLE = f"""CREATE TABLE scans (scan text PRIMARY KEY, parcel text,
+    depot text CONSTRAINT known_depot CHECK (depot IN {DEPOTS}),
+    kg double precision CONSTRAINT positive_weight CHECK (kg > 0), at timestamptz, part integer)"""
+"""The user's own table: its constraints are what makes a record poison."""
+
+
+def _sends(n: int, seed: int, poison: float = 0.0) -> tuple[list[tuple[str, bytes]], list[str]]:
+    """``n`` scans as (key, JSON value), ~6% sent again later, a ``poison`` share the table refuses.
+
+    Returns:
+        The sends in order, and the scans sent twice.
+    """
     rng = random.Random(seed)
     scans_ = []
     for i in range(n):
         at = f"2026-11-26T{10 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}"
         value = {"scan": f"s{i:05d}", "parcel": f"p{rng.randrange(300)}",
                  "depot": rng.choice(["ber", "muc", "ham"]), "grams": rng.randrange(50, 30_000), "at": at}
+        if rng.random() < poison:  # a scale reading nothing, or a depot the table does not know
+            value.update(rng.choice([{"grams": 0}, {"depot": "xyz"}]))
         scans_.append((value["scan"], json.dumps(value).encode()))
     sends = list(scans_)
-    resent = 0
+    resent = []
     for i in range(0, n, 17):  # a retried send: the same record at a later offset
-        sends.insert(min(len(sends), i + 40 + resent), scans_[i])
-        resent += 1
+        sends.insert(min(len(sends), i + 40 + len(resent)), scans_[i])
+        resent.append(scans_[i][0])
     return sends, resent
 
 
@@ -73,15 +87,15 @@ def _feeder(bootstrap: str, sends: list[tuple[str, bytes]], per_s: float) -> thr
     return thread
 
 
-def _driver(tmp: Path, bootstrap: str, dsn: str, name: str) -> ProcessGroup:
-    return ProcessGroup([bootstrap, TOPIC, dsn, str(tmp / "ck")], tmp / f"{name}.out",
+def _driver(tmp: Path, bootstrap: str, dsn: str, name: str, *rejects: str) -> ProcessGroup:
+    return ProcessGroup([bootstrap, TOPIC, dsn, str(tmp / "ck"), *rejects], tmp / f"{name}.out",
                         module="tests.sinks.realtime_driver")
 
 
-def _rows(dsn: str) -> int:
+def _rows(dsn: str, table: str = "scans") -> int:
     with psycopg.connect(dsn, autocommit=True) as conn:
         try:
-            return int(conn.execute("SELECT count(*) FROM scans").fetchone()[0])  # type: ignore[index]
+            return int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])  # type: ignore[index]
         except psycopg.errors.UndefinedTable:
             return 0
 
@@ -126,9 +140,9 @@ def _started(driver: ProcessGroup) -> bool:
 
 
 def _running(tmp: Path, bootstrap: str, dsn: str, sends: list[tuple[str, bytes]], per_s: float,
-             rows: int) -> tuple[ProcessGroup, threading.Thread]:
+             rows: int, *rejects: str) -> tuple[ProcessGroup, threading.Thread]:
     """A driver whose query runs, a producer started after it, and ``rows`` rows written."""
-    driver = _driver(tmp, bootstrap, dsn, "first")
+    driver = _driver(tmp, bootstrap, dsn, "first", *rejects)
     try:
         wait_until(lambda: _started(driver), 180, "the query started")
         feeder = _feeder(bootstrap, sends, per_s=per_s)  # records arrive while the query runs
@@ -139,10 +153,27 @@ def _running(tmp: Path, bootstrap: str, dsn: str, sends: list[tuple[str, bytes]]
     return driver, feeder
 
 
+def _rejected(dsn: str) -> dict[str, tuple[Any, ...]]:
+    """The rejects table by scan: the row as the writer saw it, and what PostgreSQL named."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = conn.execute('SELECT record, value, rule, "column", reason, batch_id '
+                            'FROM scans_rejected').fetchall()
+    out = {}
+    for record, value, rule, column, reason, batch_id in rows:
+        row = json.loads(value)
+        assert json.loads(record) == {"scan": row["scan"]} and rule == "postgres" and batch_id >= 0, rows[0]
+        assert "SQLSTATE 23514" in reason and column in reason, (column, reason)
+        out[row["scan"]] = (row["depot"], row["kg"], column)
+    return out
+
+
 def test_sigkill_mid_stream_replays_onto_the_same_rows(tmp_path: Path, broker: Any, pg_dsn: str,
                                                        utc_spark: Any) -> None:
-    sends, resent = _sends(2400, seed=7)
-    first, feeder = _running(tmp_path, broker.bootstrap, pg_dsn, sends, per_s=240, rows=500)  # ~10 s of input
+    sends, resent = _sends(2400, seed=7, poison=0.04)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute(USER_TABLE)
+    first, feeder = _running(tmp_path, broker.bootstrap, pg_dsn, sends, 240, 500,  # ~10 s of input
+                             "scans_rejected")
     try:
         assert feeder.is_alive(), "the producer finished before the kill: nothing was in flight"
         time.sleep(random.Random(3).uniform(0.2, 1.8))  # a random moment inside a real-time batch
@@ -150,20 +181,27 @@ def test_sigkill_mid_stream_replays_onto_the_same_rows(tmp_path: Path, broker: A
     finally:
         first.kill()
     assert 500 <= at_kill < 2400
-    second = _driver(tmp_path, broker.bootstrap, pg_dsn, "second")
+    second = _driver(tmp_path, broker.bootstrap, pg_dsn, "second", "scans_rejected")
     try:
         feeder.join(120)
-        wait_until(lambda: _started(second) and _rows(pg_dsn) >= 2400, 180, "every scan written")
+        wait_until(lambda: _started(second) and _rows(pg_dsn) + _rows(pg_dsn, "scans_rejected") >= 2400,
+                   180, "every scan written or rejected")
         time.sleep(3)  # a real-time batch more: a late duplicate would show
     finally:
         second.kill()
-    expected = _oracle(utc_spark, broker.bootstrap)
-    assert len(expected) == 2400
+    every = _oracle(utc_spark, broker.bootstrap)
+    assert len(every) == 2400
+    expected = {s: r for s, r in every.items() if r[1] in DEPOTS and r[2] > 0}
+    poison = {s: (r[1], r[2]) for s, r in every.items() if s not in expected}
+    assert 50 < len(poison) < 150
     got = _table(pg_dsn)
     assert sorted(set(expected) - set(got))[:5] == [] and sorted(set(got) - set(expected))[:5] == []
     assert got == expected
-    replayed = _upserts_onto_existing(pg_dsn, 2400) - resent
-    print(f"rows at the kill {at_kill}; records replayed onto their rows {replayed}")
+    rejected = _rejected(pg_dsn)
+    assert {s: r[:2] for s, r in rejected.items()} == poison
+    assert all((r[2] == "known_depot") == (r[0] not in DEPOTS) for r in rejected.values())
+    replayed = _upserts_onto_existing(pg_dsn, len(expected)) - sum(s in expected for s in resent)
+    print(f"rows at the kill {at_kill}; replayed onto their rows {replayed}; rejected {len(rejected)}")
     assert replayed > 0, "the restarted driver replayed nothing: the kill hit no row in flight"
 
 
@@ -197,6 +235,12 @@ def test_refusals_name_what_to_change(spark: Any, pg_dsn: str, tmp_path: Path) -
         conn.execute("CREATE TABLE other_key (timestamp timestamptz, value bigint PRIMARY KEY)")
     with pytest.raises(ConfigError, match="other_key"):
         onceflow.write_realtime(stream, "other_key", "timestamp", tmp_path / "ck", dsn=pg_dsn)
+    with pytest.raises(ConfigError, match="rejects='t' must name a table other than 't'"):
+        onceflow.write_realtime(stream, "t", "value", tmp_path / "ck", dsn=pg_dsn, rejects="t")
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE not_rejects (record text PRIMARY KEY, note text)")
+    with pytest.raises(ConfigError, match="not_rejects.*no column"):
+        onceflow.write_realtime(stream, "t", "value", tmp_path / "ck", dsn=pg_dsn, rejects="not_rejects")
     # this session was started without realtime=True: refused before any table is created
     with pytest.raises(ConfigError, match=r"session\(realtime=True\)"):
         onceflow.write_realtime(stream, "fresh", "value", tmp_path / "ck", dsn=pg_dsn)

@@ -12,6 +12,8 @@ import java.time.{Instant, ZoneOffset}
 import java.util.Properties
 
 import org.apache.spark.sql.{ForeachWriter, Row}
+import org.apache.spark.sql.catalyst.expressions.GenericRowWithSchema
+import org.apache.spark.sql.types.StructType
 
 /**
  * Writes every row of a stateless streaming query to one PostgreSQL table with
@@ -26,12 +28,16 @@ import org.apache.spark.sql.{ForeachWriter, Row}
  *
  * Protocol (one task, one partition of one real-time batch):
  *   1. open(partition, epoch): connect (autocommit), prepare the upsert.
- *   2. process(row): bind the row's values, execute; the row is committed and visible. A
- *      connection error (SQLSTATE class 08, 57P01-57P03: the server restarting or
- *      unreachable) closes the connection, waits (50 ms doubling to 2 s), reconnects and runs the
- *      same upsert again, for up to `retryMillis`; then, or on any other error, the task fails
- *      naming the row's key, and Spark's query fails: restarted on its checkpoint it replays
- *      from the last logged batch.
+ *   2. process(row): bind the row's values, execute; the row is committed and visible. A row
+ *      the server refuses (SQLSTATE class 22 or 23: a value it cannot hold, a constraint of the
+ *      table) is, when a rejects table was given (`rejectSql`), inserted there instead — keyed
+ *      by the row's key (the whole row when a key value is null), `ON CONFLICT DO NOTHING`,
+ *      autocommitted: a replayed refused row finds its reject already there. A connection error
+ *      (SQLSTATE class 08, 57P01-57P03: the server restarting or unreachable) closes the
+ *      connection, waits (50 ms doubling to 2 s), reconnects and runs the row's statements
+ *      again, for up to `retryMillis`; then, or on any other error (a refused row without a
+ *      rejects table), the task fails naming the row's key, and Spark's query fails: restarted
+ *      on its checkpoint it replays from the last logged batch.
  *   3. close(error): the connection is closed; nothing is pending (every row was committed by
  *      its own statement).
  */
@@ -41,10 +47,13 @@ class UpsertWriter(
     password: String,
     sql: String,
     keyIndexes: Array[Int],
-    retryMillis: Long) extends ForeachWriter[Row] {
+    retryMillis: Long,
+    rejectSql: String) extends ForeachWriter[Row] {
 
   @transient private var conn: Connection = _
   @transient private var stmt: PreparedStatement = _
+  @transient private var rejectStmt: PreparedStatement = _
+  @transient private var epoch = -1L
 
   private def connect(): Unit = {
     val props = new Properties()
@@ -53,10 +62,13 @@ class UpsertWriter(
     conn = DriverManager.getConnection(url, props)
     conn.setAutoCommit(true)
     stmt = conn.prepareStatement(sql)
+    if (rejectSql != null) rejectStmt = conn.prepareStatement(rejectSql)
   }
 
   private def disconnect(): Unit = {
     try { if (stmt != null) stmt.close() } catch { case _: SQLException => }
+    try { if (rejectStmt != null) rejectStmt.close() } catch { case _: SQLException => }
+    rejectStmt = null
     try { if (conn != null) conn.close() } catch { case _: SQLException => }
     stmt = null
     conn = null
@@ -64,6 +76,7 @@ class UpsertWriter(
 
   override def open(partitionId: Long, epochId: Long): Boolean = {
     Class.forName("org.postgresql.Driver")
+    epoch = epochId
     connect()
     true
   }
@@ -88,6 +101,41 @@ class UpsertWriter(
 
   private def keyOf(row: Row): String = keyIndexes.map(i => String.valueOf(row.get(i))).mkString(", ")
 
+  /** A value the server refused (class 22) or a constraint of the table (class 23). */
+  private def refused(e: SQLException): Boolean = {
+    val state = Option(e.getSQLState).getOrElse("")
+    state.startsWith("22") || state.startsWith("23")
+  }
+
+  private def json(row: Row): String =
+    if (row.schema != null) row.json else row.toSeq.map(String.valueOf).mkString("[", ", ", "]")
+
+  /** The reject's `record`: the key's values as a JSON object (the whole row if one is null). */
+  private def recordOf(row: Row): String = {
+    if (row.schema == null || keyIndexes.exists(row.isNullAt)) return json(row)
+    val fields = keyIndexes.map(row.schema.fields(_))
+    json(new GenericRowWithSchema(keyIndexes.map(row.get), StructType(fields)))
+  }
+
+  /** The column or constraint the server named (PgJDBC's details, read without linking to it). */
+  private def subjectOf(e: SQLException): String = try {
+    val details = e.getClass.getMethod("getServerErrorMessage").invoke(e)
+    if (details == null) null else {
+      val named = Seq("getColumn", "getConstraint").map(m => details.getClass.getMethod(m).invoke(details))
+      named.find(_ != null).map(String.valueOf).orNull
+    }
+  } catch { case _: ReflectiveOperationException => null }
+
+  private def reject(row: Row, e: SQLException): Unit = {
+    rejectStmt.setString(1, recordOf(row))
+    rejectStmt.setLong(2, epoch)
+    rejectStmt.setString(3, json(row))
+    rejectStmt.setString(4, "postgres")
+    rejectStmt.setString(5, subjectOf(e))
+    rejectStmt.setString(6, s"SQLSTATE ${e.getSQLState}: ${Option(e.getMessage).getOrElse("").linesIterator.toSeq.headOption.getOrElse("")}")
+    rejectStmt.executeUpdate()
+  }
+
   override def process(row: Row): Unit = {
     val deadline = System.currentTimeMillis() + retryMillis
     var wait = 50L
@@ -96,7 +144,9 @@ class UpsertWriter(
       try {
         if (conn == null) connect()
         bind(row)
-        stmt.executeUpdate()
+        try stmt.executeUpdate() catch {
+          case e: SQLException if rejectStmt != null && refused(e) => reject(row, e)
+        }
         done = true
       } catch {
         case e: SQLException if transient(e) && System.currentTimeMillis() + wait < deadline =>
