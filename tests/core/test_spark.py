@@ -40,6 +40,7 @@ def test_local_files_go_through_the_raw_local_file_system(spark: Any) -> None:
         assert hadoop.get(key.removeprefix("spark.hadoop.")) == value
 
 
+@pytest.mark.long  # ~23 s: make test is near its 30 minutes (the raw file system is checked above)
 def test_a_checkpoint_resumes_across_checksummed_and_raw_local_files(tmp_path: Path) -> None:
     """Example 5-1 run three times on one checkpoint: checksummed, raw (the default), checksummed.
 

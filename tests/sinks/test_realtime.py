@@ -9,7 +9,8 @@ row. That a kill hit rows in flight is checked, not assumed: the server's own st
 count the upserts that found their row already there — the retried sends, plus the records
 the restarted driver replayed. A plain ``INSERT`` would have written each replayed record
 twice. Some records are poison for the user's table (a weight or depot its ``CHECK``
-constraints refuse): they must reach the ``rejects=`` table, each once, and the query go on.
+constraints refuse): they must reach the ``rejects=`` table, each once, and the query go on;
+without ``rejects=`` the query stops at one, naming its key and the way out.
 """
 
 from __future__ import annotations
@@ -208,6 +209,8 @@ def test_sigkill_mid_stream_replays_onto_the_same_rows(tmp_path: Path, broker: A
 def test_a_database_restart_mid_stream_loses_and_repeats_nothing(tmp_path: Path, broker: Any, pg_server: Any,
                                                                  utc_spark: Any) -> None:
     dsn = pg_server.new_database()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(USER_TABLE)
     sends, _resent = _sends(1600, seed=11)
     driver, feeder = _running(tmp_path, broker.bootstrap, dsn, sends, per_s=200, rows=300)  # ~8 s of input
     try:
@@ -218,9 +221,15 @@ def test_a_database_restart_mid_stream_loses_and_repeats_nothing(tmp_path: Path,
         feeder.join(120)
         wait_until(lambda: _started(driver) and _rows(dsn) >= 1600, 180, "every scan written")
         assert _started(driver), "the query did not survive the database restart"
+        # then a poison record, and no rejects= table: the query stops, naming it and the way out
+        poison = {"scan": "s99999", "parcel": "p1", "depot": "ber", "grams": 0, "at": "2026-11-26T12:00:00"}
+        _feeder(broker.bootstrap, [("s99999", json.dumps(poison).encode())], per_s=1000).join(30)
+        wait_until(lambda: driver.proc.poll() is not None, 120, "the query stopped at the poison record")
     finally:
         driver.kill()
-    assert _table(dsn) == _oracle(utc_spark, broker.bootstrap)
+    out = driver.output()
+    assert "key (s99999)" in out and "SQLSTATE 23514" in out and 'pass rejects="<table>"' in out, out[-3000:]
+    assert _table(dsn) == {s: r for s, r in _oracle(utc_spark, broker.bootstrap).items() if s != "s99999"}
 
 
 def test_refusals_name_what_to_change(spark: Any, pg_dsn: str, tmp_path: Path) -> None:

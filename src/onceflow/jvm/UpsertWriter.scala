@@ -126,14 +126,22 @@ class UpsertWriter(
     }
   } catch { case _: ReflectiveOperationException => null }
 
+  private def firstLine(e: SQLException): String =
+    Option(e.getMessage).getOrElse("").linesIterator.toSeq.headOption.getOrElse("")
+
   private def reject(row: Row, e: SQLException): Unit = {
     rejectStmt.setString(1, recordOf(row))
     rejectStmt.setLong(2, epoch)
     rejectStmt.setString(3, json(row))
     rejectStmt.setString(4, "postgres")
     rejectStmt.setString(5, subjectOf(e))
-    rejectStmt.setString(6, s"SQLSTATE ${e.getSQLState}: ${Option(e.getMessage).getOrElse("").linesIterator.toSeq.headOption.getOrElse("")}")
-    rejectStmt.executeUpdate()
+    rejectStmt.setString(6, s"SQLSTATE ${e.getSQLState}: ${firstLine(e)}")
+    try rejectStmt.executeUpdate() catch {
+      case r: SQLException if !transient(r) =>
+        throw new RuntimeException(
+          s"the row with key (${keyOf(row)}) was refused by PostgreSQL (SQLSTATE ${e.getSQLState}: " +
+            s"${firstLine(e)}) and its reject could not be written (SQLSTATE ${r.getSQLState}): ${firstLine(r)}", r)
+    }
   }
 
   override def process(row: Row): Unit = {
@@ -154,9 +162,13 @@ class UpsertWriter(
           Thread.sleep(wait)
           wait = math.min(wait * 2, 2000L)
         case e: SQLException =>
+          val hint = if (refused(e)) {
+            "; to keep rows PostgreSQL refuses in a table and go on, pass rejects=\"<table>\" " +
+              "to onceflow.write_realtime"
+          } else ""
           throw new RuntimeException(
             s"onceflow's real-time upsert of the row with key (${keyOf(row)}) failed " +
-              s"(SQLSTATE ${e.getSQLState}): ${e.getMessage}", e)
+              s"(SQLSTATE ${e.getSQLState}): ${e.getMessage}$hint", e)
       }
     }
   }
