@@ -19,8 +19,10 @@ counts, windows and anything stateful need micro-batches (:func:`onceflow.write_
 Start-up steps of :func:`write_realtime`:
 
 1. the DataFrame is checked: streaming, the key's columns present, every column of a type a
-   PostgreSQL column holds; the connection string must have a JDBC equivalent, the duration
-   must not be shorter than Spark's minimum;
+   PostgreSQL column holds, no more Kafka partitions to read than the session has task slots
+   (Real-Time Mode runs one long task per partition, all at once: a partition without a slot
+   is never read, and the query reports no error); the connection string must have a JDBC
+   equivalent, the duration must not be shorter than Spark's minimum;
 2. an existing table must have the same columns and the key as its primary key (and an existing
    ``rejects=`` table the columns of a rejects table, keyed by ``record``);
 3. the session must carry the writer's jars — a refusal at steps 1-3 creates and writes
@@ -46,6 +48,7 @@ The session must carry the writer's jars: :func:`onceflow.spark.session` with
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -68,6 +71,8 @@ SOURCES = (scalac.JVM_DIR / "UpsertWriter.scala",)
 WRITER_CLASS = "org.apache.spark.sql.onceflow.UpsertWriter"
 _JAR_NAME = "onceflow-realtime"
 MIN_DURATION_KEY = "spark.sql.streaming.realTimeMode.minBatchDuration"
+_KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+_log = logging.getLogger("onceflow.realtime")
 REJECT_COLUMNS = ("record", "batch_id", "value", "rule", "column", "reason")
 """The columns of a rejects table the writer fills (the others, Kafka's and files', stay null)."""
 
@@ -148,6 +153,52 @@ def _columns(df: DataFrame, key: Sequence[str]) -> dict[str, str]:
                           f"topic, partition, offset for Kafka")
     schema = to_arrow_schema(df.schema, timezone="UTC")
     return {f.name: pg_type(f.type) for f in schema}
+
+
+_STREAM_ONLY = {"startingoffsets", "startingoffsetsbytimestamp", "startingtimestamp",
+                "startingoffsetsbytimestampstrategy", "maxoffsetspertrigger", "minoffsetspertrigger",
+                "maxtriggerdelay"}
+"""Kafka source options a batch read refuses (the partition count does not depend on them)."""
+
+
+def kafka_partitions(df: DataFrame) -> int | None:
+    """How many Kafka partitions the streaming DataFrame reads (None: it reads no Kafka topic).
+
+    Each Kafka source of the plan is planned once more as a batch read with the same options
+    (its topics' partitions as they are now; no records are read).
+    """
+    spark = df.sparkSession
+    total, found = 0, False
+    leaves = df._jdf.queryExecution().logical().collectLeaves().iterator()
+    while leaves.hasNext():
+        leaf = leaves.next()
+        kafka = str(leaf.sourceName()) in ("kafka", _KAFKA_PROVIDER)
+        if leaf.nodeName() != "StreamingRelationV2" or not kafka:
+            continue
+        options = {str(k): str(v) for k, v in dict(leaf.extraOptions().asCaseSensitiveMap()).items()
+                   if str(k).lower() not in _STREAM_ONLY}
+        total += int(spark.read.format("kafka").options(**options).load()._jdf.rdd().getNumPartitions())
+        found = True
+    return total if found else None
+
+
+def _check_slots(df: DataFrame) -> None:
+    """Step 1: every Kafka partition the query reads gets a task slot of its own."""
+    try:
+        partitions = kafka_partitions(df)
+    except Exception as exc:  # py4j: the brokers unreachable now: the query reports that itself
+        _log.warning("write_realtime: could not count the Kafka partitions to read (%s); the "
+                     "session needs a task slot for each", str(exc).splitlines()[0])
+        return
+    slots = int(df.sparkSession.sparkContext.defaultParallelism)
+    if partitions is not None and partitions > slots:
+        raise ConfigError(
+            f"write_realtime: the query reads {partitions} Kafka partitions but the session has {slots} "
+            f"task slots (cores): Real-Time Mode runs one long task per partition, all at the same time, "
+            f"and a partition without a slot is never read — its records would wait, unprocessed, while "
+            f"the query reports no error. Give the session at least {partitions} cores "
+            f"(onceflow.spark.session(master='local[{partitions}]') on one machine, more executor cores "
+            f"on a cluster) or read fewer partitions")
 
 
 def _check_duration(spark: Any, duration: str) -> None:
@@ -268,12 +319,14 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
 
     Raises:
         ConfigError: Not a streaming DataFrame, a key that is not a column, a column type
-            PostgreSQL cannot hold, an existing table of other columns or key, a session
+            PostgreSQL cannot hold, more Kafka partitions than the session has task slots, an
+            existing table of other columns or key, a session
             without the writer's jars, a DSN the JDBC driver cannot use, a ``rejects`` table
             that is the table itself or of other columns.
     """
     keys = [key] if isinstance(key, str) else list(key)
     types = _columns(df, keys)
+    _check_slots(df)
     resolved = pg.resolve_dsn(dsn)
     target = jdbc_target(resolved)  # a DSN the JDBC driver cannot use is refused before anything is created
     retry_ms = int(parse_duration(retry_for) * 1000)

@@ -257,6 +257,26 @@ def test_refusals_name_what_to_change(spark: Any, pg_dsn: str, tmp_path: Path) -
         assert conn.execute("SELECT to_regclass('fresh')").fetchone() == (None,)
 
 
+def test_more_kafka_partitions_than_task_slots_is_refused(spark: Any, broker: Any, pg_dsn: str,
+                                                         tmp_path: Path) -> None:
+    slots = spark.sparkContext.defaultParallelism
+    broker.create_topic("wide", slots + 1)
+
+    def stream(topic: str) -> Any:
+        return scans(spark.readStream.format("kafka").option("kafka.bootstrap.servers", broker.bootstrap)
+                     .option("subscribe", topic).option("startingOffsets", "earliest").load())
+
+    with pytest.raises(ConfigError, match=rf"reads {slots + 1} Kafka partitions but the session has {slots} "
+                                          rf"task slots.*never read.*local\[{slots + 1}\]"):
+        onceflow.write_realtime(stream("wide"), "scans", "scan", tmp_path / "ck", dsn=pg_dsn)
+    assert onceflow.realtime.kafka_partitions(stream(f"wide,{TOPIC}")) == slots + 3
+    # as many partitions as slots passes this check (and stops at the next: this session lacks the jars)
+    with pytest.raises(ConfigError, match=r"session\(realtime=True\)"):
+        onceflow.write_realtime(stream(TOPIC), "scans", "scan", tmp_path / "ck", dsn=pg_dsn)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('scans')").fetchone() == (None,)
+
+
 def test_jdbc_targets_from_libpq_strings() -> None:
     assert jdbc_target("postgresql://app:s3cret@db.example:6543/sales?sslmode=require") == (
         "jdbc:postgresql://db.example:6543/sales?sslmode=require", "app", "s3cret")
