@@ -152,6 +152,7 @@ def test_cli_reports_bad_segment(tmp_path: Path, kind: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.long  # make test is near its 30 minutes (29:24 measured)
 def test_retain_batches_controls_checkpoint_history(tmp_path: Path) -> None:
     from onceflow import checkpoint as ckpt
 
