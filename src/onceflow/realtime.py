@@ -172,8 +172,9 @@ def kafka_partitions(df: DataFrame) -> int | None:
     leaves = df._jdf.queryExecution().logical().collectLeaves().iterator()
     while leaves.hasNext():
         leaf = leaves.next()
-        kafka = str(leaf.sourceName()) in ("kafka", _KAFKA_PROVIDER)
-        if leaf.nodeName() != "StreamingRelationV2" or not kafka:
+        if leaf.nodeName() != "StreamingRelationV2":  # the only leaf with a sourceName
+            continue
+        if str(leaf.sourceName()) not in ("kafka", _KAFKA_PROVIDER):
             continue
         options = {str(k): str(v) for k, v in dict(leaf.extraOptions().asCaseSensitiveMap()).items()
                    if str(k).lower() not in _STREAM_ONLY}

@@ -270,6 +270,8 @@ def test_more_kafka_partitions_than_task_slots_is_refused(spark: Any, broker: An
                                           rf"task slots.*never read.*local\[{slots + 1}\]"):
         onceflow.write_realtime(stream("wide"), "scans", "scan", tmp_path / "ck", dsn=pg_dsn)
     assert onceflow.realtime.kafka_partitions(stream(f"wide,{TOPIC}")) == slots + 3
+    for other in (spark.readStream.format("rate").load(), spark.readStream.text(str(tmp_path))):
+        assert onceflow.realtime.kafka_partitions(other) is None  # no Kafka source: nothing to count
     # as many partitions as slots passes this check (and stops at the next: this session lacks the jars)
     with pytest.raises(ConfigError, match=r"session\(realtime=True\)"):
         onceflow.write_realtime(stream(TOPIC), "scans", "scan", tmp_path / "ck", dsn=pg_dsn)
