@@ -162,10 +162,16 @@ _STREAM_ONLY = {"startingoffsets", "startingoffsetsbytimestamp", "startingtimest
 
 
 def kafka_partitions(df: DataFrame) -> int | None:
-    """How many Kafka partitions the streaming DataFrame reads (None: it reads no Kafka topic).
+    """How many Kafka partitions the streaming DataFrame reads.
 
     Each Kafka source of the plan is planned once more as a batch read with the same options
     (its topics' partitions as they are now; no records are read).
+
+    Args:
+        df: A streaming DataFrame.
+
+    Returns:
+        The partitions of every Kafka source of its plan together; None when it reads none.
     """
     spark = df.sparkSession
     total, found = 0, False
