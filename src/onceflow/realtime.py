@@ -61,6 +61,7 @@ from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.sink import pg_type
+from onceflow.sources import kafka_native
 from onceflow.tables import Table, check_existing
 
 if TYPE_CHECKING:
@@ -71,7 +72,6 @@ SOURCES = (scalac.JVM_DIR / "UpsertWriter.scala",)
 WRITER_CLASS = "org.apache.spark.sql.onceflow.UpsertWriter"
 _JAR_NAME = "onceflow-realtime"
 MIN_DURATION_KEY = "spark.sql.streaming.realTimeMode.minBatchDuration"
-_KAFKA_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 _log = logging.getLogger("onceflow.realtime")
 REJECT_COLUMNS = ("record", "batch_id", "value", "rule", "column", "reason")
 """The columns of a rejects table the writer fills (the others, Kafka's and files', stay null)."""
@@ -180,7 +180,7 @@ def kafka_partitions(df: DataFrame) -> int | None:
         leaf = leaves.next()
         if leaf.nodeName() != "StreamingRelationV2":  # the only leaf with a sourceName
             continue
-        if str(leaf.sourceName()) not in ("kafka", _KAFKA_PROVIDER):
+        if str(leaf.sourceName()) not in ("kafka", kafka_native.PROVIDER):
             continue
         options = {str(k): str(v) for k, v in dict(leaf.extraOptions().asCaseSensitiveMap()).items()
                    if str(k).lower() not in _STREAM_ONLY}
