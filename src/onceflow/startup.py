@@ -66,6 +66,24 @@ def _arrow_schema(value: Any) -> pa.Schema:
     return to_arrow_schema(value.schema, timezone="UTC")
 
 
+def empty_like(df: DataFrame) -> DataFrame:
+    """An empty batch DataFrame with ``df``'s schema, planned as a local relation.
+
+    Spark's optimizer sees that a local relation is empty, so ``per_batch`` run on it runs no
+    shuffle: Example 5-1's ~50 ms, where an empty frame from ``createDataFrame([], schema)`` (an
+    RDD Spark must run, shuffles included) took ~200 ms at every start (BENCHMARKS.md).
+    """
+    spark = df.sparkSession
+    try:
+        from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
+
+        jvm: Any = spark.sparkContext._jvm
+        schema = jvm.org.apache.spark.sql.types.DataType.fromJson(df.schema.json())
+        return ClassicFrame(spark._jsparkSession.createDataFrame(jvm.java.util.ArrayList(), schema), spark)
+    except Exception:  # noqa: BLE001 - not a classic session: Spark's own empty frame
+        return spark.createDataFrame([], df.schema)
+
+
 def output_schemas(df: DataFrame, per_batch: Callable[..., Any] | None, with_id: bool,
                    specs: Mapping[str, Table]) -> dict[str, pa.Schema]:
     """The columns each table will get (step 2), as far as they can be known before the query runs.
@@ -80,7 +98,7 @@ def output_schemas(df: DataFrame, per_batch: Callable[..., Any] | None, with_id:
     if per_batch is None:
         return {next(iter(specs)): _arrow_schema(df)} if len(specs) == 1 else {}
     try:
-        empty = df.sparkSession.createDataFrame([], df.schema)
+        empty = empty_like(df)
         out = per_batch(empty, -1) if with_id else per_batch(empty)
         if not isinstance(out, Mapping):
             out = {next(iter(specs)): out} if len(specs) == 1 else {}

@@ -84,3 +84,30 @@ def test_ctrl_c_stops_after_the_batch_in_flight_with_one_line(spark: Any, tmp_pa
     with sqlite3.connect(tmp_path / "o.db") as c:
         assert c.execute("SELECT count(*), count(DISTINCT id) FROM t").fetchone() == (400, 400)
         assert [r[0] for r in c.execute("SELECT batch_id FROM onceflow_batches")] == [0, 1, 2, 3]
+
+
+def test_the_output_columns_are_learnt_without_a_shuffle(spark: Any, tmp_path: Path) -> None:
+    """write_stream runs per_batch on an empty frame at start: Spark must see it is empty (no shuffle)."""
+    from pyspark.sql import functions as F
+
+    from onceflow.startup import output_schemas
+
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"page": ["a"], "ms": pa.array([5], pa.int64())}), tmp_path / "in" / "f.parquet")
+    stream = spark.readStream.schema("page STRING, ms LONG").parquet(str(tmp_path / "in"))
+
+    def per_batch(df: Any) -> dict[str, pa.Table]:  # a shuffle and a collect, as users write them
+        return {"pages": df.groupBy("page").agg(F.max("ms").alias("worst_ms")).toArrow()}
+
+    tracker = spark.sparkContext.statusTracker()
+    spark.sparkContext.setJobGroup("onceflow-start-test", "output schemas")
+    try:
+        schemas = output_schemas(stream, per_batch, False, {"pages": Table(key=["page"])})
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    assert schemas["pages"].names == ["page", "worst_ms"]
+    assert schemas["pages"].field("worst_ms").type == pa.int64()
+    jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup("onceflow-start-test")]
+    stages = [tracker.getStageInfo(s) for j in jobs if j for s in j.stageIds]
+    # an RDD-backed empty frame ran two jobs here, one a shuffle of 2 tasks
+    assert len(jobs) <= 1 and sum(s.numTasks for s in stages if s) <= 1, (jobs, stages)

@@ -15,6 +15,7 @@ import org.apache.spark.sql.catalyst.expressions.UnsafeRow
 import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager
 import org.apache.spark.sql.execution.streaming.state._
 import org.apache.spark.sql.types.{LongType, StructType}
+import org.apache.spark.unsafe.Platform
 
 /**
  * A StateStoreProvider for Spark's `dropDuplicatesWithinWatermark` (key: the ids, value: one
@@ -222,7 +223,7 @@ class IdStateStoreProvider extends StateStoreProvider {
       op match {
         case PUT =>
           val k = readKey(b)
-          t.put(IdTable.hash(k, IdTable.BYTES, k.length), k, b.getLong())
+          t.put(IdTable.hash(k, IdTable.BYTES, k.length), k, IdTable.BYTES, k.length, b.getLong())
         case REMOVE =>
           val k = readKey(b)
           val e = t.find(IdTable.hash(k, IdTable.BYTES, k.length), k, IdTable.BYTES, k.length)
@@ -243,7 +244,7 @@ class IdStateStoreProvider extends StateStoreProvider {
     var i = 0
     while (i < n) {
       val k = readKey(b)
-      t.add(IdTable.hash(k, IdTable.BYTES, k.length), k, b.getLong())
+      t.add(IdTable.hash(k, IdTable.BYTES, k.length), k, IdTable.BYTES, k.length, b.getLong())
       i += 1
     }
     t
@@ -264,7 +265,7 @@ class IdStateStoreProvider extends StateStoreProvider {
     val log = new OpLog
     var e = 0
     while (e < t.extent) {
-      if (t.isLive(e)) log.entry(t.keyAt(e), t.valueAt(e))
+      if (t.isLive(e)) log.entry(null, t.keyAddress(e), t.keyLength(e), t.valueAt(e))
       e += 1
     }
     (t.size, log)
@@ -294,9 +295,11 @@ class IdStateStoreProvider extends StateStoreProvider {
     private val iterKey = new UnsafeRow(keyFields)
     private val iterValue = { val r = new UnsafeRow(1); r.pointTo(new Array[Byte](16), 16); r }
     private var iterEntry = -1 // the entry the iterator last returned (its key row is iterKey)
-    // The key get() last found absent, copied, and its hash: Spark's dedup puts exactly that key
-    // next, which then needs neither a second hash nor a second probe (cleared by any change).
-    private var missKey: Array[Byte] = null
+    // The key get() last found absent (copied into a reused buffer) and its hash: Spark's dedup
+    // puts exactly that key next, which then needs neither a second hash nor a second probe
+    // (forgotten at any other change).
+    private var missKey = new Array[Byte](64)
+    private var missLength = -1
     private var missHash = 0L
 
     Option(TaskContext.get()).foreach { ctx =>
@@ -324,41 +327,43 @@ class IdStateStoreProvider extends StateStoreProvider {
       val h = IdTable.hash(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       val e = t.find(h, key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       if (e >= 0) { valueRow.setLong(0, t.valueAt(e)); valueRow }
-      else { missKey = copyOf(key); missHash = h; null }
+      else { remember(key, h); null }
     }
 
-    private def copyOf(key: UnsafeRow): Array[Byte] = {
-      val b = key.getBytes // a copy unless the row is one whole byte array: then copy it here
-      if (b eq key.getBaseObject) b.clone() else b
+    private def remember(key: UnsafeRow, h: Long): Unit = {
+      val len = key.getSizeInBytes
+      if (missKey.length < len) missKey = new Array[Byte](math.max(len, missKey.length * 2))
+      Platform.copyMemory(key.getBaseObject, key.getBaseOffset, missKey, IdTable.BYTES, len.toLong)
+      missLength = len
+      missHash = h
     }
 
     override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
       if (state != 0) throw new IllegalStateException("put after commit or abort")
       val v = value.getLong(0)
-      val miss = missKey
-      missKey = null
-      if (miss != null && miss.length == key.getSizeInBytes &&
-          IdTable.sameBytes(miss, key.getBaseObject, key.getBaseOffset, miss.length)) {
-        t.add(missHash, miss, v) // absent since get(): nothing changed the table in between
-        if (firstRemove >= 0) putAfterRemove = true
-        log.record(PUT, miss, v, withValue = true)
-        return
+      val base = key.getBaseObject
+      val off = key.getBaseOffset
+      val len = key.getSizeInBytes
+      val missed = missLength == len && IdTable.sameBytes(missKey, base, off, len)
+      missLength = -1
+      if (missed) {
+        t.add(missHash, base, off, len, v) // absent since get(): nothing changed the table in between
+      } else {
+        val e = entryOf(key)
+        if (e >= 0) t.setValue(e, v) else t.add(IdTable.hash(base, off, len), base, off, len, v)
       }
-      val e = entryOf(key)
-      val k = if (e >= 0) t.keyAt(e) else copyOf(key)
-      if (e >= 0) t.setValue(e, v) else t.add(IdTable.hash(k, IdTable.BYTES, k.length), k, v)
       if (firstRemove >= 0) putAfterRemove = true
-      log.record(PUT, k, v, withValue = true)
+      log.record(PUT, base, off, len, v, withValue = true)
     }
 
     override def remove(key: UnsafeRow, colFamilyName: String): Unit = {
       if (state != 0) throw new IllegalStateException("remove after commit or abort")
-      missKey = null
+      missLength = -1
       val e = entryOf(key)
       if (e >= 0) {
         val v = t.valueAt(e)
         if (firstRemove < 0) firstRemove = log.position
-        log.record(REMOVE, t.keyAt(e), 0L, withValue = false)
+        log.record(REMOVE, null, t.keyAddress(e), t.keyLength(e), 0L, withValue = false)
         t.removeAt(e)
         removes += 1
         if (v > maxRemoved) maxRemoved = v
@@ -382,8 +387,7 @@ class IdStateStoreProvider extends StateStoreProvider {
         }
         override def next(): UnsafeRowPair = {
           if (!hasNext) throw new NoSuchElementException("no more state rows")
-          val k = t.keyAt(pos)
-          iterKey.pointTo(k, k.length)
+          iterKey.pointTo(null, t.keyAddress(pos), t.keyLength(pos)) // valid until the table adds
           iterValue.setLong(0, t.valueAt(pos))
           iterEntry = pos
           pos += 1

@@ -3,6 +3,8 @@
  */
 package org.apache.spark.sql.onceflow
 
+import java.lang.ref.Cleaner
+
 import org.apache.spark.sql.catalyst.expressions.XXH64
 import org.apache.spark.unsafe.Platform
 import org.apache.spark.unsafe.array.ByteArrayMethods
@@ -10,19 +12,34 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
 /**
  * The ids of one partition of a dedup-within-watermark operator: key bytes -> expiry (micros).
  *
- * Entries live in dense arrays (key bytes, 64-bit hash, expiry); an open-addressing index
- * (linear probing) maps a hash to an entry, each slot holding the hash's upper half beside the
- * entry number, so that a probe rarely touches an entry. A removal only marks its entry: an
- * eviction removes most entries of a batch at once, and rebuilding the index from the entries
- * left ([[compact]], before the next lookup) costs less than deleting each from the index.
- * Entries keep their numbers until then, so an iteration may remove as it goes.
+ * Everything lives outside the Java heap (three blocks, [[IdTable.Blocks]]), so the garbage
+ * collector never copies a table's millions of ids from one survivor space to the next: entries
+ * in a dense array of 32-byte records (hash, expiry, key offset, key length, removed flag), the
+ * key bytes end to end in an arena, and an open-addressing index (linear probing) mapping a hash
+ * to an entry, each slot holding the hash's upper half beside the entry number, so that a probe
+ * rarely touches an entry. A removal only marks its entry: an eviction removes most entries of a
+ * batch at once, and rebuilding the index from the entries left ([[compact]], before the next
+ * lookup) costs less than deleting each from the index. Entries keep their numbers (and their
+ * key addresses) until then, so an iteration may remove as it goes.
+ *
+ * The blocks are freed when the table becomes unreachable (a [[java.lang.ref.Cleaner]]), never
+ * while anything can still read them; a block outgrown is freed when its successor is in place.
+ * One thread at a time uses a table (the provider hands it to one store at a time).
  */
 final class IdTable(initial: Int) {
-  private var slots = new Array[Long](IdTable.capacityFor(initial))
-  private var keys = new Array[Array[Byte]](math.max(initial, 16))
-  private var hashes = new Array[Long](keys.length)
-  private var values = new Array[Long](keys.length)
-  private var dead = new Array[Boolean](keys.length)
+  import IdTable._
+
+  private val mem = new Blocks
+  CLEANER.register(this, mem)
+  private var entryCap = math.max(initial, 16)
+  private var slotCap = capacityFor(initial)
+  private var arenaCap = entryCap.toLong * 16L
+  // the blocks' addresses, read on every lookup (plain fields; `mem` keeps copies for the cleaner)
+  private var entries = alloc(entryCap.toLong * ENTRY)
+  private var slots = allocZeroed(slotCap.toLong * 8L)
+  private var arena = alloc(arenaCap)
+  mem.keep(entries, slots, arena)
+  private var arenaUsed = 0L
   private var n = 0
   private var removed = 0
   private var generation = 0L
@@ -33,98 +50,150 @@ final class IdTable(initial: Int) {
   def extent: Int = n
   /** Changes when entries are renumbered (an iteration over numbers must not outlive it). */
   def epoch: Long = generation
-  def isLive(e: Int): Boolean = !dead(e)
-  def keyAt(e: Int): Array[Byte] = keys(e)
-  def valueAt(e: Int): Long = values(e)
+  private def at(e: Int): Long = entries + e.toLong * ENTRY
+  def isLive(e: Int): Boolean = Platform.getInt(null, at(e) + 28) == 0
+  def valueAt(e: Int): Long = Platform.getLong(null, at(e) + 8)
+  private def hashAt(e: Int): Long = Platform.getLong(null, at(e))
+  /** The address of entry `e`'s key bytes: valid until the table next adds or compacts. */
+  def keyAddress(e: Int): Long = arena + Platform.getLong(null, at(e) + 16)
+  def keyLength(e: Int): Int = Platform.getInt(null, at(e) + 24)
 
   /** The entry holding the key (bytes at base+off), or -1. */
   def find(h: Long, base: AnyRef, off: Long, len: Int): Int = {
     if (removed > 0) compact()
-    val mask = slots.length - 1
+    val mask = slotCap - 1
     val tag = h >>> 32
     var i = h.toInt & mask
     while (true) {
-      val s = slots(i)
+      val s = Platform.getLong(null, slots + i.toLong * 8L)
       if (s == 0L) return -1
       if ((s >>> 32) == tag) {
         val e = (s & 0xffffffffL).toInt - 1
-        val k = keys(e)
-        if (hashes(e) == h && k.length == len && IdTable.sameBytes(k, base, off, len)) return e
+        if (hashAt(e) == h && keyLength(e) == len &&
+            ByteArrayMethods.arrayEquals(null, keyAddress(e), base, off, len.toLong)) return e
       }
       i = (i + 1) & mask
     }
     -1
   }
 
-  /** Adds a key known to be absent; `k` becomes the table's (not copied). */
-  def add(h: Long, k: Array[Byte], v: Long): Unit = {
+  /** Adds a key known to be absent (its bytes at base+off are copied). */
+  def add(h: Long, base: AnyRef, off: Long, len: Int, v: Long): Unit = {
     if (removed > 0) compact()
-    if ((n + 1) * 2 > slots.length) reindex(IdTable.capacityFor(n + 1))
-    if (n == keys.length) {
-      val c = keys.length * 2
-      keys = java.util.Arrays.copyOf(keys, c); hashes = java.util.Arrays.copyOf(hashes, c)
-      values = java.util.Arrays.copyOf(values, c); dead = java.util.Arrays.copyOf(dead, c)
+    if ((n + 1) * 2 > slotCap) reindex(capacityFor(n + 1))
+    if (n == entryCap) {
+      entryCap *= 2
+      entries = Platform.reallocateMemory(entries, n.toLong * ENTRY, entryCap.toLong * ENTRY)
+      mem.keep(entries, slots, arena)
     }
-    keys(n) = k; hashes(n) = h; values(n) = v; dead(n) = false
+    if (arenaUsed + len > arenaCap) {
+      val c = math.max(arenaCap * 2, arenaUsed + len)
+      arena = Platform.reallocateMemory(arena, arenaUsed, c)
+      arenaCap = c
+      mem.keep(entries, slots, arena)
+    }
+    Platform.copyMemory(base, off, null, arena + arenaUsed, len.toLong)
+    val a = at(n)
+    Platform.putLong(null, a, h)
+    Platform.putLong(null, a + 8, v)
+    Platform.putLong(null, a + 16, arenaUsed)
+    Platform.putInt(null, a + 24, len)
+    Platform.putInt(null, a + 28, 0)
+    arenaUsed += len
     insertSlot(h, n)
     n += 1
   }
 
   /** Inserts or replaces. */
-  def put(h: Long, k: Array[Byte], v: Long): Unit = {
-    val e = find(h, k, IdTable.BYTES, k.length)
-    if (e >= 0) values(e) = v else add(h, k, v)
+  def put(h: Long, base: AnyRef, off: Long, len: Int, v: Long): Unit = {
+    val e = find(h, base, off, len)
+    if (e >= 0) setValue(e, v) else add(h, base, off, len, v)
   }
 
-  def setValue(e: Int, v: Long): Unit = values(e) = v
+  def setValue(e: Int, v: Long): Unit = Platform.putLong(null, at(e) + 8, v)
 
   private def insertSlot(h: Long, e: Int): Unit = {
-    val mask = slots.length - 1
+    val mask = slotCap - 1
     var i = h.toInt & mask
-    while (slots(i) != 0L) i = (i + 1) & mask
-    slots(i) = ((h >>> 32) << 32) | (e + 1L)
+    while (Platform.getLong(null, slots + i.toLong * 8L) != 0L) i = (i + 1) & mask
+    Platform.putLong(null, slots + i.toLong * 8L, ((h >>> 32) << 32) | (e + 1L))
   }
 
   /** Marks entry `e` removed (it keeps its number until [[compact]]). */
-  def removeAt(e: Int): Unit = if (!dead(e)) { dead(e) = true; removed += 1 }
+  def removeAt(e: Int): Unit = if (isLive(e)) { Platform.putInt(null, at(e) + 28, 1); removed += 1 }
 
-  /** Drops removed entries, renumbers the rest and rebuilds the index. */
+  /** Drops removed entries, renumbers the rest (keys moved down the arena) and rebuilds the index. */
   def compact(): Unit = if (removed > 0) {
-    var w = 0; var e = 0
+    var w = 0; var e = 0; var used = 0L
     while (e < n) {
-      if (!dead(e)) {
-        keys(w) = keys(e); hashes(w) = hashes(e); values(w) = values(e); dead(w) = false
+      if (isLive(e)) {
+        val len = keyLength(e)
+        val from = Platform.getLong(null, at(e) + 16)
+        if (from != used) Platform.copyMemory(null, arena + from, null, arena + used, len.toLong)
+        if (w != e) Platform.copyMemory(null, at(e), null, at(w), ENTRY)
+        Platform.putLong(null, at(w) + 16, used)
+        used += len
         w += 1
       }
       e += 1
     }
-    java.util.Arrays.fill(keys.asInstanceOf[Array[AnyRef]], w, n, null)
-    n = w; removed = 0; generation += 1
-    reindex(IdTable.capacityFor(math.max(n, 8)))
+    n = w; removed = 0; arenaUsed = used; generation += 1
+    // the index keeps its size: the next batch adds about as many ids as the eviction removed
+    reindex(math.max(slotCap, capacityFor(math.max(n, 8))))
   }
 
   private def reindex(cap: Int): Unit = {
-    slots = new Array[Long](cap)
+    val old = slots
+    slots = allocZeroed(cap.toLong * 8L)
+    slotCap = cap
+    mem.keep(entries, slots, arena)
+    Platform.freeMemory(old)
     var e = 0
-    while (e < n) { insertSlot(hashes(e), e); e += 1 }
+    while (e < n) { insertSlot(hashAt(e), e); e += 1 }
   }
 
   /** The smallest expiry of a live entry (Long.MaxValue when empty). */
   def minValue: Long = {
     var m = Long.MaxValue; var e = 0
-    while (e < n) { if (!dead(e) && values(e) < m) m = values(e); e += 1 }
+    while (e < n) {
+      if (isLive(e)) { val v = valueAt(e); if (v < m) m = v }
+      e += 1
+    }
     m
   }
 
   /** Removes every entry whose expiry is <= t. */
   def evictUpTo(t: Long): Unit = {
     var e = 0
-    while (e < n) { if (values(e) <= t) removeAt(e); e += 1 }
+    while (e < n) { if (valueAt(e) <= t) removeAt(e); e += 1 }
   }
 }
 
 object IdTable {
   val BYTES: Long = Platform.BYTE_ARRAY_OFFSET.toLong
+  /** Bytes of an entry: hash (8), expiry (8), key offset in the arena (8), key length (4), removed (4). */
+  private val ENTRY = 32L
+  private val CLEANER = Cleaner.create()
+
+  /** A table's memory blocks (addresses), freed by the cleaner once the table is unreachable. */
+  private final class Blocks extends Runnable {
+    @volatile var entries = 0L
+    @volatile var slots = 0L
+    @volatile var arena = 0L
+    def keep(e: Long, s: Long, a: Long): Unit = { entries = e; slots = s; arena = a }
+    override def run(): Unit = {
+      Seq(entries, slots, arena).foreach(a => if (a != 0L) Platform.freeMemory(a))
+      entries = 0L; slots = 0L; arena = 0L
+    }
+  }
+
+  private def alloc(bytes: Long): Long = Platform.allocateMemory(math.max(bytes, 8L))
+
+  private def allocZeroed(bytes: Long): Long = {
+    val a = alloc(bytes)
+    Platform.setMemory(a, 0.toByte, math.max(bytes, 8L))
+    a
+  }
 
   def capacityFor(n: Int): Int = {
     var c = 16
@@ -146,15 +215,23 @@ final class OpLog {
     val b = java.nio.ByteBuffer.allocate(math.max(buf.capacity() * 2, buf.position() + k))
     buf.flip(); b.put(buf); buf = b
   }
-  def record(op: Byte, k: Array[Byte], v: Long, withValue: Boolean): Unit = {
-    room(13 + k.length)
-    buf.put(op).putInt(k.length).put(k)
+  private def putBytes(base: AnyRef, off: Long, len: Int): Unit = {
+    Platform.copyMemory(base, off, buf.array, IdTable.BYTES + buf.position(), len.toLong)
+    buf.position(buf.position() + len)
+  }
+  /** A record: operation, the key's length and bytes (at base+off), then (with `withValue`) v. */
+  def record(op: Byte, base: AnyRef, off: Long, len: Int, v: Long, withValue: Boolean): Unit = {
+    room(13 + len)
+    buf.put(op).putInt(len)
+    putBytes(base, off, len)
     if (withValue) buf.putLong(v)
   }
   /** A snapshot's entry: the key's length and bytes, then its value (no operation byte). */
-  def entry(k: Array[Byte], v: Long): Unit = {
-    room(12 + k.length)
-    buf.putInt(k.length).put(k).putLong(v)
+  def entry(base: AnyRef, off: Long, len: Int, v: Long): Unit = {
+    room(12 + len)
+    buf.putInt(len)
+    putBytes(base, off, len)
+    buf.putLong(v)
   }
   def array: Array[Byte] = buf.array()
 }
