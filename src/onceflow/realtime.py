@@ -21,13 +21,15 @@ Start-up steps of :func:`write_realtime`:
 1. the DataFrame is checked: streaming, the key's columns present, every column of a type a
    PostgreSQL column holds, no more Kafka partitions to read than the session has task slots
    (Real-Time Mode runs one long task per partition, all at once: a partition without a slot
-   is never read, and the query reports no error); the connection string must have a JDBC
-   equivalent, the duration must not be shorter than Spark's minimum;
+   is never read, and the query reports no error); a ``rejects=`` table must be another table;
+   the connection string must have a JDBC equivalent, the duration must not be shorter than
+   Spark's minimum;
 2. an existing table must have the same columns and the key as its primary key (and an existing
-   ``rejects=`` table the columns of a rejects table, keyed by ``record``);
+   ``rejects=`` table the columns of a rejects table, keyed by ``record``), both asked in one
+   connection;
 3. the session must carry the writer's jars — a refusal at steps 1-3 creates and writes
    nothing;
-4. the table (and the ``rejects=`` table) is created if it does not exist, the writer is
+4. the table (and the ``rejects=`` table) is created if it does not exist (one connection), the writer is
    built in the driver JVM with the upsert's SQL and the connection's settings (the password
    never reaches a message), and the query is started with ``trigger(realTime=duration)`` and
    ``outputMode("update")`` (Real-Time Mode's only mode), the session's state store provider
@@ -221,27 +223,25 @@ def _check_duration(spark: Any, duration: str) -> None:
                           f"logged, not a latency (rows are written as they arrive); use '{least}' or more")
 
 
-def _check_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str]) -> None:
-    """Step 2: an existing table fits."""
-    with pg.session(dsn) as conn:
-        found = pg.existing_table(conn, table)
-    if found is not None:
-        check_existing("PostgreSQL", table, Table(key=list(key), mode="upsert"), tuple(types), *found)
-
-
-def _check_rejects(dsn: str, table: str, rejects: str | None) -> None:
-    """Steps 1-2: the ``rejects=`` table is another table, and fits if it exists."""
-    from onceflow import rejects as rj
-
-    if rejects is None:
-        return
-    if not rejects or rejects == table:
+def _check_rejects_name(table: str, rejects: str | None) -> None:
+    """Step 1: the ``rejects=`` table is another table."""
+    if rejects is not None and (not rejects or rejects == table):
         raise ConfigError(f"write_realtime's rejects={rejects!r} must name a table other than {table!r}: "
                           f"where rows PostgreSQL refuses go, e.g. rejects='{table}_rejected'")
+
+
+def _check_tables(dsn: str, table: str, types: dict[str, str], key: Sequence[str],
+                  rejects: str | None) -> None:
+    """Step 2: an existing table fits, and an existing ``rejects=`` table (one connection for both)."""
+    from onceflow import rejects as rj
+
     with pg.session(dsn) as conn:
-        found = pg.existing_table(conn, rejects)
+        found = pg.existing_table(conn, table)
+        found_rejects = pg.existing_table(conn, rejects) if rejects is not None else None
     if found is not None:
-        check_existing("PostgreSQL", rejects, rj.SPEC, rj.COLUMNS, *found)
+        check_existing("PostgreSQL", table, Table(key=list(key), mode="upsert"), tuple(types), *found)
+    if rejects is not None and found_rejects is not None:
+        check_existing("PostgreSQL", rejects, rj.SPEC, rj.COLUMNS, *found_rejects)
 
 
 def _check_jars(spark: Any) -> None:
@@ -253,37 +253,35 @@ def _check_jars(spark: Any) -> None:
                           "(or add onceflow.realtime.session_jars() to spark.jars)")
 
 
-def _create_table(dsn: str, table: str, types: dict[str, str], key: Sequence[str]) -> str:
-    """Step 4: the table created if missing; returns the upsert's SQL with ``?`` parameters."""
+def _create_tables(dsn: str, table: str, types: dict[str, str], key: Sequence[str],
+                   rejects: str | None) -> tuple[str, str | None]:
+    """Step 4: the table (and the ``rejects=`` table) created if missing, in one connection.
+
+    Returns:
+        The upsert's SQL and the reject's insert (None without ``rejects``), with ``?`` parameters.
+    """
     from psycopg import sql
+
+    from onceflow import rejects as rj
 
     ident = sql.Identifier
     with pg.session(dsn) as conn:
         conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident(table),
                                                                           pg.table_body(types, key)))
-        cols = sql.SQL(", ").join(map(ident, types))
-        marks = sql.SQL(", ").join(sql.SQL("?") for _ in types)
-        stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
-            ident(table), cols, marks, pg.on_conflict(list(types), key, ident(table)))
-        return stmt.as_string(conn)
-
-
-def _create_rejects(dsn: str, rejects: str) -> str:
-    """Step 4: the rejects table created if missing; returns its insert's SQL with ``?`` parameters."""
-    from psycopg import sql
-
-    from onceflow import rejects as rj
-
-    ident = sql.Identifier(rejects)
-    with pg.session(dsn) as conn:
-        types = {f.name: pg_type(f.type) for f in rj.ARROW_SCHEMA}
-        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident,
-                                                                          pg.table_body(types, rj.SPEC.key)))
-        stmt = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
-            ident, sql.SQL(", ").join(map(sql.Identifier, REJECT_COLUMNS)),
+        upsert = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
+            ident(table), sql.SQL(", ").join(map(ident, types)),
+            sql.SQL(", ").join(sql.SQL("?") for _ in types),
+            pg.on_conflict(list(types), key, ident(table))).as_string(conn)
+        if rejects is None:
+            return upsert, None
+        reject_types = {f.name: pg_type(f.type) for f in rj.ARROW_SCHEMA}
+        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
+            ident(rejects), pg.table_body(reject_types, rj.SPEC.key)))
+        reject = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
+            ident(rejects), sql.SQL(", ").join(map(ident, REJECT_COLUMNS)),
             sql.SQL(", ").join(sql.SQL("?") for _ in REJECT_COLUMNS),
-            pg.on_conflict(REJECT_COLUMNS, rj.SPEC.key, ident, update=False))
-        return stmt.as_string(conn)
+            pg.on_conflict(REJECT_COLUMNS, rj.SPEC.key, ident(rejects), update=False)).as_string(conn)
+        return upsert, reject
 
 
 def _writer(spark: Any, target: tuple[str, str | None, str | None], upsert: str, key_indexes: list[int],
@@ -334,15 +332,14 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
     keys = [key] if isinstance(key, str) else list(key)
     types = _columns(df, keys)
     _check_slots(df)
+    _check_rejects_name(table, rejects)
     resolved = pg.resolve_dsn(dsn)
     target = jdbc_target(resolved)  # a DSN the JDBC driver cannot use is refused before anything is created
     retry_ms = int(parse_duration(retry_for) * 1000)
     _check_duration(df.sparkSession, duration)
-    _check_table(resolved, table, types, keys)
-    _check_rejects(resolved, table, rejects)
+    _check_tables(resolved, table, types, keys, rejects)
     _check_jars(df.sparkSession)
-    upsert = _create_table(resolved, table, types, keys)
-    reject = _create_rejects(resolved, rejects) if rejects is not None else None
+    upsert, reject = _create_tables(resolved, table, types, keys, rejects)
     names = list(types)
     jwriter = _writer(df.sparkSession, target, upsert, [names.index(k) for k in keys], retry_ms, reject)
     writer: Any = df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))
