@@ -6,8 +6,9 @@ ids in a Spark state store. Spark's default, the HDFS-backed store, holds them i
 writes every put and every removal to its delta file; measured here it is three quarters of
 Example 5-1's time (BENCHMARKS.md, "Throughput ceiling"). The id store
 (``jvm/IdStateStoreProvider.scala`` and ``jvm/IdTable.scala`` beside this module) keeps the
-same ids in flat arrays with an open-addressing index, updates one table in place from
-version to version, and writes an eviction of everything up to an expiry as one record. It
+same ids in flat arrays with an open-addressing index, outside the Java heap (the collector never
+copies them; ~100 bytes per id held, beside ``spark.driver.memory``), updates one table in place
+from version to version, and writes an eviction of everything up to an expiry as one record. It
 stores the same things in the same checkpoint directory with Spark's own atomic file writes,
 so crash recovery stays Spark's: a version is committed when its delta file is renamed into
 place, and a failed task's table is rebuilt from the files. Every other stateful operator of

@@ -272,3 +272,76 @@ def test_drivers_starting_together_each_get_the_jar(tmp_path: Path) -> None:
     jars = {out.strip() for out, _ in outs}
     assert len(jars) == 1 and Path(jars.pop()).is_file()
     assert [p.name for p in (tmp_path / "cache" / "jvm").iterdir()] == [Path(outs[0][0].strip()).name]
+
+
+def _key_row(jvm: Any, text: str) -> Any:
+    """An UnsafeRow of one string field (Spark's layout: null bits, offset and size, the bytes)."""
+    import struct
+
+    data = text.encode()
+    padded = data + bytes((len(data) + 7) // 8 * 8 - len(data))
+    return _row(jvm, bytes(8) + struct.pack("<q", (16 << 32) | len(data)) + padded)
+
+
+def _row(jvm: Any, data: bytes) -> Any:
+    row = jvm.org.apache.spark.sql.catalyst.expressions.UnsafeRow(1)
+    row.pointTo(bytearray(data), len(data))
+    return row
+
+
+def test_a_row_of_the_iterator_never_reads_moved_ids(spark: Any, tmp_path: Path) -> None:
+    """The ids live outside the heap: a row pointing at them is refused once they moved, never read.
+
+    Spark's own calls on the store (py4j): an iterator's key row, then enough new ids to outgrow
+    the table's key memory, then that row used again; and the table rebuilt from its files.
+    """
+    import struct
+
+    from py4j.protocol import Py4JJavaError
+
+    jvm = spark._jvm
+    state = jvm.org.apache.spark.sql.execution.streaming.state
+    types = jvm.org.apache.spark.sql.types.DataType
+    keys = types.fromJson(json.dumps({"type": "struct", "fields": [
+        {"name": "event_id", "type": "string", "nullable": True, "metadata": {}}]}))
+    values = types.fromJson(json.dumps({"type": "struct", "fields": [
+        {"name": "expiresAtMicros", "type": "long", "nullable": False, "metadata": {}}]}))
+    none = jvm.scala.Option.empty()
+
+    def provider() -> Any:
+        p = jvm.org.apache.spark.sql.onceflow.IdStateStoreProvider()
+        no_options = getattr(getattr(jvm.scala.collection.immutable, "Map$"), "MODULE$").empty()
+        conf = state.StateStoreConf(spark._jsparkSession.sessionState().conf(), no_options)
+        p.init(state.StateStoreId(str(tmp_path / "state"), 0, 0, "default"), keys, values,
+               state.NoPrefixKeyStateEncoderSpec(keys), False, conf, spark._jsc.hadoopConfiguration(),
+               False, none)
+        return p
+
+    def expiry(micros: int) -> Any:
+        return _row(jvm, bytes(8) + struct.pack("<q", micros))
+
+    p = provider()
+    store = p.getStore(0, none, False, False)
+    for i in range(3):
+        store.put(_key_row(jvm, f"a{i}"), expiry(100 + i), "default")
+    assert store.commit() == 1
+    store = p.getStore(1, none, False, False)
+    it = store.iterator("default")
+    first = it.next().key()
+    assert first.getString(0) == "a0" and store.get(first, "default").getLong(0) == 100
+    store.remove(first, "default")
+    assert store.get(first, "default") is None
+    long_ids = ["b" * 1000 + str(i) for i in range(400)]  # 400 KB of ids: the key memory (256 KB) grows
+    for k in long_ids:
+        store.put(_key_row(jvm, k), expiry(200), "default")
+    with pytest.raises(Py4JJavaError) as err:
+        store.get(first, "default")
+    assert "an iterator's row used after the table changed" in str(err.value.java_exception.getMessage())
+    with pytest.raises(Py4JJavaError, match="changed under an iterator"):
+        it.hasNext()
+    assert store.commit() == 2
+    reloaded = provider().getStore(2, none, False, False)  # a new provider: rebuilt from the files
+    asked = ["a0", "a1", "a2", "zz", *long_ids]
+    found = {k for k in asked if reloaded.get(_key_row(jvm, k), "default") is not None}
+    assert found == {"a1", "a2", *long_ids}
+    assert reloaded.metrics().numKeys() == 402

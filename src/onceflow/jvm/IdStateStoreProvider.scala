@@ -295,6 +295,9 @@ class IdStateStoreProvider extends StateStoreProvider {
     private val iterKey = new UnsafeRow(keyFields)
     private val iterValue = { val r = new UnsafeRow(1); r.pointTo(new Array[Byte](16), 16); r }
     private var iterEntry = -1 // the entry the iterator last returned (its key row is iterKey)
+    private var iterEpoch = -1L // the table's epoch then: iterKey's bytes are inside the table
+    private val ownKey = new UnsafeRow(keyFields)
+    private var ownBytes = new Array[Byte](64)
     // The key get() last found absent (copied into a reused buffer) and its hash: Spark's dedup
     // puts exactly that key next, which then needs neither a second hash nor a second probe
     // (forgotten at any other change).
@@ -314,16 +317,37 @@ class IdStateStoreProvider extends StateStoreProvider {
       }
     }
 
-    private def entryOf(key: UnsafeRow): Int = {
-      if ((key eq iterKey) && iterEntry >= 0 && t.isLive(iterEntry)) return iterEntry
-      val h = IdTable.hash(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
-      t.find(h, key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
+    /** Whether `key` is the iterator's row for a live entry, numbered as when it was returned. */
+    private def isIterated(key: UnsafeRow): Boolean =
+      (key eq iterKey) && iterEntry >= 0 && t.epoch == iterEpoch && t.isLive(iterEntry)
+
+    /**
+     * `key`, or when it is the iterator's row (its bytes inside the table, where a compaction
+     * or a grown arena moves them) a copy on the heap, taken before anything changes the table.
+     */
+    private def stable(key: UnsafeRow): UnsafeRow = {
+      if (!(key eq iterKey)) return key
+      if (t.epoch != iterEpoch) {
+        throw new IllegalStateException(
+          "onceflow's id state store: an iterator's row used after the table changed")
+      }
+      val len = key.getSizeInBytes
+      if (ownBytes.length < len) ownBytes = new Array[Byte](math.max(len, ownBytes.length * 2))
+      Platform.copyMemory(key.getBaseObject, key.getBaseOffset, ownBytes, IdTable.BYTES, len.toLong)
+      ownKey.pointTo(ownBytes, len)
+      ownKey
     }
 
-    override def get(key: UnsafeRow, colFamilyName: String): UnsafeRow = {
-      if ((key eq iterKey) && iterEntry >= 0 && t.isLive(iterEntry)) {
-        valueRow.setLong(0, t.valueAt(iterEntry)); return valueRow
-      }
+    private def entryOf(key: UnsafeRow): Int = {
+      if (isIterated(key)) return iterEntry
+      val k = stable(key)
+      val h = IdTable.hash(k.getBaseObject, k.getBaseOffset, k.getSizeInBytes)
+      t.find(h, k.getBaseObject, k.getBaseOffset, k.getSizeInBytes)
+    }
+
+    override def get(key0: UnsafeRow, colFamilyName: String): UnsafeRow = {
+      if (isIterated(key0)) { valueRow.setLong(0, t.valueAt(iterEntry)); return valueRow }
+      val key = stable(key0)
       val h = IdTable.hash(key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       val e = t.find(h, key.getBaseObject, key.getBaseOffset, key.getSizeInBytes)
       if (e >= 0) { valueRow.setLong(0, t.valueAt(e)); valueRow }
@@ -338,9 +362,10 @@ class IdStateStoreProvider extends StateStoreProvider {
       missHash = h
     }
 
-    override def put(key: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
+    override def put(key0: UnsafeRow, value: UnsafeRow, colFamilyName: String): Unit = {
       if (state != 0) throw new IllegalStateException("put after commit or abort")
       val v = value.getLong(0)
+      val key = if (isIterated(key0)) key0 else stable(key0)
       val base = key.getBaseObject
       val off = key.getBaseOffset
       val len = key.getSizeInBytes
@@ -387,9 +412,10 @@ class IdStateStoreProvider extends StateStoreProvider {
         }
         override def next(): UnsafeRowPair = {
           if (!hasNext) throw new NoSuchElementException("no more state rows")
-          iterKey.pointTo(null, t.keyAddress(pos), t.keyLength(pos)) // valid until the table adds
+          iterKey.pointTo(null, t.keyAddress(pos), t.keyLength(pos)) // valid while the epoch is
           iterValue.setLong(0, t.valueAt(pos))
           iterEntry = pos
+          iterEpoch = epoch
           pos += 1
           pair.withRows(iterKey, iterValue)
         }
@@ -413,6 +439,7 @@ class IdStateStoreProvider extends StateStoreProvider {
       }
       state = 1
       t.compact() // here rather than in the next batch's first lookup
+      t.releaseRetired() // no row of this store points into an outgrown arena any more
       if (conf.commitValidationEnabled) { // Spark checks that every partition's store committed
         StateStore.reportCommitToCoordinator(version + 1, id, hadoopConf)
       }
@@ -425,6 +452,7 @@ class IdStateStoreProvider extends StateStoreProvider {
     override def abort(): Unit = {
       if (state == 0) {
         state = 2
+        t.releaseRetired()
         val unchanged = log.position == 0 // e.g. a read-only use: the table is still version v
         IdStateStoreProvider.this.synchronized {
           if (owned && (table eq t)) {

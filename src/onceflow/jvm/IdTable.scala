@@ -48,7 +48,10 @@ final class IdTable(initial: Int) {
   def size: Int = n - removed
   /** Entry numbers in use (live or removed) until the next [[compact]]. */
   def extent: Int = n
-  /** Changes when entries are renumbered (an iteration over numbers must not outlive it). */
+  /**
+   * Changes when entries are renumbered or key bytes move ([[compact]], the arena outgrown): an
+   * iteration over numbers, or a row pointing at [[keyAddress]], must not outlive it.
+   */
   def epoch: Long = generation
   private def at(e: Int): Long = entries + e.toLong * ENTRY
   def isLive(e: Int): Boolean = Platform.getInt(null, at(e) + 28) == 0
@@ -86,10 +89,14 @@ final class IdTable(initial: Int) {
       entries = Platform.reallocateMemory(entries, n.toLong * ENTRY, entryCap.toLong * ENTRY)
       mem.keep(entries, slots, arena)
     }
-    if (arenaUsed + len > arenaCap) {
+    if (arenaUsed + len > arenaCap) { // the old arena kept until releaseRetired: a row may point there
       val c = math.max(arenaCap * 2, arenaUsed + len)
-      arena = Platform.reallocateMemory(arena, arenaUsed, c)
+      val fresh = alloc(c)
+      Platform.copyMemory(null, arena, null, fresh, arenaUsed)
+      mem.retire(arena)
+      arena = fresh
       arenaCap = c
+      generation += 1
       mem.keep(entries, slots, arena)
     }
     Platform.copyMemory(base, off, null, arena + arenaUsed, len.toLong)
@@ -152,6 +159,9 @@ final class IdTable(initial: Int) {
     while (e < n) { insertSlot(hashAt(e), e); e += 1 }
   }
 
+  /** Frees the arenas outgrown since the last call (no row may point into them any more). */
+  def releaseRetired(): Unit = mem.releaseRetired()
+
   /** The smallest expiry of a live entry (Long.MaxValue when empty). */
   def minValue: Long = {
     var m = Long.MaxValue; var e = 0
@@ -180,8 +190,15 @@ object IdTable {
     @volatile var entries = 0L
     @volatile var slots = 0L
     @volatile var arena = 0L
+    private val retired = new java.util.ArrayList[java.lang.Long]
     def keep(e: Long, s: Long, a: Long): Unit = { entries = e; slots = s; arena = a }
+    def retire(a: Long): Unit = retired.synchronized { retired.add(a) }
+    def releaseRetired(): Unit = retired.synchronized {
+      retired.forEach(a => Platform.freeMemory(a))
+      retired.clear()
+    }
     override def run(): Unit = {
+      releaseRetired()
       Seq(entries, slots, arena).foreach(a => if (a != 0L) Platform.freeMemory(a))
       entries = 0L; slots = 0L; arena = 0L
     }
