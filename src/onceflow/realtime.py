@@ -29,8 +29,8 @@ Start-up steps of :func:`write_realtime`:
    connection;
 3. the session must carry the writer's jars — a refusal at steps 1-3 creates and writes
    nothing;
-4. the table (and the ``rejects=`` table) is created if it does not exist (one connection), the writer is
-   built in the driver JVM with the upsert's SQL and the connection's settings (the password
+4. the table (and the ``rejects=`` table) is created if it does not exist (one connection), the
+   writer is built in the driver JVM with the upsert's SQL and the connection's settings (the password
    never reaches a message), and the query is started with ``trigger(realTime=duration)`` and
    ``outputMode("update")`` (Real-Time Mode's only mode), the session's state store provider
    unset while it starts if it is onceflow's id store (Real-Time Mode refuses any but RocksDB;

@@ -9,7 +9,8 @@ A query that cannot write should fail when it is started, not at its first batch
    merged (``add`` would count a running total again at every batch).
 2. **Output columns** (:func:`output_schemas`): the columns each table will get, from the
    stream's schema, or by calling ``per_batch`` once on an *empty* DataFrame of the stream's
-   schema (batch id ``-1``; plain PySpark transformations build a plan and read nothing). A
+   schema (batch id ``-1``; a local relation Spark's optimizer knows is empty, so plain PySpark
+   transformations build a plan and run no shuffle: :func:`empty_like`). A
    ``per_batch`` that cannot run on an empty frame is skipped here and checked at its first
    batch as before. Each table's key and merged columns must be among them
    (:func:`onceflow.tables.check_columns`).

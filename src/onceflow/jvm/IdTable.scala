@@ -23,8 +23,10 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
  * key addresses) until then, so an iteration may remove as it goes.
  *
  * The blocks are freed when the table becomes unreachable (a [[java.lang.ref.Cleaner]]), never
- * while anything can still read them; a block outgrown is freed when its successor is in place.
- * One thread at a time uses a table (the provider hands it to one store at a time).
+ * while anything can still read them; an outgrown index or entry array is freed once its
+ * successor is in place, an outgrown key arena only at [[releaseRetired]] (the store's commit or
+ * abort: until then a row may still point into it). One thread at a time uses a table (the
+ * provider hands it to one store at a time).
  */
 final class IdTable(initial: Int) {
   import IdTable._
@@ -57,7 +59,7 @@ final class IdTable(initial: Int) {
   def isLive(e: Int): Boolean = Platform.getInt(null, at(e) + 28) == 0
   def valueAt(e: Int): Long = Platform.getLong(null, at(e) + 8)
   private def hashAt(e: Int): Long = Platform.getLong(null, at(e))
-  /** The address of entry `e`'s key bytes: valid until the table next adds or compacts. */
+  /** The address of entry `e`'s key bytes: valid while [[epoch]] stays the same. */
   def keyAddress(e: Int): Long = arena + Platform.getLong(null, at(e) + 16)
   def keyLength(e: Int): Int = Platform.getInt(null, at(e) + 24)
 
