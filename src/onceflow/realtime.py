@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,6 +67,7 @@ from onceflow.sources import kafka_native
 from onceflow.tables import Table, check_existing
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.streaming.query import StreamingQuery
 
@@ -153,7 +154,11 @@ def _columns(df: DataFrame, key: Sequence[str]) -> dict[str, str]:
         raise ConfigError(f"write_realtime's key {list(key)} must name columns of the DataFrame "
                           f"({', '.join(df.columns)}): what identifies the record, e.g. its id, or "
                           f"topic, partition, offset for Kafka")
-    schema = to_arrow_schema(df.schema, timezone="UTC")
+    return _pg_types(to_arrow_schema(df.schema, timezone="UTC"))
+
+
+def _pg_types(schema: pa.Schema) -> dict[str, str]:
+    """Each column's PostgreSQL type."""
     return {f.name: pg_type(f.type) for f in schema}
 
 
@@ -253,6 +258,24 @@ def _check_jars(spark: Any) -> None:
                           "(or add onceflow.realtime.session_jars() to spark.jars)")
 
 
+def _create(conn: Any, name: str, types: Mapping[str, str], key: Sequence[str], columns: Sequence[str],
+            *, update: bool) -> str:
+    """Step 4: one table created if missing.
+
+    Returns:
+        Its insert of ``columns`` (``?`` parameters): on a key conflict the row is updated
+        (``update``) or left as it is.
+    """
+    from psycopg import sql
+
+    ident = sql.Identifier
+    conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident(name), pg.table_body(types, key)))
+    return str(sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
+        ident(name), sql.SQL(", ").join(map(ident, columns)),
+        sql.SQL(", ").join(sql.SQL("?") for _ in columns),
+        pg.on_conflict(list(columns), key, ident(name), update=update)).as_string(conn))
+
+
 def _create_tables(dsn: str, table: str, types: dict[str, str], key: Sequence[str],
                    rejects: str | None) -> tuple[str, str | None]:
     """Step 4: the table (and the ``rejects=`` table) created if missing, in one connection.
@@ -260,27 +283,13 @@ def _create_tables(dsn: str, table: str, types: dict[str, str], key: Sequence[st
     Returns:
         The upsert's SQL and the reject's insert (None without ``rejects``), with ``?`` parameters.
     """
-    from psycopg import sql
-
     from onceflow import rejects as rj
 
-    ident = sql.Identifier
     with pg.session(dsn) as conn:
-        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(ident(table),
-                                                                          pg.table_body(types, key)))
-        upsert = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
-            ident(table), sql.SQL(", ").join(map(ident, types)),
-            sql.SQL(", ").join(sql.SQL("?") for _ in types),
-            pg.on_conflict(list(types), key, ident(table))).as_string(conn)
+        upsert = _create(conn, table, types, key, list(types), update=True)
         if rejects is None:
             return upsert, None
-        reject_types = {f.name: pg_type(f.type) for f in rj.ARROW_SCHEMA}
-        conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} ({})").format(
-            ident(rejects), pg.table_body(reject_types, rj.SPEC.key)))
-        reject = sql.SQL("INSERT INTO {} ({}) VALUES ({}){}").format(
-            ident(rejects), sql.SQL(", ").join(map(ident, REJECT_COLUMNS)),
-            sql.SQL(", ").join(sql.SQL("?") for _ in REJECT_COLUMNS),
-            pg.on_conflict(REJECT_COLUMNS, rj.SPEC.key, ident(rejects), update=False)).as_string(conn)
+        reject = _create(conn, rejects, _pg_types(rj.ARROW_SCHEMA), rj.SPEC.key, REJECT_COLUMNS, update=False)
         return upsert, reject
 
 
