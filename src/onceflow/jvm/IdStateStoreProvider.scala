@@ -331,11 +331,17 @@ class IdStateStoreProvider extends StateStoreProvider {
         throw new IllegalStateException(
           "onceflow's id state store: an iterator's row used after the table changed")
       }
-      val len = key.getSizeInBytes
-      if (ownBytes.length < len) ownBytes = new Array[Byte](math.max(len, ownBytes.length * 2))
-      Platform.copyMemory(key.getBaseObject, key.getBaseOffset, ownBytes, IdTable.BYTES, len.toLong)
-      ownKey.pointTo(ownBytes, len)
+      ownBytes = copied(key, ownBytes)
+      ownKey.pointTo(ownBytes, key.getSizeInBytes)
       ownKey
+    }
+
+    /** `key`'s bytes copied into `buf` (a larger buffer when it does not fit): the buffer. */
+    private def copied(key: UnsafeRow, buf: Array[Byte]): Array[Byte] = {
+      val len = key.getSizeInBytes
+      val to = if (buf.length < len) new Array[Byte](math.max(len, buf.length * 2)) else buf
+      Platform.copyMemory(key.getBaseObject, key.getBaseOffset, to, IdTable.BYTES, len.toLong)
+      to
     }
 
     private def entryOf(key: UnsafeRow): Int = {
@@ -355,10 +361,8 @@ class IdStateStoreProvider extends StateStoreProvider {
     }
 
     private def remember(key: UnsafeRow, h: Long): Unit = {
-      val len = key.getSizeInBytes
-      if (missKey.length < len) missKey = new Array[Byte](math.max(len, missKey.length * 2))
-      Platform.copyMemory(key.getBaseObject, key.getBaseOffset, missKey, IdTable.BYTES, len.toLong)
-      missLength = len
+      missKey = copied(key, missKey)
+      missLength = key.getSizeInBytes
       missHash = h
     }
 
