@@ -281,6 +281,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
         raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
     path = Path(checkpoint)
     idstore.check_checkpoint(path, df.sparkSession.conf.get("spark.jars", "") or "")
+    startup.clear_unfinished_start(path)
     event_time = event_time or getattr(df, _EVENT_TIME_ATTR, None)
     ids = getattr(df, _ID_ATTR, None)
     if late is not None:

@@ -95,15 +95,34 @@ def load(spec: str, fresh: bool = False) -> Callable[..., Any]:
 
 
 def start(fn: Callable[..., Any], spark: Any, input: str | Path, sink: Any, checkpoint: str | Path,
-          once: bool) -> Any:
-    """Call the pipeline function; the :class:`OnceQuery` it returned.
+          once: bool, realtime: bool = False) -> Any:
+    """Call the pipeline function; the query it returned.
+
+    Args:
+        fn: The pipeline function.
+        spark: The session.
+        input: What it reads.
+        sink: Where it writes (a sink; with ``realtime``, the PostgreSQL connection string).
+        checkpoint: Spark's checkpoint directory.
+        once: Process what is there, then stop.
+        realtime: The function writes with :func:`onceflow.write_realtime` (a Real-Time Mode
+            query: it returns Spark's ``StreamingQuery``).
 
     Raises:
-        ConfigError: It returned something else.
+        ConfigError: It returned something else than the query of the writer it must use.
     """
     from onceflow.query import OnceQuery
 
     query = fn(spark, str(input), sink, str(checkpoint), once)
+    if realtime:
+        from pyspark.sql.streaming.query import StreamingQuery
+
+        if not isinstance(query, StreamingQuery):
+            raise ConfigError(f"the pipeline function {getattr(fn, '__name__', fn)} returned "
+                              f"{type(query).__name__}; with --sink realtime it must return what "
+                              "onceflow.write_realtime returned (its sink argument is the connection "
+                              "string: write_realtime(df, table, key, checkpoint, dsn=sink))")
+        return query
     if not isinstance(query, OnceQuery):
         raise ConfigError(f"the pipeline function {getattr(fn, '__name__', fn)} returned "
                           f"{type(query).__name__}; it must return what onceflow.write_stream returned")

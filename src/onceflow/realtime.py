@@ -30,6 +30,8 @@ Start-up steps of :func:`write_realtime`:
 3. the session must carry the writer's jars — a refusal at steps 1-3 creates and writes
    nothing;
 4. the table (and the ``rejects=`` table) is created if it does not exist (one connection), the
+   temporary log files of a query killed before it logged its first batch are removed
+   (:func:`onceflow.startup.clear_unfinished_start`: Spark would refuse the checkpoint), the
    writer is built in the driver JVM with the upsert's SQL and the connection's settings (the password
    never reaches a message), and the query is started with ``trigger(realTime=duration)`` and
    ``outputMode("update")`` (Real-Time Mode's only mode), the session's state store provider
@@ -64,6 +66,7 @@ from onceflow.errors import ConfigError
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.sink import pg_type
 from onceflow.sources import kafka_native
+from onceflow.startup import clear_unfinished_start
 from onceflow.tables import Table, check_existing
 
 if TYPE_CHECKING:
@@ -131,12 +134,13 @@ def jdbc_target(dsn: str) -> tuple[str, str | None, str | None]:
     user = params.pop("user", None) or os.environ.get("PGUSER")
     password = params.pop("password", None) or os.environ.get("PGPASSWORD")
     jdbc_names = {"sslmode": "sslmode", "application_name": "ApplicationName",
-                  "connect_timeout": "connectTimeout"}
+                  "connect_timeout": "connectTimeout", "options": "options"}
     passed = {jdbc_names[k]: params.pop(k) for k in list(params) if k in jdbc_names}
     if params:
         raise ConfigError(f"the real-time writer's JDBC connection has no equivalent for "
                           f"{', '.join(sorted(params))} in {pg.redact(dsn)!r}: drop them (host, port, "
-                          f"dbname, user, password, sslmode, application_name, connect_timeout are used)")
+                          f"dbname, user, password, sslmode, application_name, connect_timeout, options "
+                          f"are used)")
     query = "&".join(f"{k}={quote(v, safe='')}" for k, v in sorted(passed.items()))
     url = f"jdbc:postgresql://{host}:{port}/{dbname or user or ''}" + (f"?{query}" if query else "")
     return url, user, password
@@ -349,6 +353,7 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
     _check_tables(resolved, table, types, keys, rejects)
     _check_jars(df.sparkSession)
     upsert, reject = _create_tables(resolved, table, types, keys, rejects)
+    clear_unfinished_start(Path(checkpoint))
     names = list(types)
     jwriter = _writer(df.sparkSession, target, upsert, [names.index(k) for k in keys], retry_ms, reject)
     writer: Any = df.writeStream.outputMode("update").option("checkpointLocation", str(checkpoint))

@@ -3,6 +3,9 @@
 A query that cannot write should fail when it is started, not at its first batch (which, with
 ``once=True`` and no new input, never comes):
 
+0. **A first batch cut off** (:func:`clear_unfinished_start`, also run by
+   :func:`onceflow.write_realtime`): the temporary log files a SIGKILL left before Spark logged
+   any batch are removed — Spark would refuse the checkpoint as another query's.
 1. **Output mode** (:func:`check_output_mode`): Spark's ``append``, ``update`` or ``complete``.
    ``update`` and ``complete`` hand each batch the *current* value of every changed (or every)
    aggregate row, not a per-batch delta: such a table must be upserted by its key, never
@@ -22,8 +25,11 @@ A query that cannot write should fail when it is started, not at its first batch
 
 from __future__ import annotations
 
+import logging
+import re
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -36,6 +42,35 @@ if TYPE_CHECKING:
 
 OUTPUT_MODES = ("append", "update", "complete")
 """Spark's output modes, by its names."""
+_UNFINISHED = re.compile(r"^\.\.?\d+\.[0-9a-f-]+\.tmp(\.crc)?$")
+"""A log file Spark began and never renamed into place (``.N.<uuid>.tmp``, its ``.crc``)."""
+
+
+def clear_unfinished_start(checkpoint: Path) -> list[Path]:
+    """Step 0: remove what a query killed before it logged its first batch left in its logs.
+
+    Spark writes ``offsets/N`` and ``commits/N`` as a hidden temporary file renamed into place.
+    A SIGKILL between the two leaves the temporary file behind, and while ``offsets/`` holds no
+    batch, Spark takes any file in ``offsets/`` or ``commits/`` for another query's and refuses
+    to start (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``, "should be empty on batch 0") —
+    measured here: a real-time query killed at the end of its first batch, and a micro-batch
+    checkpoint holding ``offsets/.0.<uuid>.tmp``. Such a file is never read (Spark reads
+    ``N`` only), and with no batch logged there is nothing to resume: it is removed, each one
+    named in a warning. Once a batch is logged, nothing is touched.
+
+    Returns:
+        The files removed.
+    """
+    logs = [checkpoint / "offsets", checkpoint / "commits"]
+    if any(p.name.isdigit() for p in logs[0].glob("*")):
+        return []
+    removed = [p for d in logs if d.is_dir() for p in sorted(d.iterdir()) if _UNFINISHED.match(p.name)]
+    for p in removed:
+        p.unlink(missing_ok=True)
+        logging.getLogger("onceflow.startup").warning(
+            "removed %s: a log file Spark began and never finished (the query was killed before it "
+            "logged its first batch); Spark would refuse the checkpoint with it", p)
+    return removed
 
 
 def check_output_mode(mode: str, specs: Mapping[str, Table], late: str | None) -> None:

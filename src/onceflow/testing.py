@@ -36,6 +36,7 @@ from typing import Any
 from onceflow.verify.chaos import VerifyConfig, VerifyResult, run_verify
 from onceflow.verify.fault_kinds import default_faults
 from onceflow.verify.report import print_summary, write_reports
+from onceflow.verify.sinks import REALTIME
 
 __all__ = ["explain", "verify_pipeline"]
 
@@ -57,12 +58,15 @@ def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, ro
 
     Args:
         pipeline: ``PATH.py:FUNCTION`` (:mod:`onceflow.pipelines`).
-        input: Directory of sample files the pipeline reads.
+        input: Directory of sample files the pipeline reads (with ``sink="realtime"``: the
+            JSON-lines records verify produces to the Kafka topic the pipeline reads).
         workdir: Where the run's checkpoint, sink and reports go (``report.html`` there).
         rounds: Fault rounds (each one fault; ``all`` cycles through the crash points, a random
             SIGKILL, an ambiguous commit and a trigger change).
         seed: Seed of the timings.
-        sink: ``sqlite``, ``postgres``, ``delta`` or a negative control (``naive``...).
+        sink: ``sqlite``, ``postgres``, ``delta``, a negative control (``naive``...), or
+            ``realtime``: a pipeline that writes with :func:`onceflow.write_realtime` (its rounds:
+            :mod:`onceflow.verify.realtime_rounds`).
         faults: ``"all"`` or fault names.
         pg_dsn: PostgreSQL server for ``postgres`` sinks (else ``$ONCEFLOW_PG_DSN``).
         fast_start: Start drivers from a class-data archive (faster rounds).
@@ -75,9 +79,17 @@ def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, ro
         ConfigError: A bad pipeline spec, sample, sink or fault name.
     """
     names = [faults] if isinstance(faults, str) else list(faults)
+    work = Path(workdir).absolute()
+    if sink == REALTIME:
+        from onceflow.verify import realtime_rounds as rt
+
+        chosen = rt.check(pipeline, "kafka", list(rt.FAULTS) if names == ["all"] else names, "")
+        result = rt.run_realtime(work / "work", pipeline, Path(input).absolute(), rounds, chosen, seed,
+                                 pg_dsn, say=say or (lambda _: None))
+        write_reports(result, work)
+        return result
     if names == ["all"]:
         names = default_faults(sink, pipeline=True)
-    work = Path(workdir).absolute()
     cfg = VerifyConfig(workdir=work / "work", rounds=rounds, faults=names, seed=seed, sink=sink,
                        pg_dsn=pg_dsn, fast_start=fast_start, pipeline=pipeline,
                        input_dir=Path(input).absolute())

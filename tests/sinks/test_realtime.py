@@ -284,6 +284,8 @@ def test_jdbc_targets_from_libpq_strings() -> None:
         "jdbc:postgresql://db.example:6543/sales?sslmode=require", "app", "s3cret")
     assert jdbc_target("host=127.0.0.1 dbname=app user=u application_name=feed connect_timeout=5") == (
             "jdbc:postgresql://127.0.0.1:5432/app?ApplicationName=feed&connectTimeout=5", "u", None)
+    assert jdbc_target("host=h dbname=app options='-c search_path=ops'")[0] == (
+        "jdbc:postgresql://h:5432/app?options=-c%20search_path%3Dops")
     with pytest.raises(ConfigError, match="TCP") as err:
         jdbc_target("host=/var/run/postgresql dbname=app password=s3cret")
     assert "s3cret" not in str(err.value)

@@ -13,7 +13,7 @@ import pyarrow as pa
 
 from onceflow.tables import Table
 from onceflow.verify.pipeline_oracle import Captured, Deduplication
-from onceflow.verify.pipeline_verdict import Folded, _compare, canon, fold, unmarked
+from onceflow.verify.pipeline_verdict import Folded, canon, compare_table, fold, unmarked
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
@@ -84,15 +84,15 @@ def test_the_compare_says_lost_duplicated_and_extra() -> None:
     want.add([{"k": 1, "n": 2}, {"k": 2, "n": 2}, {"k": 3, "n": 2}])
     found = [{"k": 1, "n": 2}, {"k": 2, "n": 4}, {"k": 4, "n": 1}]  # 2 doubled, 3 lost, 4 invented
     violations: list[str] = []
-    d = _compare("t", want, found, violations)
+    d = compare_table("t", want, found, violations)
     assert (d.missing_rows, d.too_high, d.extra_rows, d.lost_events, d.duplicated_events) == (1, 1, 1, 1, 1)
     assert len(violations) == 3
     exact: list[str] = []
-    assert _compare("t", want, [{"k": k, "n": 2} for k in (1, 2, 3)], exact).exact and not exact
+    assert compare_table("t", want, [{"k": k, "n": 2} for k in (1, 2, 3)], exact).exact and not exact
     rows = Folded(Table())
     rows.add([{"v": 1}, {"v": 2}])
     bad: list[str] = []
-    d = _compare("a", rows, [{"v": 1}, {"v": 1}], bad)
+    d = compare_table("a", rows, [{"v": 1}, {"v": 1}], bad)
     assert (d.lost_events, d.duplicated_events) == (1, 1)
 
 

@@ -18,7 +18,15 @@ from onceflow.cli.options import Duration, secret_dsn
 from onceflow.errors import BadSegmentError, ConfigError, OnceflowError, from_spark
 from onceflow.examples.user_counts import KafkaTopic
 from onceflow.sources.log import EventLog
-from onceflow.verify.sinks import SINKS, USER_SINK_ID, USER_SINKS, SinkOptions, make_sink
+from onceflow.verify.sinks import (
+    REALTIME,
+    REALTIME_STARTED,
+    SINKS,
+    USER_SINK_ID,
+    USER_SINKS,
+    SinkOptions,
+    make_sink,
+)
 
 
 @dataclass(frozen=True)
@@ -182,7 +190,7 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--retain-batches", type=click.IntRange(min=1), default=None,
               help="Batches of checkpoint history Spark keeps (spark.sql.streaming.minBatchesToRetain, "
                    "default 100). 'onceflow verify' audits from the first batch, so it retains all.")
-@click.option("--sink", "sink_kind", type=click.Choice(SINKS), default=None,
+@click.option("--sink", "sink_kind", type=click.Choice([*SINKS, REALTIME]), default=None,
               help="Where results go: sqlite (default of user_counts); postgres (driver-side "
                    "transaction); postgres-staged (default of billing) / postgres-2pc (written by "
                    "the executors); http (each row one call to --effects-url, ledger in --db); "
@@ -191,7 +199,9 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "Negative controls, never "
                    "for real data: 'naive', 'postgres-naive' and 'http-naive' have no batch marker, "
                    "'delta-naive' never checks it, 'kafka-naive' produces without a transaction "
-                   "(duplicates), 'lossy' commits the marker before the rows (loss).")
+                   "(duplicates), 'lossy' commits the marker before the rows (loss). "
+                   "realtime: a --pipeline PATH.py:FUNCTION that writes with onceflow.write_realtime "
+                   "(Spark's Real-Time Mode; its sink argument is --pg-dsn).")
 @click.option("--standby", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="Hot standby (verify --fast-start): start Spark, then wait until this file "
                    "exists before touching the log, the sink or the checkpoint.")
@@ -230,6 +240,9 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         os.environ[idstore.ENV] = "1" if id_store else "0"
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
+    if sink_kind == REALTIME and pipeline in PIPELINES:
+        raise click.UsageError(f"--sink {REALTIME} is for a --pipeline PATH.py:FUNCTION that writes with "
+                               f"onceflow.write_realtime; {pipeline} writes micro-batches")
     if pipeline not in PIPELINES:
         out = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, kafka=out_kafka)
         _run_user_pipeline(pipeline, input_dir, checkpoint, out, sink_kind, once, master, conf, standby)
@@ -274,12 +287,16 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     kind = sink_kind or "sqlite"
-    if kind not in USER_SINKS:
-        raise click.UsageError(f"--pipeline PATH.py:FUNCTION writes with --sink {', '.join(USER_SINKS)}")
+    if kind not in (*USER_SINKS, REALTIME):
+        raise click.UsageError(f"--pipeline PATH.py:FUNCTION writes with --sink {', '.join(USER_SINKS)} "
+                               f"or {REALTIME}")
     where: str | Path = input_dir
     if not re.fullmatch(r"[^/\s]+:\d+/[^/\s]+", input_dir):  # not HOST:PORT/TOPIC: a directory
         where = Path(input_dir).absolute()
         where.mkdir(parents=True, exist_ok=True)
+    if kind == REALTIME:
+        _run_realtime(fn, where, checkpoint, where_out.pg_dsn, once, master, conf, standby)
+        return
     spark = session(master=master, conf=conf)
     if standby is not None:
         wait_for_release(standby)
@@ -290,6 +307,27 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where
     finally:
         sink.close()
     click.echo("done")
+
+
+def _run_realtime(fn: Any, where: str | Path, checkpoint: Path, pg_dsn: str | None, once: bool,
+                  master: str | None, conf: dict[str, str], standby: Path | None) -> None:
+    """``--sink realtime``: the user's function gets the connection string and starts a real-time query."""
+    from onceflow import pipelines
+    from onceflow.sinks.postgres import sql as pg
+    from onceflow.spark import session
+
+    if once:
+        raise click.UsageError("--sink realtime runs until stopped: Spark's Real-Time Mode has no --once")
+    try:
+        dsn = pg.resolve_dsn(pg_dsn)
+        spark = session(master=master, conf=conf, realtime=True)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    if standby is not None:
+        wait_for_release(standby)
+    query = pipelines.start(fn, spark, where, dsn, checkpoint.absolute(), False, realtime=True)
+    click.echo(REALTIME_STARTED, err=True)
+    query.awaitTermination()
 
 
 def _connector_conf(connector: str) -> dict[str, str]:

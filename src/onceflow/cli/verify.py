@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from onceflow.cli.options import secret_dsn
-from onceflow.verify.sinks import SINKS
+from onceflow.verify.sinks import REALTIME, SINKS
 
 
 @click.command()
@@ -22,10 +22,12 @@ from onceflow.verify.sinks import SINKS
                    "crash_apply_pending only with --sink sqlite, crash_effects_* only with --sink "
                    "http (which has no crash_inside_sink_txn), the receiver_*, sender_kill "
                    "and dropped_acks faults only with --ingest).")
-@click.option("--sink", type=click.Choice(SINKS), default="sqlite", show_default=True,
+@click.option("--sink", type=click.Choice([*SINKS, REALTIME]), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'; http: calls to a demo service verify "
                    "starts); naive, lossy, postgres-naive, http-naive and delta-naive are negative controls: "
-                   "verify must fail.")
+                   "verify must fail. realtime: a --pipeline that writes with onceflow.write_realtime "
+                   "(Spark's Real-Time Mode into PostgreSQL; --source kafka; faults kill_random, "
+                   "sink_outage).")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
 @click.option("--cluster", type=click.Choice(["local", "standalone"]), is_flag=False, flag_value="local",
@@ -76,6 +78,10 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
     from onceflow.verify.report import print_summary, write_reports
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
+    if sink == REALTIME:
+        _verify_realtime(rounds, seed, names, pg_dsn, cluster, source, ingest, resume, report_dir,
+                         pipeline, input_dir)
+        return
     if names == ["all"]:
         names = default_faults(sink, cluster or "", ingest, pipeline=bool(pipeline))
     report_dir = report_dir.absolute()
@@ -95,6 +101,45 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
                + (f", pipeline {pipeline}" if pipeline else ""))
     try:
         result = run_verify(cfg, say=click.echo, resume=resume)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    print_summary(result)
+    jpath, hpath = write_reports(result, report_dir)
+    click.echo(f"report written to {hpath} and {jpath}")
+    sys.exit(0 if result.ok else 1)
+
+
+def _verify_realtime(rounds: int, seed: int, names: list[str], pg_dsn: str | None, cluster: str | None,
+                     source: str, ingest: bool, resume: bool, report_dir: Path, pipeline: str | None,
+                     input_dir: Path | None) -> None:
+    """``--sink realtime``: a Real-Time Mode pipeline's rounds (:mod:`onceflow.verify.realtime_rounds`)."""
+    from onceflow import pipelines
+    from onceflow.errors import ConfigError
+    from onceflow.sinks.postgres import sql as pg
+    from onceflow.verify import realtime_rounds as rt
+    from onceflow.verify.report import print_summary, write_reports
+
+    try:
+        faults = rt.check(pipeline, source, list(rt.FAULTS) if names == ["all"] else names, cluster or "")
+        if ingest or resume:
+            raise ConfigError("--sink realtime does not combine with --ingest or --resume")
+        if input_dir is None:
+            raise ConfigError("--sink realtime needs --input RECORDS (a JSON-lines file of records)")
+        assert pipeline is not None
+        pipelines.load(pipeline)
+        pg.resolve_dsn(pg_dsn)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    report_dir = report_dir.absolute()
+    work = report_dir / "work"
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    click.echo(f"verify: {rounds} rounds, faults {', '.join(faults)}, sink realtime, seed {seed}, source "
+               f"kafka, pipeline {pipeline}")
+    try:
+        result = rt.run_realtime(work, pipeline, input_dir.absolute(), rounds, faults, seed, pg_dsn,
+                                 say=click.echo)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     print_summary(result)

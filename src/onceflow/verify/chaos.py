@@ -416,20 +416,16 @@ class _Run:
 
     def _judge_pipeline(self) -> Verdict:
         """The user's pipeline: its oracle over the checkpoint (a Spark session of verify's own)."""
-        from onceflow.spark import session
-        from onceflow.verify.pipeline_oracle import PipelineOracle
+        from onceflow.verify.pipeline_oracle import PipelineOracle, oracle_session
         from onceflow.verify.pipeline_verdict import judge, unmarked
 
         self.say("oracle: rebuilding every committed batch from the checkpoint and the input files")
-        spark = session()
-        try:
+        with oracle_session() as spark:
             kafka = (self.src.broker.bootstrap, TOPIC) if self.cfg.source == "kafka" else None
             oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck, kafka)
             oracle.run()
             verdict = judge(self.target.name, oracle, self.target.reader(),
                             json_values=self.target.broker is not None)
-        finally:
-            spark.stop()
         if self.cfg.sink in KEEP_MARKERS:  # every batch Spark committed has its marker in the sink
             verdict.missing_markers = unmarked(spark_log.committed(self.ck), self.target.batches())
             if verdict.missing_markers:

@@ -161,7 +161,7 @@ class _BatchReader:
         return self.load(path, "text", **options)
 
 
-class _Session:
+class BatchSession:
     """The user's ``spark`` during the oracle's call: ``readStream`` reads one batch's files."""
 
     def __init__(self, spark: Any, files: Sequence[Path],
@@ -247,7 +247,7 @@ class PipelineOracle:
               kafka: KafkaBatch | None = None) -> Captured:
         self._batch_id = batch_id
         where = f"{self.kafka[0]}/{self.kafka[1]}" if self.kafka else ""
-        built = self.pipeline(_Session(self.spark, files, kafka), where, None, "", True)
+        built = self.pipeline(BatchSession(self.spark, files, kafka), where, None, "", True)
         if not isinstance(built, Captured):
             raise ConfigError("the pipeline function did not return what onceflow.write_stream returned")
         return built
@@ -279,6 +279,26 @@ class PipelineOracle:
                     self.captured.append((batch_id, captured))
                 self.dedup.evict(spark_log.read_offsets(ck, batch_id).watermark_ms)
         return self.captured
+
+
+@contextlib.contextmanager
+def oracle_session() -> Iterator[Any]:
+    """A SparkSession for an oracle; stopped after, unless the process had one already.
+
+    ``verify_pipeline`` runs the oracle in the caller's process: a test's or a notebook's session
+    is the one :func:`onceflow.spark.session` returns, and it must outlive the oracle.
+    """
+    from pyspark import SparkContext
+
+    from onceflow.spark import session
+
+    had = SparkContext._active_spark_context is not None
+    spark = session()
+    try:
+        yield spark
+    finally:
+        if not had:
+            spark.stop()
 
 
 @contextlib.contextmanager

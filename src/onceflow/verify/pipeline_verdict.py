@@ -139,7 +139,8 @@ def fold(captured: list[tuple[int, Captured]], form: Callable[[Any], Any] | None
     return out
 
 
-def _compare(name: str, want: Folded, got: Rows, violations: list[str]) -> CountDiff:
+def compare_table(name: str, want: Folded, got: Rows, violations: list[str]) -> CountDiff:
+    """The sink's table ``got`` against ``want`` (see the module); each difference added to ``violations``."""
     spec = want.spec
     found = [{k: canon(v) for k, v in r.items()} for r in got]
     if spec.mode == "append":
@@ -223,7 +224,7 @@ def judge(sink: str, oracle: PipelineOracle, read: Reader, json_values: bool = F
             got = []
             if want.rows():
                 violations.append(f"{name}: the table does not exist; {want.rows()} rows expected")
-        tables[name] = _compare(name, want, got, violations)
+        tables[name] = compare_table(name, want, got, violations)
     late_expected = late_recorded = 0
     late = next((c.late for _, c in oracle.captured if c.late), None)
     if late is not None:

@@ -32,8 +32,9 @@ from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 
-__all__ = ["SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink", "NaiveDeltaSink", "NaiveHttpSink",
-           "NaiveKafkaSink", "NaivePostgresSink", "NaiveSQLiteSink", "SinkOptions", "make_sink", "marker_id"]
+__all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink",
+           "NaiveDeltaSink", "NaiveHttpSink", "NaiveKafkaSink", "NaivePostgresSink", "NaiveSQLiteSink",
+           "SinkOptions", "make_sink", "marker_id"]
 
 SQLITE_SINKS = ("sqlite", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
@@ -46,6 +47,10 @@ USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta",
               "kafka-naive")
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
+REALTIME = "realtime"
+"""``--sink realtime``: a user's pipeline that writes with :func:`onceflow.write_realtime`."""
+REALTIME_STARTED = "real-time query started"
+"""What ``onceflow run --sink realtime`` prints once the query runs (verify waits for it)."""
 """The sink id (markers' namespace) a user's pipeline writes under in ``onceflow run``/``verify``."""
 EXAMPLE_SINK_ID = "user_counts"
 """The sink id ``onceflow run`` writes Example 5-1 under (its markers' namespace)."""
