@@ -47,6 +47,11 @@ if [[ -n "${ONCEFLOW_PG_DSN:-}" ]]; then
   for sink in postgres postgres-staged postgres-2pc; do
     verify "$sink" --rounds 40 --seed 16 --sink "$sink"
   done
+  # a Real-Time Mode pipeline (tests/verify/pipelines/auths.py: onceflow.write_realtime)
+  "$PY" -c "from pathlib import Path; from tests.verify.pipelines import auths; \
+auths.write_records(Path('$OUT/auths.jsonl'), 6000, seed=24)"
+  verify realtime --pipeline tests/verify/pipelines/auths.py:build --input "$OUT/auths.jsonl" \
+    --source kafka --sink realtime --rounds 40 --seed 24
 else
   echo "== ONCEFLOW_PG_DSN not set: the PostgreSQL sinks' long verifies are left out"
 fi
