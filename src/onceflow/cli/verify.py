@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from onceflow.cli.options import secret_dsn
 from onceflow.verify.sinks import REALTIME, SINKS
+
+if TYPE_CHECKING:
+    from onceflow.verify.chaos import VerifyResult
 
 
 @click.command()
@@ -75,7 +80,6 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
     from onceflow.errors import ConfigError
     from onceflow.verify.chaos import VerifyConfig, run_verify
     from onceflow.verify.fault_kinds import default_faults
-    from onceflow.verify.report import print_summary, write_reports
 
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if sink == REALTIME:
@@ -99,14 +103,7 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
                f"source {source}" + (f", cluster {cluster}" if cluster else "")
                + (", through senders and the ingest receiver" if ingest else "")
                + (f", pipeline {pipeline}" if pipeline else ""))
-    try:
-        result = run_verify(cfg, say=click.echo, resume=resume)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from exc
-    print_summary(result)
-    jpath, hpath = write_reports(result, report_dir)
-    click.echo(f"report written to {hpath} and {jpath}")
-    sys.exit(0 if result.ok else 1)
+    _report(lambda: run_verify(cfg, say=click.echo, resume=resume), report_dir)
 
 
 def _verify_realtime(rounds: int, seed: int, names: list[str], pg_dsn: str | None, cluster: str | None,
@@ -117,7 +114,6 @@ def _verify_realtime(rounds: int, seed: int, names: list[str], pg_dsn: str | Non
     from onceflow.errors import ConfigError
     from onceflow.sinks.postgres import sql as pg
     from onceflow.verify import realtime_rounds as rt
-    from onceflow.verify.report import print_summary, write_reports
 
     try:
         faults = rt.check(pipeline, source, list(rt.FAULTS) if names == ["all"] else names, cluster or "")
@@ -137,9 +133,18 @@ def _verify_realtime(rounds: int, seed: int, names: list[str], pg_dsn: str | Non
     work.mkdir(parents=True)
     click.echo(f"verify: {rounds} rounds, faults {', '.join(faults)}, sink realtime, seed {seed}, source "
                f"kafka, pipeline {pipeline}")
+    records = input_dir.absolute()
+    _report(lambda: rt.run_realtime(work, pipeline, records, rounds, faults, seed, pg_dsn, say=click.echo),
+            report_dir)
+
+
+def _report(run: Callable[[], VerifyResult], report_dir: Path) -> None:
+    """Run, print the summary, write the reports; exit 0 when OK, 1 on a violation, 2 on bad usage."""
+    from onceflow.errors import ConfigError
+    from onceflow.verify.report import print_summary, write_reports
+
     try:
-        result = rt.run_realtime(work, pipeline, input_dir.absolute(), rounds, faults, seed, pg_dsn,
-                                 say=click.echo)
+        result = run()
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     print_summary(result)
