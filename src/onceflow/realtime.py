@@ -30,7 +30,7 @@ Start-up steps of :func:`write_realtime`:
 3. the session must carry the writer's jars — a refusal at steps 1-3 creates and writes
    nothing;
 4. the table (and the ``rejects=`` table) is created if it does not exist (one connection), the
-   temporary log files of a query killed before it logged its first batch are removed
+   temporary log files of a query killed before it committed its first batch are removed
    (:func:`onceflow.startup.clear_unfinished_start`: Spark would refuse the checkpoint), the
    writer is built in the driver JVM with the upsert's SQL and the connection's settings (the password
    never reaches a message), and the query is started with ``trigger(realTime=duration)`` and

@@ -4,8 +4,8 @@ A query that cannot write should fail when it is started, not at its first batch
 ``once=True`` and no new input, never comes):
 
 0. **A first batch cut off** (:func:`clear_unfinished_start`, also run by
-   :func:`onceflow.write_realtime`): the temporary log files a SIGKILL left before Spark logged
-   any batch are removed — Spark would refuse the checkpoint as another query's.
+   :func:`onceflow.write_realtime`): the temporary log files a SIGKILL left before Spark
+   committed any batch are removed — Spark would refuse the checkpoint as another query's.
 1. **Output mode** (:func:`check_output_mode`): Spark's ``append``, ``update`` or ``complete``.
    ``update`` and ``complete`` hand each batch the *current* value of every changed (or every)
    aggregate row, not a per-batch delta: such a table must be upserted by its key, never
@@ -47,29 +47,31 @@ _UNFINISHED = re.compile(r"^\.\.?\d+\.[0-9a-f-]+\.tmp(\.crc)?$")
 
 
 def clear_unfinished_start(checkpoint: Path) -> list[Path]:
-    """Step 0: remove what a query killed before it logged its first batch left in its logs.
+    """Step 0: remove what a query killed before it committed its first batch left in its logs.
 
     Spark writes ``offsets/N`` and ``commits/N`` as a hidden temporary file renamed into place.
-    A SIGKILL between the two leaves the temporary file behind, and while ``offsets/`` holds no
-    batch, Spark takes any file in ``offsets/`` or ``commits/`` for another query's and refuses
-    to start (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``, "should be empty on batch 0") —
-    measured here: a real-time query killed at the end of its first batch, and a micro-batch
-    checkpoint holding ``offsets/.0.<uuid>.tmp``. Such a file is never read (Spark reads
-    ``N`` only), and with no batch logged there is nothing to resume: it is removed, each one
-    named in a warning. Once a batch is logged, nothing is touched.
+    A SIGKILL between the two leaves the temporary file behind, and while no batch is logged
+    Spark takes any file in ``offsets/`` or ``commits/`` for another query's and refuses to start
+    (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``, "should be empty on batch 0"). Measured here:
+    a real-time query killed at the end of its first batch left ``commits/.0.<uuid>.tmp`` with
+    ``offsets/`` empty — or with ``offsets/0`` written, which the restarted real-time query
+    (asynchronous progress tracking) drops as uncommitted before it checks; a micro-batch
+    checkpoint holding ``offsets/.0.<uuid>.tmp`` is refused the same way. Such a file is never
+    read (Spark reads ``N`` only): while ``commits/`` holds no batch, each one is removed and
+    named in a warning. Once a batch is committed, nothing is touched.
 
     Returns:
         The files removed.
     """
     logs = [checkpoint / "offsets", checkpoint / "commits"]
-    if any(p.name.isdigit() for p in logs[0].glob("*")):
+    if any(p.name.isdigit() for p in logs[1].glob("*")):
         return []
     removed = [p for d in logs if d.is_dir() for p in sorted(d.iterdir()) if _UNFINISHED.match(p.name)]
     for p in removed:
         p.unlink(missing_ok=True)
         logging.getLogger("onceflow.startup").warning(
             "removed %s: a log file Spark began and never finished (the query was killed before it "
-            "logged its first batch); Spark would refuse the checkpoint with it", p)
+            "committed its first batch); Spark would refuse the checkpoint with it", p)
     return removed
 
 

@@ -148,3 +148,25 @@ def test_a_query_killed_before_its_first_batch_was_logged_starts_again(spark: An
     onceflow.write_stream(stream, onceflow.sqlite(tmp_path / "out.db"), ck, {"rows": Table(key="id")},
                           once=True).awaitTermination()
     assert (ck / "commits" / ".1.9a8b7c6d-0000-4000-8000-000000000001.tmp").exists()
+
+
+def test_unfinished_log_files_are_removed_only_while_no_batch_is_committed(tmp_path: Path) -> None:
+    """The states SIGKILLs left (offsets/ empty or holding 0; commits/ a temporary file only)."""
+    from onceflow.startup import clear_unfinished_start
+
+    tmp = ".0.296b5c57-6ba5-40e9-832e-8ccdce04559b.tmp"
+    for offsets in ([], ["0"]):  # a restarted real-time query drops an uncommitted offsets/0, then checks
+        ck = tmp_path / f"ck{len(offsets)}"
+        (ck / "offsets").mkdir(parents=True)
+        (ck / "commits").mkdir()
+        for name in offsets:
+            (ck / "offsets" / name).write_text("v1\n{}\n")
+        (ck / "commits" / tmp).write_text("")
+        (ck / "commits" / f".{tmp}.crc").write_text("")
+        assert sorted(p.name for p in clear_unfinished_start(ck)) == sorted([tmp, f".{tmp}.crc"])
+        assert sorted(p.name for p in (ck / "offsets").iterdir()) == offsets
+        assert not list((ck / "commits").iterdir())
+    (ck / "commits" / "0").write_text("v1\n{}\n")  # a batch committed: nothing is touched
+    (ck / "commits" / ".1.0a0b0c0d-0000-4000-8000-000000000002.tmp").write_text("")
+    assert clear_unfinished_start(ck) == []
+    assert clear_unfinished_start(tmp_path / "no-such-checkpoint") == []
