@@ -302,21 +302,26 @@ def oracle_session() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
+def replaced(modules: Sequence[Any], **functions: Callable[..., Any]) -> Iterator[None]:
+    """Each of ``modules``' ``functions`` (by name) replaced by the one given while inside."""
+    saved = [(m, name, getattr(m, name)) for m in modules for name in functions]
+    for m, name, _ in saved:
+        setattr(m, name, functions[name])
+    try:
+        yield
+    finally:
+        for m, name, fn in saved:
+            setattr(m, name, fn)
+
+
+@contextlib.contextmanager
 def installed(oracle: PipelineOracle) -> Iterator[None]:
     """The oracle's ``deduplicate`` and ``write_stream`` in place of onceflow's while inside."""
     import onceflow
     from onceflow import api
 
-    saved = {m: (m.deduplicate, m.write_stream) for m in (onceflow, api)}
-    for m in saved:
-        setattr(m, "deduplicate", oracle.deduplicate)  # noqa: B010 - a module's function, replaced
-        setattr(m, "write_stream", oracle.write_stream)  # noqa: B010
-    try:
+    with replaced((onceflow, api), deduplicate=oracle.deduplicate, write_stream=oracle.write_stream):
         yield
-    finally:
-        for m, (dedup, write) in saved.items():
-            setattr(m, "deduplicate", dedup)  # noqa: B010
-            setattr(m, "write_stream", write)  # noqa: B010
 
 
 def late_ids(oracle: PipelineOracle) -> list[tuple[Any, ...]]:

@@ -40,7 +40,7 @@ from onceflow import pipelines
 from onceflow.errors import ConfigError
 from onceflow.tables import Table
 from onceflow.verify import kafka_rig, pipeline_kafka
-from onceflow.verify.pipeline_oracle import BatchSession
+from onceflow.verify.pipeline_oracle import BatchSession, replaced
 from onceflow.verify.pipeline_verdict import Folded, Reader, canon, compare_table
 from onceflow.verify.recompute import CountDiff
 from onceflow.verify.verdict import Verdict
@@ -136,14 +136,8 @@ def _installed(calls: list[Written]) -> Iterator[None]:
         calls.append(Written(table, keys, df.toArrow()))
         return calls[-1]
 
-    saved = {m: m.write_realtime for m in (onceflow, realtime)}
-    for m in saved:
-        setattr(m, "write_realtime", write_realtime)  # noqa: B010 - a module's function, replaced
-    try:
+    with replaced((onceflow, realtime), write_realtime=write_realtime):
         yield
-    finally:
-        for m, fn in saved.items():
-            setattr(m, "write_realtime", fn)  # noqa: B010
 
 
 def expected(calls: list[Written]) -> dict[str, Expected]:

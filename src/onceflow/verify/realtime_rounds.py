@@ -252,14 +252,23 @@ def run_realtime(workdir: Path, pipeline: str, records: Path, rounds: int, fault
         pipeline: ``PATH.py:FUNCTION``; it calls :func:`onceflow.write_realtime` with ``dsn=sink``.
         records: The JSON-lines records (a file or a directory of files).
         rounds: Rounds.
-        faults: Of :data:`FAULTS`, cycled over the rounds.
+        faults: Of :data:`FAULTS` (``["all"]``: all of them), cycled over the rounds.
         seed: Seed of the timings.
         pg_dsn: The PostgreSQL server (else ``$ONCEFLOW_PG_DSN``); a new schema there.
         round_timeout_s: Longest wait for one round's rows (twice that for the drain).
         say: Progress output.
+
+    Raises:
+        ConfigError: A fault it cannot inject, a pipeline that does not load, no PostgreSQL
+            connection string.
     """
+    from onceflow import pipelines
+    from onceflow.sinks.postgres import sql as pg
     from onceflow.verify.chaos import VerifyResult
 
+    faults = check(pipeline, "kafka", list(FAULTS) if faults == ["all"] else faults, "")
+    pipelines.load(pipeline)  # a bad module or function fails here, before any broker or round
+    pg.resolve_dsn(pg_dsn)
     started = int(time.time() * 1000)
     run = RealtimeRun(workdir, pipeline, records, rounds, faults, seed, pg_dsn, round_timeout_s, say)
     recs, verdict, rc, span = run.run()
