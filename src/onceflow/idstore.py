@@ -7,7 +7,9 @@ writes every put and every removal to its delta file; measured here it is three 
 Example 5-1's time (BENCHMARKS.md, "Throughput ceiling"). The id store
 (``jvm/IdStateStoreProvider.scala`` and ``jvm/IdTable.scala`` beside this module) keeps the
 same ids in flat arrays with an open-addressing index, outside the Java heap (the collector never
-copies them; ~100 bytes per id held, beside ``spark.driver.memory``), updates one table in place
+copies them; ~100 bytes per id held, plus 256 KB per partition, beside ``spark.driver.memory``),
+answers most lookups of new ids from a Bloom filter small enough to stay in cache (the newest
+ids wait in a small index of their own and go into the big one together), updates one table in place
 from version to version, and writes an eviction of everything up to an expiry as one record. It
 stores the same things in the same checkpoint directory with Spark's own atomic file writes,
 so crash recovery stays Spark's: a version is committed when its delta file is renamed into

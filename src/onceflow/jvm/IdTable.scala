@@ -27,6 +27,22 @@ import org.apache.spark.unsafe.array.ByteArrayMethods
  * successor is in place, an outgrown key arena only at [[releaseRetired]] (the store's commit or
  * abort: until then a row may still point into it). One thread at a time uses a table (the
  * provider hands it to one store at a time).
+ *
+ * Most ids a batch looks up are new, and the index of a big table is far larger than a core's
+ * cache: a lookup that probes it waits for memory, and Spark's deduplication cannot go on with
+ * the row until it has the answer. So the index is fronted the way Dataflow fronts its id
+ * catalog:
+ *
+ *   1. a blocked Bloom filter over the indexed entries (one 64-byte block per id, four bits in
+ *      it; half a byte per index slot, so it stays in cache) answers "new" without touching the
+ *      index — false only for ids it never saw, so an id it passes is certainly absent there;
+ *   2. the entries added since the index was last brought up to date ([[PENDING_MAX]] at most)
+ *      sit in a small index of their own, also in cache, which a lookup probes first;
+ *   3. when that small index is full ([[add]]), and whenever the index is rebuilt ([[reindex]]),
+ *      the pending entries go into the index and the filter in one loop, whose probes do not
+ *      wait on one another.
+ *
+ * A lookup that the filter passes probes the index as before.
  */
 final class IdTable(initial: Int) {
   import IdTable._
@@ -40,11 +56,18 @@ final class IdTable(initial: Int) {
   private var entries = alloc(entryCap.toLong * ENTRY)
   private var slots = allocZeroed(slotCap.toLong * 8L)
   private var arena = alloc(arenaCap)
-  mem.keep(entries, slots, arena)
+  private var blocks = filterBlocks(slotCap)
+  private var filter = allocZeroed(blocks.toLong * 64L)
+  private val pending = allocZeroed(PENDING_SLOTS * 8L)
+  keep()
   private var arenaUsed = 0L
   private var n = 0
+  /** Entries [0, indexed) are in the index and the filter; [indexed, n) only in `pending`. */
+  private var indexed = 0
   private var removed = 0
   private var generation = 0L
+  /** Where [[indexPending]]'s early reads go (a field: the compiler may not drop them). */
+  private var sink = 0L
 
   /** Live entries. */
   def size: Int = n - removed
@@ -63,14 +86,25 @@ final class IdTable(initial: Int) {
   def keyAddress(e: Int): Long = arena + Platform.getLong(null, at(e) + 16)
   def keyLength(e: Int): Int = Platform.getInt(null, at(e) + 24)
 
+  private def keep(): Unit = mem.keep(entries, slots, arena, filter, pending)
+
   /** The entry holding the key (bytes at base+off), or -1. */
   def find(h: Long, base: AnyRef, off: Long, len: Int): Int = {
     if (removed > 0) compact()
-    val mask = slotCap - 1
+    if (n > indexed) {
+      val e = probe(pending, PENDING_SLOTS - 1, h, base, off, len)
+      if (e >= 0) return e
+    }
+    if (!mayHold(h)) return -1
+    probe(slots, slotCap - 1, h, base, off, len)
+  }
+
+  /** The entry of the key in the index at `block` (slots `mask` + 1), or -1. */
+  private def probe(block: Long, mask: Int, h: Long, base: AnyRef, off: Long, len: Int): Int = {
     val tag = h >>> 32
     var i = h.toInt & mask
     while (true) {
-      val s = Platform.getLong(null, slots + i.toLong * 8L)
+      val s = Platform.getLong(null, block + i.toLong * 8L)
       if (s == 0L) return -1
       if ((s >>> 32) == tag) {
         val e = (s & 0xffffffffL).toInt - 1
@@ -89,7 +123,7 @@ final class IdTable(initial: Int) {
     if (n == entryCap) {
       entryCap *= 2
       entries = Platform.reallocateMemory(entries, n.toLong * ENTRY, entryCap.toLong * ENTRY)
-      mem.keep(entries, slots, arena)
+      keep()
     }
     if (arenaUsed + len > arenaCap) { // the old arena kept until releaseRetired: a row may point there
       val c = math.max(arenaCap * 2, arenaUsed + len)
@@ -99,7 +133,7 @@ final class IdTable(initial: Int) {
       arena = fresh
       arenaCap = c
       generation += 1
-      mem.keep(entries, slots, arena)
+      keep()
     }
     Platform.copyMemory(base, off, null, arena + arenaUsed, len.toLong)
     val a = at(n)
@@ -109,8 +143,9 @@ final class IdTable(initial: Int) {
     Platform.putInt(null, a + 24, len)
     Platform.putInt(null, a + 28, 0)
     arenaUsed += len
-    insertSlot(h, n)
+    insertInto(pending, PENDING_SLOTS - 1, h, n)
     n += 1
+    if (n - indexed >= PENDING_MAX) indexPending()
   }
 
   /** Inserts or replaces. */
@@ -121,11 +156,59 @@ final class IdTable(initial: Int) {
 
   def setValue(e: Int, v: Long): Unit = Platform.putLong(null, at(e) + 8, v)
 
-  private def insertSlot(h: Long, e: Int): Unit = {
-    val mask = slotCap - 1
+  private def insertInto(block: Long, mask: Int, h: Long, e: Int): Unit = {
     var i = h.toInt & mask
-    while (Platform.getLong(null, slots + i.toLong * 8L) != 0L) i = (i + 1) & mask
-    Platform.putLong(null, slots + i.toLong * 8L, ((h >>> 32) << 32) | (e + 1L))
+    while (Platform.getLong(null, block + i.toLong * 8L) != 0L) i = (i + 1) & mask
+    Platform.putLong(null, block + i.toLong * 8L, ((h >>> 32) << 32) | (e + 1L))
+  }
+
+  /** The filter's block of hash `h` and the hash's bits in it (four 9-bit positions). */
+  private def mix(h: Long): Long = h * 0x9E3779B97F4A7C15L
+  private def blockOf(g: Long): Long = filter + (((g >>> 40).toInt & (blocks - 1)).toLong << 6)
+  private def word(b: Long, p: Long): Long = b + (((p >>> 6) & 7L) << 3)
+
+  /** False: no indexed entry has hash `h` (the filter never gives false for one that has). */
+  private def mayHold(h: Long): Boolean = {
+    val g = mix(h)
+    val b = blockOf(g)
+    var k = 0
+    while (k < 4) {
+      val p = g >>> (9 * k)
+      if ((Platform.getLong(null, word(b, p)) & (1L << (p & 63))) == 0L) return false
+      k += 1
+    }
+    true
+  }
+
+  /** Entry `e` (hash `h`) into the index and the filter. */
+  private def index(h: Long, e: Int): Unit = {
+    insertInto(slots, slotCap - 1, h, e)
+    val g = mix(h)
+    val b = blockOf(g)
+    var k = 0
+    while (k < 4) {
+      val p = g >>> (9 * k)
+      val w = word(b, p)
+      Platform.putLong(null, w, Platform.getLong(null, w) | (1L << (p & 63)))
+      k += 1
+    }
+  }
+
+  /** Step 3 of the class doc: the pending entries into the index and the filter. */
+  private def indexPending(): Unit = {
+    val mask = slotCap - 1
+    var e = indexed
+    var touched = 0L
+    while (e < n) {
+      // the slot of the entry AHEAD entries on is read now, so that its cache miss overlaps this
+      // insert's instead of stalling the insert that needs it
+      if (e + AHEAD < n) touched ^= Platform.getLong(null, slots + ((hashAt(e + AHEAD).toInt & mask).toLong << 3))
+      index(hashAt(e), e)
+      e += 1
+    }
+    sink = touched
+    indexed = n
+    Platform.setMemory(pending, 0.toByte, PENDING_SLOTS.toLong * 8L)
   }
 
   /** Marks entry `e` removed (it keeps its number until [[compact]]). */
@@ -151,14 +234,23 @@ final class IdTable(initial: Int) {
     reindex(math.max(slotCap, capacityFor(math.max(n, 8))))
   }
 
+  /** The index and the filter rebuilt for `cap` slots from every entry (none pending after). */
   private def reindex(cap: Int): Unit = {
-    val old = slots
-    slots = allocZeroed(cap.toLong * 8L)
-    slotCap = cap
-    mem.keep(entries, slots, arena)
-    Platform.freeMemory(old)
-    var e = 0
-    while (e < n) { insertSlot(hashAt(e), e); e += 1 }
+    if (cap == slotCap) { // the same blocks, cleared: no fresh pages to fault in
+      Platform.setMemory(slots, 0.toByte, cap.toLong * 8L)
+      Platform.setMemory(filter, 0.toByte, blocks.toLong * 64L)
+    } else {
+      val (oldSlots, oldFilter) = (slots, filter)
+      slots = allocZeroed(cap.toLong * 8L)
+      slotCap = cap
+      blocks = filterBlocks(cap)
+      filter = allocZeroed(blocks.toLong * 64L)
+      keep()
+      Platform.freeMemory(oldSlots)
+      Platform.freeMemory(oldFilter)
+    }
+    indexed = 0
+    indexPending()
   }
 
   /** Frees the arenas outgrown since the last call (no row may point into them any more). */
@@ -189,11 +281,9 @@ object IdTable {
 
   /** A table's memory blocks (addresses), freed by the cleaner once the table is unreachable. */
   private final class Blocks extends Runnable {
-    @volatile var entries = 0L
-    @volatile var slots = 0L
-    @volatile var arena = 0L
+    @volatile private var live = Array.empty[Long]
     private val retired = new java.util.ArrayList[java.lang.Long]
-    def keep(e: Long, s: Long, a: Long): Unit = { entries = e; slots = s; arena = a }
+    def keep(blocks: Long*): Unit = live = blocks.toArray
     def retire(a: Long): Unit = retired.synchronized { retired.add(a) }
     def releaseRetired(): Unit = retired.synchronized {
       retired.forEach(a => Platform.freeMemory(a))
@@ -201,8 +291,8 @@ object IdTable {
     }
     override def run(): Unit = {
       releaseRetired()
-      Seq(entries, slots, arena).foreach(a => if (a != 0L) Platform.freeMemory(a))
-      entries = 0L; slots = 0L; arena = 0L
+      live.foreach(a => if (a != 0L) Platform.freeMemory(a))
+      live = Array.empty[Long]
     }
   }
 
@@ -213,6 +303,16 @@ object IdTable {
     Platform.setMemory(a, 0.toByte, math.max(bytes, 8L))
     a
   }
+
+  /** Entries added before the pending ones go into the index (step 2 of the class doc). */
+  val PENDING_MAX = 16384
+  /** How many entries ahead [[indexPending]] reads the slot an insert will need. */
+  private val AHEAD = 16
+  /** Slots of the pending entries' index (256 KB). */
+  private val PENDING_SLOTS: Int = 2 * PENDING_MAX
+
+  /** Blocks of 64 bytes in the filter of an index of `slots` slots: half a byte per slot. */
+  private def filterBlocks(slots: Int): Int = math.max(1, slots / 128)
 
   def capacityFor(n: Int): Int = {
     var c = 16
