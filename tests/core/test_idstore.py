@@ -347,40 +347,31 @@ def test_a_row_of_the_iterator_never_reads_moved_ids(spark: Any, tmp_path: Path)
     assert reloaded.metrics().numKeys() == 402
 
 
-def test_ids_pending_flushed_and_compacted_are_all_found(spark: Any, tmp_path: Path) -> None:
-    """Lookups through the table's filter and its pending entries find every id it holds.
-
-    Four batches of 40,000 new ids each (about 20,000 per partition a batch: past the 16,384
-    entries kept pending before they go into the index, and past two index growths), each with
-    copies of ids 3, 9,000 and 35,000 rows back in the same file (pending, or indexed by then)
-    and, from the second file on, of ids of the file before (the table's older entries; from
-    the third, after an eviction compacted the table and rebuilt its filter). The expected rows
-    come from a set of the ids seen so far, not from any state store.
-    """
+def _ids_file(files: Path, k: int) -> list[str]:
+    """File k of the test below: 40,000 new ids with copies; its ids."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     base_us = 1_700_000_000_000_000
-    files, seen_before, expected = tmp_path / "in", set(), {}
-    files.mkdir()
-    for k in range(4):
-        ids = [f"k{k}-{i}" for i in range(40_000)]
-        rows = []
-        for i, id_ in enumerate(ids):
-            rows.append((id_, base_us + k * 600_000_000 + i * 1_000))  # file k: 10 minutes after k-1
-            for back, every in ((3, 7), (9_000, 11), (35_000, 13)):
-                if i >= back and i % every == 0:
-                    rows.append((ids[i - back], base_us + k * 600_000_000 + (i - back) * 1_000))
-            if k and i % 5 == 0:  # a copy of the previous file's id i (not late: within the watermark)
-                rows.append((f"k{k - 1}-{i}", base_us + (k - 1) * 600_000_000 + i * 1_000))
-        expected[k] = sorted(set(ids) - seen_before)
-        seen_before |= set(ids)
-        table = pa.table({"event_id": [r[0] for r in rows], "user": ["u"] * len(rows),
-                          "event_time": pa.array([r[1] for r in rows], pa.timestamp("us", tz="UTC")),
-                          "system_time": pa.array([r[1] for r in rows], pa.timestamp("us", tz="UTC")),
-                          "bytes": pa.array([1] * len(rows), pa.int64())})
-        pq.write_table(table, files / f"part-{k}.parquet")
-        os.utime(files / f"part-{k}.parquet", (1_700_000_000 + k, 1_700_000_000 + k))
+    ids = [f"k{k}-{i}" for i in range(40_000)]
+    rows = []
+    for i, id_ in enumerate(ids):
+        rows.append((id_, base_us + k * 600_000_000 + i * 1_000))  # file k: 10 minutes after k-1
+        for back, every in ((3, 7), (9_000, 11), (35_000, 13)):
+            if i >= back and i % every == 0:
+                rows.append((ids[i - back], base_us + k * 600_000_000 + (i - back) * 1_000))
+        if k and i % 5 == 0:  # a copy of the previous file's id i (not late: within the watermark)
+            rows.append((f"k{k - 1}-{i}", base_us + (k - 1) * 600_000_000 + i * 1_000))
+    times = pa.array([r[1] for r in rows], pa.timestamp("us", tz="UTC"))
+    pq.write_table(pa.table({"event_id": [r[0] for r in rows], "user": ["u"] * len(rows), "event_time": times,
+                             "system_time": times, "bytes": pa.array([1] * len(rows), pa.int64())}),
+                   files / f"part-{k}.parquet")
+    os.utime(files / f"part-{k}.parquet", (1_700_000_000 + k, 1_700_000_000 + k))
+    return ids
+
+
+def _drain_ids(spark: Any, files: Path, checkpoint: Path) -> tuple[dict[int, list[str]], Any]:
+    """Everything in ``files`` through ``deduplicate`` on the id store: each batch's ids, and the query."""
     spark.conf.set(idstore.PROVIDER_KEY, idstore.PROVIDER_CLASS)
     try:
         stream = (spark.readStream.schema(EVENT_DDL).option("maxFilesPerTrigger", 1).parquet(str(files))
@@ -389,16 +380,44 @@ def test_ids_pending_flushed_and_compacted_are_all_found(spark: Any, tmp_path: P
         got: dict[int, list[str]] = {}
 
         def batch(df: Any, batch_id: int) -> None:
-            got[batch_id] = sorted(df.select("event_id").toArrow().column(0).to_pylist())
+            ids = sorted(df.select("event_id").toArrow().column(0).to_pylist())
+            if ids:
+                got[batch_id] = ids
 
-        query = (events.writeStream.foreachBatch(batch).option("checkpointLocation", str(tmp_path / "ck"))
+        query = (events.writeStream.foreachBatch(batch).option("checkpointLocation", str(checkpoint))
                  .trigger(availableNow=True).start())
         query.awaitTermination()
     finally:
         spark.conf.set(idstore.PROVIDER_KEY, HDFS)
-    data = {b: ids for b, ids in got.items() if ids}
-    assert sorted(data) == [0, 1, 2, 3]
+    return got, query
+
+
+def test_ids_pending_flushed_compacted_and_rebuilt_are_all_found(spark: Any, tmp_path: Path) -> None:
+    """Lookups through the table's filter and its pending entries find every id it holds.
+
+    Four batches of 40,000 new ids each (about 20,000 per partition a batch: past the 16,384
+    entries kept pending before they go into the index, and past two index growths), each with
+    copies of ids 3, 9,000 and 35,000 rows back in the same file (pending, or indexed by then)
+    and, from the second file on, of ids of the file before (the table's older entries; from
+    the third, after an eviction compacted the table and rebuilt its filter). Then the checkpoint
+    is copied to a new path (no table in memory: rebuilt from its files, ~20,000 ids a partition)
+    and a fifth file with copies of the fourth's ids is read. The expected rows come from a set
+    of the ids seen so far, not from any state store.
+    """
+    files, seen = tmp_path / "in", set()
+    files.mkdir()
+    expected = {}
     for k in range(4):
-        assert len(data[k]) == 40_000 and data[k] == expected[k], f"batch {k}"
+        ids = _ids_file(files, k)
+        expected[k] = sorted(set(ids) - seen)
+        seen |= set(ids)
+    got, query = _drain_ids(spark, files, tmp_path / "ck")
+    assert sorted(got) == [0, 1, 2, 3]
+    for k in range(4):
+        assert len(got[k]) == 40_000 and got[k] == expected[k], f"batch {k}"
     evicted = [p["stateOperators"][0]["numRowsRemoved"] for p in query.recentProgress]
     assert sum(evicted) >= 40_000, "no eviction compacted the table: the test lost its third part"
+    shutil.copytree(tmp_path / "ck", tmp_path / "copy")
+    fifth = sorted(_ids_file(files, 4))
+    got, _ = _drain_ids(spark, files, tmp_path / "copy")
+    assert len(got) == 1 and next(iter(got.values())) == fifth
