@@ -106,7 +106,7 @@ def start(fn: Callable[..., Any], spark: Any, input: str | Path, sink: Any, chec
         checkpoint: Spark's checkpoint directory.
         once: Process what is there, then stop.
         realtime: The function writes with :func:`onceflow.write_realtime` (a Real-Time Mode
-            query: it returns Spark's ``StreamingQuery``).
+            query: it returns a :class:`onceflow.realtime.RealtimeQuery`).
 
     Raises:
         ConfigError: It returned something else than the query of the writer it must use.
@@ -115,9 +115,9 @@ def start(fn: Callable[..., Any], spark: Any, input: str | Path, sink: Any, chec
 
     query = fn(spark, str(input), sink, str(checkpoint), once)
     if realtime:
-        from pyspark.sql.streaming.query import StreamingQuery
+        from onceflow.realtime import RealtimeQuery
 
-        if not isinstance(query, StreamingQuery):
+        if not isinstance(query, RealtimeQuery):
             raise ConfigError(f"the pipeline function {getattr(fn, '__name__', fn)} returned "
                               f"{type(query).__name__}; with --sink realtime it must return what "
                               "onceflow.write_realtime returned (its sink argument is the connection "

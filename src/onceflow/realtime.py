@@ -36,7 +36,13 @@ Start-up steps of :func:`write_realtime`:
    never reaches a message), and the query is started with ``trigger(realTime=duration)`` and
    ``outputMode("update")`` (Real-Time Mode's only mode), the session's state store provider
    unset while it starts if it is onceflow's id store (Real-Time Mode refuses any but RocksDB;
-   the query keeps no state).
+   the query keeps no state);
+5. while it runs, a listener reads each real-time batch's progress: when the query's Kafka
+   sources name more partitions than the session has task slots (partitions added to a topic
+   after the start: Spark lists them, and never reads one without a slot), the query is stopped
+   and :meth:`RealtimeQuery.awaitTermination` raises :class:`onceflow.errors.ConfigError` saying
+   how many cores it needs. The records of the unread partition wait in Kafka; a restart with
+   enough slots reads them from the checkpoint's offsets.
 
 Rows PostgreSQL refuses (SQLSTATE classes 22 and 23: a value out of range, a ``CHECK`` or
 ``NOT NULL`` constraint of the user's table) fail the query, naming the row's key — and a
@@ -52,8 +58,10 @@ The session must carry the writer's jars: :func:`onceflow.spark.session` with
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -200,6 +208,48 @@ def kafka_partitions(df: DataFrame) -> int | None:
     return total if found else None
 
 
+def progress_partitions(progress: Any) -> int | None:
+    """How many Kafka partitions a query's progress report names (its Kafka sources together).
+
+    Spark's Kafka source reports offsets per topic and partition as JSON (``{"t": {"0": 12}}``)
+    and names a partition added to a topic from the first batch after it appeared, read or not.
+
+    Args:
+        progress: A ``StreamingQueryProgress`` (a listener's ``event.progress``).
+
+    Returns:
+        The partitions named by its end and latest offsets; None when it has no Kafka source.
+    """
+    total, found = 0, False
+    for source in progress.sources:
+        if not str(source.description).startswith(("KafkaV2", "KafkaSource")):
+            continue
+        found = True
+        named: set[tuple[str, str]] = set()
+        for text in (source.endOffset, source.latestOffset):
+            try:
+                offsets = json.loads(text) if text else None
+            except ValueError:
+                continue
+            if isinstance(offsets, dict):
+                named |= {(t, p) for t, parts in offsets.items() if isinstance(parts, dict) for p in parts}
+        total += len(named)
+    return total if found else None
+
+
+def _too_many(partitions: int, slots: int, added: bool) -> str:
+    """Steps 1 and 5: what to do when the Kafka partitions outnumber the task slots."""
+    what = (f"the query reads {partitions} Kafka partitions" if not added else
+            f"the query's topics now have {partitions} Kafka partitions (added while it ran)")
+    stop = (" The query was stopped: the records of the partition without a slot wait in Kafka, "
+            "and a restart with enough cores reads them from the checkpoint." if added else "")
+    return (f"write_realtime: {what} but the session has {slots} task slots (cores): Real-Time Mode runs "
+            f"one long task per partition, all at the same time, and a partition without a slot is never "
+            f"read — its records would wait, unprocessed, while the query reports no error.{stop} Give the "
+            f"session at least {partitions} cores (onceflow.spark.session(master='local[{partitions}]') on "
+            f"one machine, more executor cores on a cluster) or read fewer partitions")
+
+
 def _check_slots(df: DataFrame) -> None:
     """Step 1: every Kafka partition the query reads gets a task slot of its own."""
     try:
@@ -210,13 +260,69 @@ def _check_slots(df: DataFrame) -> None:
         return
     slots = int(df.sparkSession.sparkContext.defaultParallelism)
     if partitions is not None and partitions > slots:
-        raise ConfigError(
-            f"write_realtime: the query reads {partitions} Kafka partitions but the session has {slots} "
-            f"task slots (cores): Real-Time Mode runs one long task per partition, all at the same time, "
-            f"and a partition without a slot is never read — its records would wait, unprocessed, while "
-            f"the query reports no error. Give the session at least {partitions} cores "
-            f"(onceflow.spark.session(master='local[{partitions}]') on one machine, more executor cores "
-            f"on a cluster) or read fewer partitions")
+        raise ConfigError(_too_many(partitions, slots, added=False))
+
+
+class RealtimeQuery:
+    """A running :func:`write_realtime` query: Spark's ``StreamingQuery`` and step 5's watch.
+
+    Every attribute of Spark's query (``stop``, ``isActive``, ``lastProgress``, ...) is
+    available here; ``query`` is Spark's own object.
+
+    Attributes:
+        query: Spark's ``StreamingQuery``.
+        stopped_because: Why step 5 stopped the query (None while it has not).
+    """
+
+    def __init__(self, query: StreamingQuery, spark: Any, slots: int) -> None:
+        from pyspark.sql.streaming.listener import StreamingQueryListener
+
+        self.query = query
+        self.stopped_because: str | None = None
+        watch = self
+
+        class SlotWatch(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:  # noqa: D102, N802
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:  # noqa: D102, N802
+                progress = event.progress
+                if watch.stopped_because is not None or str(progress.id) != str(query.id):
+                    return
+                partitions = progress_partitions(progress)
+                if partitions is not None and partitions > slots:
+                    watch.stopped_because = _too_many(partitions, slots, added=True)
+                    _log.error(watch.stopped_because)
+                    # not in the listener's own call: stopping waits for the query's thread
+                    threading.Thread(target=query.stop, name="onceflow-slot-watch", daemon=True).start()
+
+            def onQueryIdle(self, event: Any) -> None:  # noqa: D102, N802
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:  # noqa: D102, N802
+                if str(event.id) == str(query.id):
+                    threading.Thread(target=spark.streams.removeListener, args=(self,),
+                                     name="onceflow-slot-watch-end", daemon=True).start()
+
+        self._listener = SlotWatch()
+        spark.streams.addListener(self._listener)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.query, name)
+
+    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+        """Spark's ``awaitTermination``; raises step 5's stop.
+
+        Raises:
+            ConfigError: The query was stopped because its topics gained partitions beyond the
+                session's task slots (what to change, in the message).
+            StreamingQueryException: The query failed (Spark's own error).
+        """
+        done = (self.query.awaitTermination() if timeout is None
+                else self.query.awaitTermination(timeout))  # type: ignore[arg-type]  # Spark takes floats too
+        if self.stopped_because is not None and not self.query.isActive:
+            raise ConfigError(self.stopped_because)
+        return done
 
 
 def _check_duration(spark: Any, duration: str) -> None:
@@ -311,7 +417,7 @@ def _writer(spark: Any, target: tuple[str, str | None, str | None], upsert: str,
 
 def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoint: str | os.PathLike[str], *,
                    dsn: str | None = None, duration: str = "5 seconds", retry_for: str | float = "1 minute",
-                   rejects: str | None = None, query_name: str | None = None) -> StreamingQuery:
+                   rejects: str | None = None, query_name: str | None = None) -> RealtimeQuery:
     """Start a Real-Time Mode query that upserts each row into a PostgreSQL table as it arrives.
 
     Args:
@@ -333,7 +439,8 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
         query_name: The query's name (``spark.streams``, the progress listener).
 
     Returns:
-        Spark's ``StreamingQuery``.
+        The running query (:class:`RealtimeQuery`: Spark's ``StreamingQuery``, stopped with an
+        error if its topics gain partitions beyond the session's task slots: step 5).
 
     Raises:
         ConfigError: Not a streaming DataFrame, a key that is not a column, a column type
@@ -363,7 +470,8 @@ def write_realtime(df: DataFrame, table: str, key: str | Sequence[str], checkpoi
     writer._jwrite.foreach(jwriter)
     with _stateless_conf(df.sparkSession):
         query: StreamingQuery = writer.start()
-    return query
+    spark = df.sparkSession
+    return RealtimeQuery(query, spark, int(spark.sparkContext.defaultParallelism))
 
 
 @contextmanager

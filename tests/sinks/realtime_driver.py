@@ -6,7 +6,8 @@ Spark's Kafka connector (JSON values ``{"scan": ..., "parcel": ..., "depot": ...
 kilograms, the depot upper-cased, the scan time as a timestamp, the record's partition) and
 upserts it keyed by the scan id with :func:`onceflow.write_realtime` (real-time batches of
 5 seconds, the shortest Spark allows), rows PostgreSQL refuses to the table ``REJECTS`` when
-given. Prints ``started`` once the query runs; runs until killed.
+given. Prints ``started`` once the query runs; runs until killed. ``$REALTIME_DRIVER_CORES``: the
+session's task slots (``local[N]``; every core when unset).
 """
 
 from __future__ import annotations
@@ -34,7 +35,11 @@ if __name__ == "__main__":
 
     bootstrap, topic, dsn, ck = sys.argv[1:5]
     rejects = sys.argv[5] if len(sys.argv) > 5 else None
-    spark = session(app_name="realtime-test", shuffle_partitions=2, kafka=True, realtime=True)
+    import os
+
+    cores = os.environ.get("REALTIME_DRIVER_CORES")
+    spark = session(app_name="realtime-test", shuffle_partitions=2, kafka=True, realtime=True,
+                    master=f"local[{cores}]" if cores else None)
     raw = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
            .option("subscribe", topic).option("startingOffsets", "earliest").load())
     query = onceflow.write_realtime(scans(raw), "scans", "scan", ck, dsn=dsn, duration="5 seconds",

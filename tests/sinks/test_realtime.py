@@ -16,6 +16,7 @@ without ``rejects=`` the query stops at one, naming its key and the way out.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -277,6 +278,59 @@ def test_more_kafka_partitions_than_task_slots_is_refused(spark: Any, broker: An
         onceflow.write_realtime(stream(TOPIC), "scans", "scan", tmp_path / "ck", dsn=pg_dsn)
     with psycopg.connect(pg_dsn, autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass('scans')").fetchone() == (None,)
+
+
+def test_a_partition_added_beyond_the_slots_stops_the_query_and_a_restart_reads_it(
+        tmp_path: Path, broker: Any, pg_dsn: str) -> None:
+    """The topic gains a partition the session has no task slot for, while the query runs.
+
+    Spark lists it and never reads it, without an error (measured before the check). Now the
+    query stops at the next real-time batch with what to change; the partition's records wait
+    in Kafka, and a driver with one more core writes them, every scan once.
+    """
+    from confluent_kafka.admin import NewPartitions
+
+    slots = os.cpu_count() or 2  # the driver's session: local[<cores>]
+    broker.create_topic("grow", slots)
+    first = ProcessGroup([broker.bootstrap, "grow", pg_dsn, str(tmp_path / "ck")], tmp_path / "first.out",
+                         module="tests.sinks.realtime_driver")
+    try:
+        wait_until(lambda: _started(first), 180, "the query started")
+        sends = list(dict(_sends(60, seed=11)[0]).items())  # 60 scans, each sent once
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        for i, (key, value) in enumerate(sends[:20]):
+            producer.produce("grow", key=key.encode(), value=value, partition=i % slots)
+        producer.flush(30)
+        wait_until(lambda: _rows(pg_dsn) >= 20, 60, "the first records written")
+        admin = broker.admin()
+        for done in admin.create_partitions([NewPartitions("grow", slots + 1)]).values():
+            done.result(30)
+        producer = Producer({"bootstrap.servers": broker.bootstrap})
+        producer.list_topics("grow", timeout=30)  # the producer knows the new partition
+        for i, (key, value) in enumerate(sends[20:60]):
+            producer.produce("grow", key=key.encode(), value=value, partition=i % (slots + 1))
+        producer.flush(30)
+        wait_until(lambda: first.proc.poll() is not None, 90, "the query stopped")
+    finally:
+        first.kill()
+    out = first.output()
+    assert first.proc.returncode != 0
+    assert f"now have {slots + 1} Kafka partitions (added while it ran) but the session has {slots}" in out
+    assert f"local[{slots + 1}]" in out and "wait in Kafka" in out
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        parts = dict(conn.execute("SELECT part, count(*) FROM scans GROUP BY part").fetchall())
+    assert slots not in parts, "the new partition was read: nothing to catch"
+    unread = sum(1 for i in range(40) if i % (slots + 1) == slots)
+    assert sum(parts.values()) == 60 - unread
+    second = ProcessGroup([broker.bootstrap, "grow", pg_dsn, str(tmp_path / "ck")], tmp_path / "second.out",
+                          env={"REALTIME_DRIVER_CORES": str(slots + 1)}, module="tests.sinks.realtime_driver")
+    try:
+        wait_until(lambda: _started(second) and _rows(pg_dsn) >= 60, 180, "every scan written")
+    finally:
+        second.kill()
+    got = _table(pg_dsn)
+    assert sorted(got) == sorted(key for key, _ in sends)
+    assert {r[4] for r in got.values()} == set(range(slots + 1))
 
 
 def test_jdbc_targets_from_libpq_strings() -> None:
