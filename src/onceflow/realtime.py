@@ -279,7 +279,7 @@ class RealtimeQuery:
 
         self.query = query
         self.stopped_because: str | None = None
-        watch = self
+        watch, query_id = self, str(query.id)
 
         class SlotWatch(StreamingQueryListener):
             def onQueryStarted(self, event: Any) -> None:  # noqa: D102, N802
@@ -287,7 +287,7 @@ class RealtimeQuery:
 
             def onQueryProgress(self, event: Any) -> None:  # noqa: D102, N802
                 progress = event.progress
-                if watch.stopped_because is not None or str(progress.id) != str(query.id):
+                if watch.stopped_because is not None or str(progress.id) != query_id:
                     return
                 partitions = progress_partitions(progress)
                 if partitions is not None and partitions > slots:
@@ -300,12 +300,14 @@ class RealtimeQuery:
                 pass
 
             def onQueryTerminated(self, event: Any) -> None:  # noqa: D102, N802
-                if str(event.id) == str(query.id):
+                if str(event.id) == query_id:
                     threading.Thread(target=spark.streams.removeListener, args=(self,),
                                      name="onceflow-slot-watch-end", daemon=True).start()
 
         self._listener = SlotWatch()
         spark.streams.addListener(self._listener)
+        if not query.isActive:  # ended before the listener was there: no termination event comes
+            spark.streams.removeListener(self._listener)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.query, name)
