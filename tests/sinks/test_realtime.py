@@ -306,7 +306,11 @@ def test_a_partition_added_beyond_the_slots_stops_the_query_and_a_restart_reads_
         for done in admin.create_partitions([NewPartitions("grow", slots + 1)]).values():
             done.result(30)
         producer = Producer({"bootstrap.servers": broker.bootstrap})
-        producer.list_topics("grow", timeout=30)  # the producer knows the new partition
+
+        def known() -> int:
+            return len(producer.list_topics("grow", timeout=10).topics["grow"].partitions)
+
+        wait_until(lambda: known() == slots + 1, 30, "the producer knows the new partition")
         for i, (key, value) in enumerate(sends[20:60]):
             producer.produce("grow", key=key.encode(), value=value, partition=i % (slots + 1))
         producer.flush(30)
