@@ -35,6 +35,7 @@ def _distinct(readings: Path) -> dict[str, dict[str, Any]]:
     return {r["reading_id"]: r for r in rows}
 
 
+@pytest.mark.long  # make test measured 32:53 on a slow day (2026-11-27): multi-round runs go long
 def test_a_pipeline_from_and_into_kafka_topics_is_exact_under_crashes(readings: Path, tmp_path: Path) -> None:
     """Kafka in (``format("kafka")``: verify produces the readings as records) and Kafka out."""
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{SENSORS}:build_kafka", "--input", str(readings),

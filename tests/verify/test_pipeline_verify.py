@@ -33,6 +33,7 @@ def orders_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.mark.long  # make test measured 32:53 on a slow day (2026-11-27): multi-round runs go long
 def test_every_fault_kind_on_the_orders_pipeline_leaves_exact_tables(orders_sample: Path,
                                                                       tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build", "--input", str(orders_sample),
