@@ -23,6 +23,7 @@ from onceflow import idstore
 from onceflow.records import EVENT_DDL
 from onceflow.sources.log import EventLog
 from onceflow.verify.generator import GeneratorConfig, generate_segments
+from tests.helpers import same_sorted
 
 pytestmark = pytest.mark.spark
 
@@ -392,15 +393,6 @@ def _drain_ids(spark: Any, files: Path, checkpoint: Path) -> tuple[dict[int, lis
     return got, query
 
 
-def _same_ids(got: list[str], expected: list[str], what: str) -> None:
-    """Equal sorted id lists; a difference told in a line (pytest's diff of 40,000 ids takes minutes)."""
-    if got != expected:
-        extra, missing = sorted(set(got) - set(expected)), sorted(set(expected) - set(got))
-        raise AssertionError(f"{what}: {len(got)} ids, {len(expected)} expected; "
-                             f"{len(got) - len(set(got))} repeated, {len(extra)} unexpected {extra[:3]}, "
-                             f"{len(missing)} missing {missing[:3]}")
-
-
 def test_ids_pending_flushed_compacted_and_rebuilt_are_all_found(spark: Any, tmp_path: Path) -> None:
     """Lookups through the table's filter and its pending entries find every id it holds.
 
@@ -423,11 +415,11 @@ def test_ids_pending_flushed_compacted_and_rebuilt_are_all_found(spark: Any, tmp
     got, query = _drain_ids(spark, files, tmp_path / "ck")
     assert sorted(got) == [0, 1, 2, 3]
     for k in range(4):
-        _same_ids(got[k], expected[k], f"batch {k}")
+        same_sorted(got[k], expected[k], f"batch {k}")
     evicted = [p["stateOperators"][0]["numRowsRemoved"] for p in query.recentProgress]
     assert sum(evicted) >= 40_000, "no eviction compacted the table: the test lost its third part"
     shutil.copytree(tmp_path / "ck", tmp_path / "copy")
     fifth = sorted(_ids_file(files, 4))
     got, _ = _drain_ids(spark, files, tmp_path / "copy")
     assert len(got) == 1
-    _same_ids(next(iter(got.values())), fifth, "the batch on the copied checkpoint")
+    same_sorted(next(iter(got.values())), fifth, "the batch on the copied checkpoint")

@@ -32,6 +32,7 @@ from onceflow.tables import Table
 from onceflow.verify.driver import ProcessGroup, wait_until
 from onceflow.verify.kafka_rig import read_markers, read_messages, read_records
 from onceflow.verify.kafka_server import KafkaServer
+from tests.helpers import same_sorted
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
@@ -238,18 +239,6 @@ def test_a_compacted_marker_topic_still_decides_replays(broker: Any) -> None:
     assert len(read_records(broker.bootstrap, "boxes")) == 31
 
 
-def same_records(got: list[Any], expected: list[Any]) -> None:
-    """Equal sorted record lists; a difference told in a few lines.
-
-    pytest's own report of two unequal lists of 250,000 records (a difflib diff) runs for hours.
-    """
-    if got != expected:
-        extra, missing = sorted(set(got) - set(expected)), sorted(set(expected) - set(got))
-        raise AssertionError(f"{len(got)} records read, {len(expected)} expected: {len(got) - len(set(got))} "
-                             f"repeated, {len(extra)} unexpected (e.g. {extra[:2]}), {len(missing)} missing "
-                             f"(e.g. {missing[:2]})")
-
-
 def test_a_large_batch_is_one_transaction_with_headers_only_when_asked(broker: Any) -> None:
     """250k rows: several encode slices, one produce_batch each; each record once, its JSON the row's."""
     n = 250_000
@@ -261,8 +250,8 @@ def test_a_large_batch_is_one_transaction_with_headers_only_when_asked(broker: A
     plain.bind("q1")
     assert plain.commit_tables(0, {"big": rows}, spec, BatchStats(n, 0, 0), n)
     got = read_messages(broker.bootstrap, "big")
-    same_records(sorted((m.key(), m.value()) for m in got),
-                 sorted((r["id"].encode(), row_json(r)) for r in rows.to_pylist()))
+    same_sorted(sorted((m.key(), m.value()) for m in got),
+                sorted((r["id"].encode(), row_json(r)) for r in rows.to_pylist()), "records of 'big'")
     assert all(not m.headers() for m in got)
     tagged = KafkaTopicsSink(broker.bootstrap, sink_id="tagged", batch_headers=True)
     tagged.bind("q1")

@@ -89,8 +89,9 @@ def _feeder(bootstrap: str, sends: list[tuple[str, bytes]], per_s: float) -> thr
     return thread
 
 
-def _driver(tmp: Path, bootstrap: str, dsn: str, name: str, *rejects: str) -> ProcessGroup:
-    return ProcessGroup([bootstrap, TOPIC, dsn, str(tmp / "ck"), *rejects], tmp / f"{name}.out",
+def _driver(tmp: Path, bootstrap: str, dsn: str, name: str, *rejects: str, topic: str = TOPIC,
+            env: dict[str, str] | None = None) -> ProcessGroup:
+    return ProcessGroup([bootstrap, topic, dsn, str(tmp / "ck"), *rejects], tmp / f"{name}.out", env=env,
                         module="tests.sinks.realtime_driver")
 
 
@@ -293,8 +294,7 @@ def test_a_partition_added_beyond_the_slots_stops_the_query_and_a_restart_reads_
 
     slots = os.cpu_count() or 2  # the driver's session: local[<cores>]
     broker.create_topic("grow", slots)
-    first = ProcessGroup([broker.bootstrap, "grow", pg_dsn, str(tmp_path / "ck")], tmp_path / "first.out",
-                         module="tests.sinks.realtime_driver")
+    first = _driver(tmp_path, broker.bootstrap, pg_dsn, "first", topic="grow")
     try:
         wait_until(lambda: _started(first), 180, "the query started")
         sends = list(dict(_sends(60, seed=11)[0]).items())  # 60 scans, each sent once
@@ -327,8 +327,8 @@ def test_a_partition_added_beyond_the_slots_stops_the_query_and_a_restart_reads_
     assert slots not in parts, "the new partition was read: nothing to catch"
     unread = sum(1 for i in range(40) if i % (slots + 1) == slots)
     assert sum(parts.values()) == 60 - unread
-    second = ProcessGroup([broker.bootstrap, "grow", pg_dsn, str(tmp_path / "ck")], tmp_path / "second.out",
-                          env={"REALTIME_DRIVER_CORES": str(slots + 1)}, module="tests.sinks.realtime_driver")
+    second = _driver(tmp_path, broker.bootstrap, pg_dsn, "second", topic="grow",
+                     env={"REALTIME_DRIVER_CORES": str(slots + 1)})
     try:
         wait_until(lambda: _started(second) and _rows(pg_dsn) >= 60, 180, "every scan written")
     finally:
