@@ -190,7 +190,9 @@ def from_spark(exc: BaseException) -> BaseException:
     reaches the caller as a Spark exception whose text ends with the Python traceback, e.g.
     ``[PYTHON_DATA_SOURCE_ERROR] ... onceflow.errors.ConfigError: unknown option(s) ...``. This
     finds the last such line and rebuilds the error, so the user sees one clear onceflow error
-    instead of a wrapped stack trace.
+    instead of a wrapped stack trace. The same text inside a query plan that Spark's message
+    prints (a rule's ``raise_error``) is not an error raised: a failure of another kind is
+    returned as it is.
 
     Args:
         exc: What Spark raised.
@@ -201,7 +203,10 @@ def from_spark(exc: BaseException) -> BaseException:
     """
     import re
 
-    found = re.findall(r"onceflow\.errors\.(\w+): (.*?)(?:\s+SQLSTATE: \w+)?\s*$", str(exc), re.M)
+    # at a line's start (a Python traceback's last line) or after Spark's error class
+    # ("[USER_RAISED_EXCEPTION] onceflow.errors..."); never inside a plan printed in the message,
+    # where a rule's raise_error(concat(...)) spells the same text
+    found = re.findall(r"(?:^\s*|\] )onceflow\.errors\.(\w+): (.*?)(?:\s+SQLSTATE: \w+)?\s*$", str(exc), re.M)
     if not found:
         return exc
     name, message = found[-1]

@@ -72,3 +72,60 @@ def test_a_checkpoint_resumes_across_checksummed_and_raw_local_files(tmp_path: P
     assert crc[0] and crc[2], "Hadoop's checksummed local file system writes .crc files"
     assert not crc[1], f"the raw local file system wrote checksum files: {sorted(crc[1])[:3]}"
     assert any("/commits/" in p for p in written[1]) and any("/state/" in p for p in written[1])
+
+
+SPARKS_MANAGER = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                  "FileContextBasedCheckpointFileManager")
+
+
+def _manager(spark: Any, path: str) -> tuple[str, str]:
+    """(class, writer class) of the checkpoint file manager Spark creates for ``path`` now."""
+    jvm = spark.sparkContext._jvm
+    conf = spark._jsparkSession.sessionState().newHadoopConf()
+    fm = jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(
+        jvm.org.apache.hadoop.fs.Path(path), conf)
+    name = fm.getClass().getName()
+    return name, fm.writer().getClass().getName() if name.endswith("LocalCheckpointFileManager") else name
+
+
+def test_local_checkpoints_are_written_through_the_file_system_api(spark: Any, tmp_path: Path) -> None:
+    from onceflow.spark import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
+
+    assert spark.conf.get(CHECKPOINT_FILES_KEY) == CHECKPOINT_FILES_CLASS
+    fs_based = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+    assert _manager(spark, str(tmp_path)) == (CHECKPOINT_FILES_CLASS, fs_based)
+    assert _manager(spark, f"file:{tmp_path}") == (CHECKPOINT_FILES_CLASS, fs_based)
+    # any other file system: Spark's own choice (no server is contacted to create the manager)
+    assert _manager(spark, "hdfs://127.0.0.1:9/ck") == (CHECKPOINT_FILES_CLASS, SPARKS_MANAGER)
+
+
+def test_a_checkpoint_resumes_across_sparks_and_onceflows_file_managers(spark: Any, tmp_path: Path) -> None:
+    """Example 5-1 run three times on one checkpoint: Spark's manager, onceflow's, Spark's again.
+
+    Each run gets new segments; every run must resume where the last stopped (the counts equal
+    a recomputation from the log) and leave no temporary file behind.
+    """
+    from onceflow import sqlite
+    from onceflow.examples.user_counts import start as start_example
+    from onceflow.spark import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
+
+    log = EventLog(tmp_path / "log")
+    ck = tmp_path / "ck"
+    begin = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    try:
+        for n, manager in enumerate((SPARKS_MANAGER, CHECKPOINT_FILES_CLASS, SPARKS_MANAGER)):
+            for t in generate_segments(GeneratorConfig(events=3_000, users=30, minutes=3, duplicates=0.1,
+                                                       seed=n, segment_size=1_000,
+                                                       start=begin + timedelta(minutes=3 * n))):
+                log.append(t)
+            spark.conf.set(CHECKPOINT_FILES_KEY, manager)
+            assert _manager(spark, str(ck))[0] == manager
+            sink = sqlite(tmp_path / "db.sqlite")
+            query = start_example(spark, tmp_path / "log", sink, ck, max_files_per_trigger=1, once=True)
+            query.awaitTermination()
+            sink.close()
+            assert read_counts(tmp_path / "db.sqlite") == distinct_counts(tmp_path / "log"), f"run {n}"
+            assert len(list((ck / "commits").iterdir())) >= 3 * (n + 1), "every segment is a batch"
+            assert not [p for p in ck.rglob("*.tmp")], "a temporary file was left"
+    finally:
+        spark.conf.set(CHECKPOINT_FILES_KEY, CHECKPOINT_FILES_CLASS)

@@ -39,7 +39,7 @@ def test_a_dsn_with_a_password_on_the_command_line_is_warned_about(tmp_path: obj
 
 
 def test_onceflow_errors_are_unwrapped_from_spark_exceptions() -> None:
-    from onceflow.errors import ConfigError, from_spark
+    from onceflow.errors import BatchRejectedError, ConfigError, from_spark
 
     wrapped = RuntimeError(
         "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source writer: Traceback (most recent "
@@ -51,3 +51,14 @@ def test_onceflow_errors_are_unwrapped_from_spark_exceptions() -> None:
                         "(did you mean 'protocol'?)")
     plain = RuntimeError("something else")
     assert from_spark(plain) is plain
+    raised = RuntimeError("org.apache.spark.SparkRuntimeException: [USER_RAISED_EXCEPTION] onceflow.errors."
+                          "BatchRejectedError: a record with a null id: {\"id\":null} SQLSTATE: P0001")
+    assert isinstance(from_spark(raised), BatchRejectedError)
+    assert str(from_spark(raised)) == 'a record with a null id: {"id":null}'
+    # another failure whose message prints the plan, with a rule's raise_error in it: not that error
+    planned = RuntimeError(
+        "[CONCURRENT_STREAM_LOG_UPDATE] Concurrent update to the log. Multiple streaming jobs detected "
+        "for 0.\n+- Filter CASE WHEN isnull(id#1) THEN cast(raise_error(concat(onceflow.errors."
+        "BatchRejectedError: a record with a null id: , to_json(struct(id, id#1), Some(UTC)), . To "
+        "route...), NullType) as boolean) ELSE true END")
+    assert from_spark(planned) is planned
