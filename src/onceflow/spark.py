@@ -63,7 +63,7 @@ local file system without Hadoop's native library (a pip-installed PySpark), Fil
 rename runs ``stat`` in a child process: ~14 ms per file written, against ~3 ms through
 Hadoop's FileSystem API (Spark's ``FileSystemBasedCheckpointFileManager``), with the same atomic
 rename. This class uses the latter for local paths and Spark's own choice for any other (HDFS,
-object stores). A 1,000-event micro-batch of Example 5-1 went from p50 184-214 ms to 151-172 ms
+object stores). A 1,000-event micro-batch of Example 5-1 went from p50 184-214 ms to 151-173 ms
 (``latestOffset`` 17 → 6 ms, ``walCommit`` 14 → 4, ``commitOffsets`` 14 → 4; BENCHMARKS.md).
 The files are the same either way: a checkpoint is continued by a session with or without it.
 Not applied when ``conf`` names ``spark.sql.streaming.checkpointFileManagerClass`` (e.g.
