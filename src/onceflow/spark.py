@@ -57,15 +57,16 @@ CHECKPOINT_FILES_KEY = "spark.sql.streaming.checkpointFileManagerClass"
 CHECKPOINT_FILES_CLASS = "org.apache.spark.sql.onceflow.LocalCheckpointFileManager"
 """The checkpoint file manager :func:`session` names (``jvm/LocalCheckpointFileManager.scala``).
 
-Spark writes each checkpoint file (offset and commit logs, a file source's log, state store
-files) as a temporary file renamed into place, through Hadoop's FileContext API by default. On a
-local file system without Hadoop's native library (a pip-installed PySpark), FileContext's
-rename runs ``stat`` in a child process: ~14 ms per file written, against ~3 ms through
-Hadoop's FileSystem API (Spark's ``FileSystemBasedCheckpointFileManager``), with the same atomic
-rename. This class uses the latter for local paths and Spark's own choice for any other (HDFS,
-object stores). A 1,000-event micro-batch of Example 5-1 went from p50 184-214 ms to 151-173 ms
-(``latestOffset`` 17 → 6 ms, ``walCommit`` 14 → 4, ``commitOffsets`` 14 → 4; BENCHMARKS.md).
-The files are the same either way: a checkpoint is continued by a session with or without it.
+Spark writes each checkpoint file (offset and commit logs, a file source's log, state store files)
+as a temporary file renamed into place, through Hadoop's FileContext API by default. On a local
+file system without Hadoop's native library (a pip-installed PySpark), FileContext's rename
+resolves links by running ``readlink`` in child processes (four per rename, seen with strace):
+~14 ms per file written, against ~3 ms through Hadoop's FileSystem API (Spark's
+``FileSystemBasedCheckpointFileManager``), with the same atomic rename. This class uses the latter
+for local paths and Spark's own choice for any other (HDFS, object stores). A 1,000-event
+micro-batch of Example 5-1 went from p50 184-214 ms to 151-173 ms (``latestOffset`` 17 → 6 ms,
+``walCommit`` 14 → 4, ``commitOffsets`` 14 → 4; BENCHMARKS.md). The files are the same either way:
+a checkpoint is continued by a session with or without it.
 Not applied when ``conf`` names ``spark.sql.streaming.checkpointFileManagerClass`` (e.g.
 ``FileContextBasedCheckpointFileManager``: Spark's own behaviour); should the class not compile
 here, Spark's, with a warning."""

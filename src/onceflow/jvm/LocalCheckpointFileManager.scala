@@ -18,8 +18,9 @@ import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileMan
  * Spark writes every checkpoint file (offset and commit logs, a file source's log, state store
  * deltas and snapshots) as a temporary file renamed into place, and by default through
  * FileContext. On a local file system without Hadoop's native library (a pip-installed
- * PySpark), FileContext's rename asks for the file's link status by running `stat` in a child
- * process: ~12 ms of a ~14 ms write, three writes per micro-batch on the driver's critical path.
+ * PySpark), FileContext's rename resolves links by running `readlink` in child processes
+ * (four per rename): ~12 ms of a ~14 ms write, three writes per micro-batch on the driver's
+ * critical path.
  * Spark's FileSystemBasedCheckpointFileManager renames with the same rename(2) system call,
  * which replaces the target atomically on a local file system: ~3 ms per write.
  *
