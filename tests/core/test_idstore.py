@@ -416,6 +416,7 @@ def test_ids_pending_flushed_compacted_and_rebuilt_are_all_found(spark: Any, tmp
     assert sorted(got) == [0, 1, 2, 3]
     for k in range(4):
         same_sorted(got[k], expected[k], f"batch {k}")
+        assert len(got[k]) == 40_000, f"batch {k}"
     evicted = [p["stateOperators"][0]["numRowsRemoved"] for p in query.recentProgress]
     assert sum(evicted) >= 40_000, "no eviction compacted the table: the test lost its third part"
     shutil.copytree(tmp_path / "ck", tmp_path / "copy")

@@ -74,8 +74,9 @@ def test_a_checkpoint_resumes_across_checksummed_and_raw_local_files(tmp_path: P
     assert any("/commits/" in p for p in written[1]) and any("/state/" in p for p in written[1])
 
 
-SPARKS_MANAGER = ("org.apache.spark.sql.execution.streaming.checkpointing."
-                  "FileContextBasedCheckpointFileManager")
+MANAGERS = "org.apache.spark.sql.execution.streaming.checkpointing."
+SPARKS_MANAGER = MANAGERS + "FileContextBasedCheckpointFileManager"
+FS_BASED_MANAGER = MANAGERS + "FileSystemBasedCheckpointFileManager"
 
 
 def _manager(spark: Any, path: str) -> tuple[str, str]:
@@ -92,9 +93,8 @@ def test_local_checkpoints_are_written_through_the_file_system_api(spark: Any, t
     from onceflow.spark import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
 
     assert spark.conf.get(CHECKPOINT_FILES_KEY) == CHECKPOINT_FILES_CLASS
-    fs_based = "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-    assert _manager(spark, str(tmp_path)) == (CHECKPOINT_FILES_CLASS, fs_based)
-    assert _manager(spark, f"file:{tmp_path}") == (CHECKPOINT_FILES_CLASS, fs_based)
+    assert _manager(spark, str(tmp_path)) == (CHECKPOINT_FILES_CLASS, FS_BASED_MANAGER)
+    assert _manager(spark, f"file:{tmp_path}") == (CHECKPOINT_FILES_CLASS, FS_BASED_MANAGER)
     # any other file system: Spark's own choice (no server is contacted to create the manager)
     assert _manager(spark, "hdfs://127.0.0.1:9/ck") == (CHECKPOINT_FILES_CLASS, SPARKS_MANAGER)
 

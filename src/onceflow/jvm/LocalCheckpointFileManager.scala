@@ -10,6 +10,7 @@ import org.apache.hadoop.conf.Configuration
 import org.apache.hadoop.fs.{FileStatus, FSDataInputStream, LocalFileSystem, Path, PathFilter, RawLocalFileSystem}
 
 import org.apache.spark.sql.execution.streaming.checkpointing.{CheckpointFileManager, FileSystemBasedCheckpointFileManager}
+import org.apache.spark.sql.internal.SQLConf
 
 /**
  * Spark's checkpoint file manager for a path, with local paths written through Hadoop's
@@ -38,7 +39,7 @@ class LocalCheckpointFileManager(path: Path, hadoopConf: Configuration) extends 
       new FileSystemBasedCheckpointFileManager(path, hadoopConf)
     case _ =>
       val sparks = new Configuration(hadoopConf)
-      sparks.unset(LocalCheckpointFileManager.Key)
+      sparks.unset(SQLConf.STREAMING_CHECKPOINT_FILE_MANAGER_CLASS.parent.key)  // the key Spark reads
       CheckpointFileManager.create(path, sparks)
   }
 
@@ -66,9 +67,4 @@ class LocalCheckpointFileManager(path: Path, hadoopConf: Configuration) extends 
   override def createCheckpointDirectory(): Path = delegate.createCheckpointDirectory()
 
   override def close(): Unit = delegate.close()
-}
-
-object LocalCheckpointFileManager {
-  /** Spark's configuration key naming the checkpoint file manager class. */
-  val Key = "spark.sql.streaming.checkpointFileManagerClass"
 }
