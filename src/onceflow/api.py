@@ -19,17 +19,19 @@ the sink's commit protocol in :mod:`onceflow.sinks.base`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow import contract, idstore, startup
+from onceflow import contract, idstore, logcheck, startup
 from onceflow import rejects as rj
 from onceflow.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError, from_spark, refuse_unknown
 from onceflow.faults import CrashPoint, armed, commit_log_listener
 from onceflow.query import OnceQuery
+from onceflow.repair import repair_command
 from onceflow.retry import retrying
 from onceflow.sinks.base import TablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
@@ -282,6 +284,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     path = Path(checkpoint)
     idstore.check_checkpoint(path, df.sparkSession.conf.get("spark.jars", "") or "")
     startup.clear_unfinished_start(path)
+    logcheck.check(path, repair_command(path, sink))
     event_time = event_time or getattr(df, _EVENT_TIME_ATTR, None)
     ids = getattr(df, _ID_ATTR, None)
     if late is not None:
@@ -332,6 +335,12 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows,
                             the_contract, rejects, retry_s)
     writer = BatchWriter(sink, path, options, df.sparkSession)
+    try:
+        writer.bind_at_start()
+    except BaseException:
+        with contextlib.suppress(Exception):  # the refusal is what the caller needs to see
+            writer.close()
+        raise
     listener = None
     selected = armed()
     if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:

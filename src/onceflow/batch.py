@@ -5,7 +5,11 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
 
 1. **Bind** (:meth:`BatchWriter._bind`), before the first batch of a process: tie the sink to the
    checkpoint's query id (a database written by another checkpoint is refused: batch ids restart
-   at 0 there); delete the stable copies of batches Spark's commit log has.
+   at 0 there); check that the sink is neither behind nor ahead of the checkpoint
+   (:func:`onceflow.repair.check_start`); delete the stable copies of batches Spark's commit log
+   has. For a checkpoint that exists, :meth:`BatchWriter.bind_at_start` runs this step before
+   Spark starts the query, for the batch Spark will run next — so a sink restored from a backup
+   is refused at start, also when no batch would run (``once=True`` and no new input).
 2. **Count** (:meth:`BatchWriter._count`, in a thread beside Spark's own work): N's input files and
    late watermark from Spark's checkpoint, their rows and (when the event-time column is in
    them) late rows, for Parquet file sources. After step 4 ran N's plan, Spark's metrics of it
@@ -206,6 +210,26 @@ class BatchWriter:
                              "rows_written": {n: k if committed else 0 for n, k in attempt.written.items()},
                              "seconds": time.perf_counter() - started})
 
+    def bind_at_start(self) -> None:
+        """Step 1 before the query starts, for the batch Spark runs next; nothing for a new checkpoint.
+
+        Spark runs again the last planned batch that has no commit (``offsets/N`` without
+        ``commits/N``), else the one after the last commit.
+
+        Raises:
+            OutOfStepError: The sink is behind or ahead of the checkpoint
+                (:func:`onceflow.repair.check_start`).
+            CheckpointMismatchError: The sink belongs to another checkpoint.
+        """
+        if ckpt.query_id(self.checkpoint) is None:
+            return
+        planned = ckpt.offset_batches(self.checkpoint)
+        committed = ckpt.committed_batches(self.checkpoint)
+        if not planned and not committed:
+            return
+        done = committed[-1] if committed else -1
+        self._bind(planned[-1] if planned and planned[-1] > done else done + 1)
+
     def _bind(self, batch_id: int) -> None:
         """Step 1, once per process."""
         if self._qid:
@@ -254,7 +278,8 @@ class BatchWriter:
         frames = self._outputs(observed, batch_id)  # 3
         kept = None
         if self.o.stable is not None:  # a persisted first computation replaces this one
-            kept = self.o.stable.load(batch_id, self._qid, df.sparkSession)
+            kept = self.o.stable.load(batch_id, self._qid, df.sparkSession,
+                                      recompute=self._recomputable)
             if kept is not None:
                 frames.update(kept.tables)
         planned = ranges.read(self.checkpoint, batch_id)
@@ -263,6 +288,15 @@ class BatchWriter:
         if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
             attempt.cached.append(observed.persist())
         return attempt
+
+    def _recomputable(self) -> bool:
+        """Whether a damaged stable copy of N may be computed again: no sink can hold part of the copy.
+
+        True when the sink commits a batch all or nothing: nothing of N is visible unless N is
+        committed, and then its marker skips this attempt. A sink whose tables commit one by one
+        may hold N in some tables from the copy (its markers cannot say it holds none): refused.
+        """
+        return bool(self.sink.all_or_nothing)
 
     def _outputs(self, df: DataFrame, batch_id: int) -> dict[str, Any]:
         """Step 3: what ``per_batch`` returned, as ``{table: DataFrame or Arrow table}``."""

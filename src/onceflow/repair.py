@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow import checkpoint as ckpt
-from onceflow import ranges
+from onceflow import logcheck, ranges
 from onceflow.errors import OutOfStepError
 from onceflow.ranges import InputRange
 
@@ -52,8 +52,12 @@ def _sink_args(sink: Any) -> str:
     return f"--sink-id {getattr(sink, 'sink_id', 'default')} (and the sink's database)"
 
 
-def _command(checkpoint: Path, sink: Any) -> str:
+def repair_command(checkpoint: Path, sink: Any) -> str:
+    """The ``onceflow repair`` command line for a query's checkpoint and sink (a DSN's secrets left out)."""
     return f"onceflow repair --checkpoint {checkpoint} {_sink_args(sink)}"
+
+
+_command = repair_command
 
 
 def _span(first: int, last: int) -> str:
@@ -204,6 +208,8 @@ class RepairPlan:
             :meth:`Repair.apply`, each next one when Spark ran the one before).
         refused: Why the checkpoint cannot be repaired (None: it can).
         notes: What the user must see to (a source that must still hold some input).
+        mend: File-source log entries written back from the sink's markers: ``(source log
+            directory, log id, entries)``.
     """
 
     summary: str
@@ -211,18 +217,25 @@ class RepairPlan:
     restore: list[InputRange] = field(default_factory=list)
     refused: str | None = None
     notes: list[str] = field(default_factory=list)
+    mend: list[tuple[Path, int, list[dict[str, Any]]]] = field(default_factory=list)
 
     @property
     def changes(self) -> bool:
         """Whether there is anything to change."""
-        return bool(self.remove or self.restore)
+        return bool(self.remove or self.restore or self.mend)
 
 
 class Repair:
     """Bring Spark's checkpoint back into agreement with the sink, losing nothing (``onceflow repair``).
 
-    :meth:`plan` is steps 1-4 and changes nothing (a dry run prints it); :meth:`apply` is step 5.
+    :meth:`plan` is steps 0-4 and changes nothing (a dry run prints it); :meth:`apply` is step 5.
 
+    0. **Mend the logs** (:mod:`onceflow.logcheck`): a missing or damaged file-source log entry
+       is written back from the sink's marker of the batch that read it (the marker's range
+       keeps the entries as Spark wrote them); a damaged last ``commits/N`` is removed (Spark
+       runs N again and the sink's marker decides whether it is a replay). Anything else
+       damaged is refused naming the file to bring back from a backup. Only this step runs
+       while the logs are damaged; run repair again afterwards for steps 1-5.
     1. **Read** the checkpoint's planned batches (``offsets/``), committed batches (``commits/``)
        and state store versions, and the sink's markers with their input ranges.
     2. **Agree on the past.** A batch both committed must have had the same input in both (where
@@ -258,6 +271,9 @@ class Repair:
         if ckpt.query_id(root) is None:  # 1
             return RepairPlan("", refused=f"{root} is not a started Spark checkpoint (no metadata file)")
         markers = {int(m["batch_id"]): m for m in self.sink.batches()}
+        damaged = logcheck.damage(root)
+        if damaged:  # 0
+            return self._mend(damaged, markers)
         planned, done = ckpt.offset_batches(root), ckpt.committed_batches(root)
         c = done[-1] if done else -1
         last = max(markers, default=-1)
@@ -282,6 +298,31 @@ class Repair:
             return RepairPlan(f"the sink and the checkpoint agree: Spark runs batch {f} again at the next "
                               "start and the sink skips it as a replay; nothing to repair")
         return self._restore(c, ahead, markers, planned)  # 4
+
+    def _mend(self, damaged: list[logcheck.Damage], markers: dict[int, dict[str, Any]]) -> RepairPlan:
+        """Step 0: what the sink's markers restore of damaged logs, and what must come from a backup."""
+        root = self.checkpoint
+        listed = "; ".join(d.describe() for d in damaged[:3])
+        plan = RepairPlan(f"Spark's checkpoint logs are damaged ({listed}): what the sink's markers keep is "
+                          "written back; run onceflow repair again afterwards")
+        done = ckpt.committed_batches(root)
+        for d in damaged:
+            if d.source is not None:
+                source, log_id = d.source
+                entries = [e for m in markers.values() if m.get("input_range")
+                           for e in InputRange.from_json(int(m["batch_id"]), str(m["input_range"])).files.get(
+                               source, []) if int(e.get("batchId", -1)) == log_id]
+                if entries:
+                    plan.mend.append((d.path.parent, log_id, entries))
+                    continue
+            elif done and d.path == root / "commits" / str(done[-1]) and d.path.exists():
+                plan.remove.append(d.path)  # Spark runs the batch again; the sink's marker decides
+                continue
+            plan.refused = (f"{d.describe()}, and the sink's markers do not keep it: bring the file back "
+                            "from a backup of the checkpoint (or start over with a new checkpoint and an "
+                            "empty sink)")
+            return plan
+        return plan
 
     def _rewind(self, last: int, c: int, planned: list[int]) -> RepairPlan:
         """Step 3: the sink is behind; the checkpoint goes back to its last batch."""
@@ -382,6 +423,10 @@ class Repair:
         for p in plan.remove:
             ranges.remove(p)
             done.append(f"removed {p.relative_to(self.checkpoint)}")
+        for directory, log_id, entries in plan.mend:
+            ranges.write_source_log(directory, log_id, entries)
+            done.append(f"restored {directory.relative_to(self.checkpoint)}/{log_id} from the sink's markers "
+                        f"({len(entries)} file(s))")
         if plan.restore:  # the first now; each next one when Spark ran the one before (continue_restore)
             first = plan.restore[0]
             ranges.write(self.checkpoint, first, conf)

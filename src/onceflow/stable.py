@@ -17,9 +17,14 @@ the query whose checkpoint it is:
    batches that Spark's commit log has (their sink committed them, and Spark will not re-run
    them) and any half-written ``.tmp-*`` directory (a crash in step 3). May run any number of
    times.
-2. :meth:`StableOutputs.load`: if ``<root>/N`` exists, it is complete (step 3 renames it into
-   place only when whole): its tables replace the freshly computed ones, before any of them is
-   materialized, so the retry's own answer is never used.
+2. :meth:`StableOutputs.load`: if ``<root>/N`` exists, it was complete when step 3 renamed it
+   into place; it is checked whole against its manifest (every data file there, of its size and
+   row count; a driver-written file's SHA-256 too): a file lost or cut short since (a disk, a
+   hand) is never read as the batch. A sound copy's tables replace the freshly computed ones,
+   before any of them is materialized, so the retry's own answer is never used. A damaged copy
+   is computed again only when that cannot mix two computations in the sink (``recompute``:
+   the sink committed N already, or commits a batch all or nothing); else
+   :class:`StableCopyError` names the batch and what to check.
 3. Else :meth:`StableOutputs.save`: write every stable table into ``<root>/.tmp-N-<random>/``,
    fsync the files (Arrow outputs) and the directory, then rename it to ``<root>/N`` and fsync
    ``<root>``. Crash point ``after_stable_save``: N is persisted, no sink has seen it; the retry
@@ -40,18 +45,20 @@ not fsynced: against power loss, put the checkpoint on storage that is durable o
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, UnstableOutputError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.records import fsync_path
 
@@ -60,6 +67,51 @@ if TYPE_CHECKING:
 
 DIR = "onceflow_stable"
 """Directory under the checkpoint that holds the persisted batches."""
+
+
+class StableCopyError(UnstableOutputError):
+    """A persisted batch is not whole (a file missing or changed) and cannot safely be computed again."""
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _manifest(directory: Path, digests: bool) -> dict[str, dict[str, Any]]:
+    """Every Parquet data file under a table's copy: size, rows (from its footer), and SHA-256 if asked."""
+    files = [directory] if directory.is_file() else sorted(
+        p for p in directory.rglob("*.parquet") if not p.name.startswith((".", "_")))
+    out = {}
+    for p in files:
+        entry: dict[str, Any] = {"bytes": p.stat().st_size, "rows": pq.read_metadata(p).num_rows}
+        if digests:
+            entry["sha256"] = _digest(p)
+        out[str(p.relative_to(directory.parent))] = entry
+    return out
+
+
+def _differences(final: Path, name: str, kind: str, want: dict[str, dict[str, Any]]) -> str | None:
+    """How a table's copy differs from its manifest (None: it is whole)."""
+    where = final / (f"{name}.parquet" if kind == "arrow" else name)
+    if not where.exists():
+        return f"{where.name} is missing"
+    try:
+        have = _manifest(where, digests=kind == "arrow")
+    except (OSError, pa.ArrowException) as exc:
+        return f"a file of {where.name} cannot be read ({exc})"
+    gone = sorted(set(want) - set(have))
+    extra = sorted(set(have) - set(want))
+    if gone or extra:
+        return (f"{len(gone)} file(s) missing (e.g. {gone[0]})" if gone else f"{len(extra)} file(s) added "
+                f"(e.g. {extra[0]})")
+    for path, entry in want.items():
+        if have[path] != entry:
+            return f"{path} changed (saved {entry}, found {have[path]})"
+    return None
 
 
 class Persisted:
@@ -104,7 +156,7 @@ class StableOutputs:
         done = set(committed)
         removed = []
         for entry in self.root.iterdir():
-            if entry.name.startswith(".tmp-"):
+            if entry.name.startswith((".tmp-", ".damaged-")):
                 shutil.rmtree(entry, ignore_errors=True)
             elif entry.name.isdigit() and int(entry.name) in done:
                 shutil.rmtree(entry, ignore_errors=True)
@@ -117,19 +169,49 @@ class StableOutputs:
             return []
         return sorted(int(e.name) for e in self.root.iterdir() if e.name.isdigit())
 
-    def load(self, batch_id: int, query_id: str, spark: SparkSession | None = None) -> Persisted | None:
-        """Step 2: the persisted copy of batch ``batch_id``, or None if there is none.
+    def load(self, batch_id: int, query_id: str, spark: SparkSession | None = None,
+             recompute: Callable[[], bool] = lambda: False) -> Persisted | None:
+        """Step 2: the persisted copy of batch ``batch_id``, or None if there is none (or it is recomputed).
+
+        Args:
+            batch_id: Spark's micro-batch id.
+            query_id: The checkpoint's query id.
+            spark: The session that reads back tables Spark persisted.
+            recompute: Asked only for a damaged copy: whether it may be set aside and the batch
+                computed again (no sink can hold part of the first computation).
 
         Raises:
             ConfigError: The copy belongs to another query (a checkpoint copied by hand).
+            StableCopyError: The copy is damaged and ``recompute`` is False.
         """
         final = self.root / str(batch_id)
         if not final.is_dir():
             return None
-        meta = json.loads((final / "_meta.json").read_text())
+        try:
+            meta = json.loads((final / "_meta.json").read_text())
+        except (OSError, ValueError) as exc:
+            meta = {"query_id": query_id, "tables": {}, "damaged": f"_meta.json cannot be read ({exc})"}
         if meta["query_id"] != query_id:
             raise ConfigError(f"{final} holds batch {batch_id} of query {meta['query_id']}, not of this "
                               f"checkpoint's query {query_id}; delete {self.root} if it was copied here")
+        damaged = meta.get("damaged") or next(
+            (f"table {name!r}: {why}" for name, kind in meta["tables"].items()
+             if "files" in meta and (why := _differences(final, name, kind, meta["files"].get(name, {})))),
+            None)  # a copy saved by an older onceflow has no manifest: taken as it is
+        if damaged:
+            if not recompute():
+                raise StableCopyError(
+                    f"the stable copy of batch {batch_id} in {final} is not whole: {damaged}. A sink may "
+                    "hold part of the batch from this copy, so computing it again could mix two answers; "
+                    "nothing of this attempt was written. Bring the file back (from a backup of the "
+                    f"checkpoint); or, if the sink holds nothing of batch {batch_id}, delete {final} and "
+                    "restart: the batch is computed again")
+            aside = self.root / f".damaged-{batch_id}-{uuid.uuid4().hex[:8]}"
+            os.rename(final, aside)
+            logging.getLogger("onceflow.stable").warning(
+                "the stable copy of batch %d is not whole (%s): moved to %s, the batch is computed again "
+                "(the sink holds none of it, or commits a batch all or nothing)", batch_id, damaged, aside)
+            return None
         tables: dict[str, Any] = {}
         for name, kind in meta["tables"].items():
             if kind == "arrow":
@@ -175,8 +257,10 @@ class StableOutputs:
                 value.write.parquet(str(tmp / name))
                 kinds[name] = "spark"
                 schemas[name] = value.schema.json()  # read back without inferring it (a job less)
+        files = {name: _manifest(tmp / (f"{name}.parquet" if kind == "arrow" else name), kind == "arrow")
+                 for name, kind in kinds.items()}
         meta = {"query_id": query_id, "batch_id": batch_id, "tables": kinds, "rows_out": rows_out,
-                "schemas": schemas}
+                "schemas": schemas, "files": files}  # paths relative to the batch's directory
         (tmp / "_meta.json").write_text(json.dumps(meta))
         fsync_path(tmp / "_meta.json")
         fsync_path(tmp)

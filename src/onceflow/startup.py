@@ -19,6 +19,9 @@ A query that cannot write should fail when it is started, not at its first batch
    (:func:`onceflow.tables.check_columns`).
 3. **The sink** (:meth:`onceflow.sinks.base.Sink.check`): connected (a wrong password or an
    unreachable server fails here), its existing tables checked against the specs and columns.
+   Then, for a checkpoint that exists, the sink is bound to it and checked against Spark's logs
+   (:meth:`onceflow.batch.BatchWriter.bind_at_start`): a sink restored from a backup is refused
+   before Spark runs any batch.
 4. **Append over an event-time aggregation** (:func:`append_note`): one line saying that a
    window is written only once the watermark passes its end, and how to drain.
 """

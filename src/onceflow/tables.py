@@ -14,7 +14,8 @@ A :class:`Table` says how each micro-batch's rows reach one table:
 
 A batch is checked against its specs *before* anything is written (:func:`check_batch`): key
 columns without nulls, ``add`` columns numeric, no key twice within one batch for
-``upsert``/``merge`` (which row would win is undefined). A batch that fails is refused
+``upsert``/``merge`` (which row would win is undefined; ``0.0`` and ``-0.0`` are one key, as
+they are in SQL), no NaN in a key column. A batch that fails is refused
 with a :class:`onceflow.errors.BatchRejectedError` naming the table, the column and the first bad
 row, so the query stops before Spark's commit log and nothing of the batch is written.
 """
@@ -177,10 +178,22 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
         typ = rows.schema.field(col).type
         if not (pa.types.is_integer(typ) or pa.types.is_floating(typ) or pa.types.is_decimal(typ)):
             raise BatchRejectedError(f"table {name!r}: add column {col!r} must be numeric, got {typ}")
+    for col in spec.key:
+        values = rows.column(col)
+        if pa.types.is_floating(values.type):
+            bad = _first(pc.is_nan(values))
+            if bad is not None:
+                raise BatchRejectedError(f"table {name!r}: key column {col!r} is NaN in row {bad} of batch "
+                                         f"({_row(rows, bad)}); a NaN key matches no stored key in most "
+                                         "sinks (and none in SQLite); nothing of the batch was written",
+                                         row=_row(rows, bad))
     repeated = repeated_key(rows.select(list(spec.key))) if spec.key else None
     if repeated is not None:
-        raise BatchRejectedError(f"table {name!r}: key {repeated[0]} appears more than once in one batch; "
-                                 f"aggregate per key before writing (mode {spec.mode!r})")
+        zeros = " (0.0 and -0.0 are one key in a database)" if any(
+            pa.types.is_floating(rows.schema.field(k).type) for k in spec.key) else ""
+        raise BatchRejectedError(f"table {name!r}: key {repeated[0]} appears more than once in one batch"
+                                 f"{zeros}; aggregate per key before writing (mode {spec.mode!r}); nothing "
+                                 "of the batch was written")
 
 
 def repeated_key(keys: pa.Table) -> tuple[dict[str, Any], int] | None:
@@ -191,6 +204,9 @@ def repeated_key(keys: pa.Table) -> tuple[dict[str, Any], int] | None:
     """
     names = keys.column_names
     plain = keys.rename_columns([f"k{i}" for i in range(len(names))])  # a key named count_all: no clash
+    for i, col in enumerate(plain.columns):  # -0.0 + 0.0 is 0.0: the two zeros are one key, as in SQL
+        if pa.types.is_floating(col.type):
+            plain = plain.set_column(i, f"k{i}", pc.add(col, pa.scalar(0.0, col.type)))
     counts = plain.group_by(plain.column_names).aggregate([([], "count_all")])
     at = _first(pc.greater(counts.column("count_all"), 1))
     if at is None:

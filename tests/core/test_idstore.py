@@ -424,3 +424,23 @@ def test_ids_pending_flushed_compacted_and_rebuilt_are_all_found(spark: Any, tmp
     got, _ = _drain_ids(spark, files, tmp_path / "copy")
     assert len(got) == 1
     same_sorted(next(iter(got.values())), fifth, "the batch on the copied checkpoint")
+
+
+def test_a_truncated_delta_file_is_named_with_its_remedy(spark: Any, log: Path, tmp_path: Path) -> None:
+    """A delta file cut short (a damaged disk): the rebuild names the file, not a bare buffer underflow."""
+    part = tmp_path / "log"
+    part.mkdir()
+    segments = sorted(log.glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+    for seg in segments[:3]:
+        shutil.copy2(seg, part / seg.name)
+    run(spark, idstore.PROVIDER_CLASS, part, tmp_path / "ck")
+    deltas = [p for p in state_files(tmp_path / "ck", "iddelta") if p.stat().st_size > 64]
+    victim = max(deltas, key=lambda p: int(p.name.split(".")[0]))
+    victim.write_bytes(victim.read_bytes()[: victim.stat().st_size // 2])
+    shutil.copytree(tmp_path / "ck", tmp_path / "copy")  # a new path: the table is rebuilt from the files
+    shutil.copy2(segments[3], part / segments[3].name)
+    with pytest.raises(Exception) as err:
+        run(spark, idstore.PROVIDER_CLASS, part, tmp_path / "copy")
+    text = str(err.value)
+    assert victim.name in text and "is truncated or damaged (BufferUnderflowException)" in text, text[-3000:]
+    assert "bring the checkpoint's state directory back from a backup" in text

@@ -145,7 +145,9 @@ def test_a_restore_is_refused_then_repaired_exactly(spark: Any, tmp_path: Path, 
     before = _tree(tmp_path / "ck")
     dry = _repair(tmp_path, sink, "--dry-run")
     assert dry.returncode == 0, dry.stderr
-    assert "would remove" in dry.stdout and _tree(tmp_path / "ck") == before  # a dry run changes nothing
+    # a restored checkpoint is refused before Spark plans batch 2 over the new file: nothing to remove
+    assert ("would remove" if restored == "database" else "would restore offsets/2") in dry.stdout, dry.stdout
+    assert _tree(tmp_path / "ck") == before  # a dry run changes nothing
     if kind == "kafka":  # a wrong sink id is not an empty sink: refused, the checkpoint unchanged
         wrong = _repair(tmp_path, sink, "--sink-id", "nosuch")
         assert wrong.returncode != 0 and "no marker topic onceflow_batches.nosuch" in wrong.stderr, wrong
@@ -163,6 +165,29 @@ def test_a_restore_is_refused_then_repaired_exactly(spark: Any, tmp_path: Path, 
     markers = sink.open().batches()
     assert [m["batch_id"] for m in markers] == list(range(len(markers)))
     assert sum(m["input_rows"] or 0 for m in markers) == 4 * transfers.PER_FILE
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "delta"])
+def test_a_restored_sink_is_refused_at_start_even_with_no_new_input(spark: Any, tmp_path: Path, kind: str,
+                                                                    request: pytest.FixtureRequest) -> None:
+    """once=True over input the checkpoint has all read: Spark runs no batch, the start refuses."""
+    sink = _Sink(kind, tmp_path, request)
+    transfers.put(tmp_path / "in", 0)
+    _run(spark, tmp_path, sink)
+    sink.backup()
+    transfers.put(tmp_path / "in", 1)
+    _run(spark, tmp_path, sink)
+    sink.restore()
+    s = sink.open()
+    try:
+        with pytest.raises(OutOfStepError, match=r"the sink lacks batches 2-3, which Spark's checkpoint"):
+            transfers.start(spark, tmp_path / "in", s, tmp_path / "ck")  # refused before Spark starts
+    finally:
+        s.close()
+    assert not spark.streams.active
+    assert _repair(tmp_path, sink).returncode == 0
+    _run(spark, tmp_path, sink)  # still no new input: the repaired checkpoint writes batches 2-3 again
+    assert transfers.read_sink(kind, sink.location) == transfers.expected(tmp_path / "in")
 
 
 def test_repair_refuses_when_the_input_to_write_again_is_gone(spark: Any, tmp_path: Path,

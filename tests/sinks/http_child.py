@@ -17,7 +17,7 @@ from onceflow.sinks.http.sink import HttpEffectsSink
 from onceflow.tables import Table
 from onceflow.verify.sinks import NaiveHttpSink
 
-SPECS = {"charges": Table(key=["account", "hour"])}
+SPECS = {"charges": Table(key=["account", "hour"], mode="append")}  # one effect per key, ever
 STATS = BatchStats(10, 0, 0)
 
 

@@ -150,7 +150,8 @@ def test_refused_and_undeliverable_effects_fail_the_batch_and_are_sent_again(tmp
     ledger = tmp_path / "ledger.db"
     sink = HttpEffectsSink("http://127.0.0.1:9/effects", ledger, retries=2, backoff_s=0.01)  # nothing listens
     sink.bind("q1")
-    with pytest.raises(EffectsFailedError, match=r"20 of 20 effects were not applied .*no connection"):
+    with pytest.raises(EffectsFailedError, match=r"20 of 20 effects were not confirmed: 20 never reached the "
+                                                 r"service \(not applied\) .*no connection"):
         sink.commit_tables(0, charges(0), SPECS, STATS, 20)
     assert sink.unconfirmed() == []  # never reached a service: forgotten, sent as new next time
     assert sink.batches() == []
@@ -170,3 +171,54 @@ def test_bad_configuration_is_refused(tmp_path: Path) -> None:
     sink = HttpEffectsSink("http://127.0.0.1:9/effects", tmp_path / "l.db")
     with pytest.raises(ConfigError, match="needs key"):
         sink.commit_tables(0, charges(0), {"charges": Table()}, STATS, 20)
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_a_redirect_is_refused_naming_where_it_points_and_nothing_counts_as_applied(
+        tmp_path: Path, service: ServiceProcess, status: int) -> None:
+    sink = HttpEffectsSink(f"{service.url}/moved/{status}", tmp_path / "ledger.db")
+    sink.bind("q1")
+    with pytest.raises(EffectsFailedError, match=rf"20 of 20 effects were not confirmed: 20 refused by the "
+                                                 rf"service \(e.g. .*HTTP {status} redirect to /effects"):
+        sink.commit_tables(0, charges(0), SPECS, STATS, 20)
+    assert sink.batches() == [] and sink.unconfirmed() == []  # refused keys are forgotten: resent on restart
+    assert read_effects(service.db) == []
+    sink.close()
+    fixed = HttpEffectsSink(service.effects_url, tmp_path / "ledger.db")  # the URL corrected, batch re-run
+    fixed.bind("q1")
+    assert fixed.commit_tables(0, charges(0), SPECS, STATS, 20)
+    assert len(_applied(service.db)) == 20
+    fixed.close()
+
+
+def test_an_unknown_outcome_is_not_called_not_applied(tmp_path: Path) -> None:
+    """Every call applied and then answered 500: the sink must not say 'not applied'."""
+    with ServiceProcess(tmp_path / "service.db", "--fail-after-apply", "1.0") as svc:
+        sink = HttpEffectsSink(svc.effects_url, tmp_path / "ledger.db", retries=2, backoff_s=0.01)
+        sink.bind("q1")
+        with pytest.raises(EffectsFailedError) as err:
+            sink.commit_tables(0, charges(0), SPECS, STATS, 20)
+        assert "20 have an unknown outcome (timeouts or 5xx answers: the service may have applied them)" \
+            in str(err.value)
+        assert "not applied" not in str(err.value)
+        assert len(_applied(svc.db)) == 20  # the service did apply them
+        sink.close()
+
+
+def test_an_upsert_table_sends_a_later_batchs_new_value_for_a_known_key(tmp_path: Path,
+                                                                       service: ServiceProcess) -> None:
+    from onceflow.tables import Table
+
+    sink = HttpEffectsSink(service.effects_url, tmp_path / "ledger.db")
+    sink.bind("q1")
+    specs = {"charges": Table(key=["account", "hour"])}  # upsert: the key's latest value
+    first, second = charges(0), charges(0, version=1)  # the same keys, other amounts
+    assert sink.commit_tables(0, first, specs, STATS, 20)
+    assert sink.commit_tables(1, second, specs, STATS, 20)
+    assert not sink.commit_tables(1, second, specs, STATS, 20)  # a replay sends nothing
+    latest: dict[tuple[str, int], int] = {}
+    for effect in read_effects(service.db):  # in the order the service applied them
+        latest[(effect["payload"]["account"], effect["payload"]["hour"])] = effect["payload"]["amount"]
+    want = {(r["account"], r["hour"]): r["amount"] for r in second["charges"].to_pylist()}
+    assert latest == want and len(read_effects(service.db)) == 40
+    sink.close()

@@ -62,3 +62,18 @@ def test_onceflow_errors_are_unwrapped_from_spark_exceptions() -> None:
         "BatchRejectedError: a record with a null id: , to_json(struct(id, id#1), Some(UTC)), . To "
         "route...), NullType) as boolean) ELSE true END")
     assert from_spark(planned) is planned
+
+
+def test_a_connection_string_that_does_not_parse_fails_at_once() -> None:
+    import time
+
+    import onceflow
+    from onceflow.errors import ConfigError
+
+    started = time.monotonic()
+    for dsn, why in [("host=127.0.0.1 port", 'missing "=" after "port"'),
+                     ("host=127.0.0.1 passwrd=hunter2", 'invalid connection option "passwrd"')]:
+        with pytest.raises(ConfigError, match=f"the connection string does not parse: {why}") as err:
+            onceflow.postgres(dsn)
+        assert "hunter2" not in str(err.value)
+    assert time.monotonic() - started < 5  # not retried as if the server were down

@@ -97,6 +97,9 @@ def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | Non
             click.echo(f"  would remove {p.relative_to(checkpoint)}")
         for r in plan.restore:
             click.echo(f"  would restore offsets/{r.batch_id} from the sink's marker ({r.describe()})")
+        for directory, log_id, entries in plan.mend:
+            click.echo(f"  would restore {directory.relative_to(checkpoint)}/{log_id} from the sink's "
+                       f"markers ({len(entries)} file(s))")
         click.echo("dry run: nothing changed")
         return
     for line in fixer.apply(plan):

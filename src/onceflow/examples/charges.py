@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 HOUR_MS = 3_600_000
-TABLES = {"charges": Table(key=["account", "window_start_ms", "batch"])}
+TABLES = {"charges": Table(key=["account", "window_start_ms", "batch"], mode="append")}  # one charge per key
 FIXED_PRICE = 100
 """Price per kB without a pricing service."""
 

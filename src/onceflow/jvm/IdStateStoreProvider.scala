@@ -186,7 +186,7 @@ class IdStateStoreProvider extends StateStoreProvider {
     val all = versions()
     val snap = all.filter { case (v, k) => k == SNAPSHOT && v <= version }.map(_._1)
       .sorted.lastOption.getOrElse(0L)
-    val t = if (snap > 0) readSnapshot(snap) else new IdTable(1 << 14)
+    val t = if (snap > 0) damaged(file(snap, SNAPSHOT)) { readSnapshot(snap) } else new IdTable(1 << 14)
     var v = snap + 1
     while (v <= version) {
       val f = file(v, DELTA)
@@ -194,10 +194,20 @@ class IdStateStoreProvider extends StateStoreProvider {
         throw new IllegalStateException(s"onceflow id state store: $f is missing: the state of " +
           s"${id} cannot be rebuilt at version $version (restore the checkpoint's state directory)")
       }
-      readDelta(f, t)
+      damaged(f) { readDelta(f, t) }
       v += 1
     }
     t
+  }
+
+  /** Runs `read` of file `f`; a file cut short or garbled is reported with its path and the remedy. */
+  private def damaged[T](f: Path)(read: => T): T = {
+    try read catch {
+      case e @ (_: java.nio.BufferUnderflowException | _: IndexOutOfBoundsException) =>
+        throw new IllegalStateException(s"onceflow id state store: $f is truncated or damaged " +
+          s"(${e.getClass.getSimpleName}): the state of $id cannot be rebuilt from it; bring the " +
+          "checkpoint's state directory back from a backup (or start over with a new checkpoint)", e)
+    }
   }
 
   private def readAll(f: Path): java.nio.ByteBuffer = {
@@ -212,7 +222,9 @@ class IdStateStoreProvider extends StateStoreProvider {
   }
 
   private def readKey(b: java.nio.ByteBuffer): Array[Byte] = {
-    val k = new Array[Byte](b.getInt()); b.get(k); k
+    val n = b.getInt()
+    if (n < 0 || n > b.remaining()) throw new java.nio.BufferUnderflowException()  // a garbled length
+    val k = new Array[Byte](n); b.get(k); k
   }
 
   private def readDelta(f: Path, t: IdTable): Unit = {

@@ -66,6 +66,12 @@ class Sink(Protocol):
     sink_id: str
     """The marker namespace: two queries writing to one database need different ids."""
 
+    all_or_nothing: bool
+    """Whether a batch's tables commit together (one transaction): no reader, and no later
+    attempt, ever sees part of a batch. False where each table commits on its own (Delta,
+    executor-side PostgreSQL, HTTP effects): a crash can leave a batch in some tables only, so
+    its other tables must be written from the same computation (:mod:`onceflow.stable`)."""
+
     def bind(self, query_id: str) -> None:
         """Tie the sink to the checkpoint with ``query_id``; recover what an earlier process left.
 

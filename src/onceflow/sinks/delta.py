@@ -85,6 +85,9 @@ class DeltaTablesSink:
         sink_id: Marker namespace (the app id is ``onceflow:<sink_id>``).
     """
 
+    all_or_nothing = False
+    """Each table of a batch commits on its own."""
+
     def __init__(self, root: str | Path, sink_id: str = "default") -> None:
         self.dl = _require()
         if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():

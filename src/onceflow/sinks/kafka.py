@@ -103,6 +103,9 @@ class KafkaTopicsSink:
         batch_headers: Give every record the headers ``onceflow.sink`` and ``onceflow.batch``.
     """
 
+    all_or_nothing = True
+    """Every table of a batch commits in one transaction."""
+
     tables_are_topics = True
     """Table names are topic names (``.`` and ``-`` allowed; see :func:`onceflow.tables.check_specs`)."""
 

@@ -16,6 +16,7 @@ Endpoints:
   Every call received is also recorded (table ``calls``: key, payload, outcome ``applied`` /
   ``replayed`` / ``failed_before``, and the answer it got: ``200``, ``503``, ``500`` or ``late``),
   so a test can see every version of a key that reached it.
+* ``POST /moved/{status}`` — a redirect (``3xx``) to ``/effects`` that applies nothing: a moved URL.
 * ``GET /price?account=A`` — a price that changes on every call (a non-deterministic lookup
   for enrichment steps): ``{"account": "A", "price": <int>}``.
 * ``GET /health``.
@@ -142,6 +143,17 @@ class EffectService:
             await asyncio.sleep(self.hang_s)
         return web.json_response({"seq": seq, "replayed": replayed})
 
+    async def moved(self, request: web.Request) -> web.Response:
+        """``POST /moved/{status}``: answer with that redirect (3xx) to ``/effects``, applying nothing.
+
+        A service behind a moved URL: a client that follows the redirect repeats the POST as a
+        GET (301, 302, 303), which ``GET /effects`` answers with 200 without applying anything.
+        """
+        status = int(request.match_info["status"])
+        if not 300 <= status < 400:
+            return web.json_response({"error": "the status must be a redirect (3xx)"}, status=400)
+        return _redirect(status)
+
     async def get_effects(self, _: web.Request) -> web.Response:
         """``GET /effects``: every applied effect, in order."""
         rows = self.conn.execute("SELECT seq, key, payload, applied_ms FROM effects ORDER BY seq").fetchall()
@@ -159,9 +171,14 @@ class EffectService:
         app = web.Application()
         app.router.add_post("/effects", self.post_effect)
         app.router.add_get("/effects", self.get_effects)
+        app.router.add_post("/moved/{status}", self.moved)
         app.router.add_get("/price", self.get_price)
         app.router.add_get("/health", lambda _: _ok())
         return app
+
+
+def _redirect(status: int) -> web.Response:
+    return web.Response(status=status, headers={"Location": "/effects"})
 
 
 async def _ok() -> web.Response:

@@ -111,6 +111,9 @@ class NaiveHttpSink(HttpEffectsSink):
 class NaiveKafkaSink:
     """``kafka-naive``: every attempt of a batch produces its records, without a transaction or marker."""
 
+    all_or_nothing = False
+    """No transaction: each record is produced on its own."""
+
     keeps_markers = False
     """Nothing to check a checkpoint against (:func:`onceflow.repair.check_order` skips it)."""
     tables_are_topics = True

@@ -2,9 +2,16 @@
 
 Each row of each table becomes one ``POST`` of the row as JSON, with an ``Idempotency-Key``
 derived from the row's key columns (never random: the same logical effect always has the same
-key — ``<sink_id>/<table>/<key values, URL-quoted>``, see :func:`effect_key`). The rows of an
-``add`` table are per-batch deltas (e.g. Example 5-1's counts): their key ends with the batch
-id, ``.../<key values>/<batch_id>`` — one effect per key and batch, summed by the service. A durable ledger
+key — ``<sink_id>/<table>/<key values, URL-quoted>``, see :func:`effect_key`). The table's mode
+says what a key names:
+
+* ``append`` (with ``key=``): one effect per key, ever — a key a later batch has again is not
+  sent again (a charge per payment id);
+* ``upsert``: the key's value in each batch — the key ends with the batch id,
+  ``.../<key values>/<batch_id>``, so a later batch's new value for a known key is sent (and
+  the service keeps the latest);
+* ``merge``: per-batch deltas (e.g. Example 5-1's counts), keyed like ``upsert`` — one effect
+  per key and batch, summed by the service. A durable ledger
 (:mod:`onceflow.sinks.http.ledger`) records each key as ``started`` before its call and
 ``confirmed`` after the service's 2xx answer; calls run concurrently (bounded) with retries and
 exponential backoff (tenacity).
@@ -24,7 +31,9 @@ confirmations; 6 is *mark* and *commit*; 7 is *return*.
    never sent twice. A key started by an earlier attempt of N with another payload means the
    batch's output is not deterministic: :class:`UnstableOutputError`, nothing sent (use
    ``write_stream(stable=True)``). Commit. Crash point ``effects_started``.
-3. Send (at most ``concurrency`` calls at once). A 2xx answer confirms the key; confirmations
+3. Send (at most ``concurrency`` calls at once). A 2xx answer confirms the key (a redirect,
+   ``3xx``, is never followed — a client would repeat the POST as a GET — and counts as a
+   refusal naming its ``Location``); confirmations
    are written to the ledger every ``confirm_every_s`` (and at the end). Retried with backoff, up
    to ``retries`` calls per key: a connection that never reached the service, ``429`` and
    ``503`` (not applied) always; a timeout or another ``5xx`` (the service may have applied
@@ -35,7 +44,9 @@ confirmations; 6 is *mark* and *commit*; 7 is *return*.
    the retry of N (step 2).
 5. Record the remaining confirmations. Refused keys and keys that provably never reached the
    service are forgotten (a restart sends them as new). If any key was refused, or could not
-   be delivered (idempotent service: retries exhausted), raise :class:`EffectsFailedError`:
+   be delivered (idempotent service: retries exhausted), raise :class:`EffectsFailedError`
+   telling the three kinds apart (refused; never reached the service; unknown outcome — a
+   timeout or a 5xx after which the service may have applied it):
    N is not committed, Spark does not write ``commits/N``; the restart re-runs N — confirmed
    keys are not sent again, the others are.
 6. Ledger transaction: the batch's metrics (:mod:`onceflow.sinks.http.ledger`), the calls of keys
@@ -108,7 +119,7 @@ def _json(value: Any) -> str:
 def effects_of(sink_id: str, table: str, spec: Table, rows: pa.Table, batch_id: int) -> list[Effect]:
     """One table's effects: key from the key columns (and batch, for ``merge``); payload = the row."""
     out = []
-    tail = [batch_id] if spec.mode == "merge" else []
+    tail = [batch_id] if spec.mode in ("merge", "upsert") else []
     for row in rows.to_pylist():
         key = effect_key(sink_id, table, [*(row[k] for k in spec.key), *tail])
         out.append(Effect(key, json.dumps(row, sort_keys=True, separators=(",", ":"), default=_json)))
@@ -152,6 +163,9 @@ class HttpEffectsSink:
     Raises:
         ConfigError: A bad option.
     """
+
+    all_or_nothing = False
+    """Each table of a batch commits on its own."""
 
     def __init__(self, url: str, ledger: str | Path, sink_id: str = "default", idempotent: bool = True,
                  concurrency: int = 16, retries: int = 5, timeout_s: float = 10.0, backoff_s: float = 0.05,
@@ -220,11 +234,7 @@ class HttpEffectsSink:
         self.ledger.forget(a.key for a in failed  # provably not applied: sent as new keys next time
                            if a.outcome == "refused" or not a.maybe_applied)
         if failed:
-            first = failed[0]
-            raise EffectsFailedError(
-                f"batch {batch_id}: {len(failed)} of {len(answers)} effects were not applied ({first.key}: "
-                f"{first.detail}); the batch is not committed — {counts['confirmed']} confirmed effects "
-                "will not be sent again when the query restarts, the others will")
+            raise EffectsFailedError(_failure(batch_id, failed, len(answers), counts["confirmed"]))
         left = [(a.key, a.status, a.calls) for a in answers if a.outcome == "ambiguous"]
         counts["unconfirmed"] = len(left) + counts["held"]
         if counts["unconfirmed"]:
@@ -341,9 +351,10 @@ class HttpEffectsSink:
         state["calls"] += 1
         calls = int(state["calls"])
         try:
-            async with session.post(self.url, data=e.payload, headers=headers) as resp:
+            async with session.post(self.url, data=e.payload, headers=headers, allow_redirects=False) as resp:
                 status = resp.status
                 body = await resp.read()
+                location = resp.headers.get("Location", "")
         except aiohttp.ClientConnectorError as exc:  # never reached the service
             raise _Retry(0, f"no connection: {exc}") from None
         except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
@@ -353,6 +364,11 @@ class HttpEffectsSink:
             raise _Retry(0, f"ambiguous: {exc!r}") from None
         if 200 <= status < 300:
             return _Answer(e.key, "ok", status, calls, _replayed(body))
+        if 300 <= status < 400:  # a client would repeat a POST as a GET: never followed
+            return _Answer(e.key, "refused", status, calls,
+                           detail=f"refused: HTTP {status} redirect to {location or '(no Location)'} — "
+                                  "onceflow never follows a redirect of an effect; set url= to where the "
+                                  "service takes the POST")
         if status in (429, 503):
             raise _Retry(status, f"HTTP {status} (not applied)")
         if status >= 500:
@@ -400,6 +416,20 @@ class HttpEffectsSink:
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None
+
+
+def _failure(batch_id: int, failed: list[_Answer], answered: int, confirmed: int) -> str:
+    """Step 5's message: refused, never delivered, and unknown outcomes told apart, each with an example."""
+    kinds = {"refused by the service": [a for a in failed if a.outcome == "refused"],
+             "never reached the service (not applied)": [a for a in failed if a.outcome != "refused"
+                                                          and not a.maybe_applied],
+             "have an unknown outcome (timeouts or 5xx answers: the service may have applied them)":
+                 [a for a in failed if a.outcome != "refused" and a.maybe_applied]}
+    told = "; ".join(f"{len(group)} {kind} (e.g. {group[0].key}: {group[0].detail})"
+                     for kind, group in kinds.items() if group)
+    return (f"batch {batch_id}: {len(failed)} of {answered} effects were not confirmed: {told}. The batch is "
+            f"not committed — the {confirmed} confirmed effects will not be sent again when the query "
+            "restarts; the others will, each with its same Idempotency-Key")
 
 
 def _replayed(body: bytes) -> bool:

@@ -40,15 +40,26 @@ def resolve_dsn(dsn: str | None) -> str:
         The DSN.
 
     Raises:
-        ConfigError: Neither is set.
+        ConfigError: Neither is set, or the string does not parse (at once: a typo is never
+            retried as if the server were down).
     """
     found = (dsn or "").strip() or os.environ.get(DSN_ENV, "").strip()
+    example = "e.g. 'host=127.0.0.1 port=5432 dbname=app user=app'"
     if not found:
         raise ConfigError(
             "no PostgreSQL connection string: pass one (--pg-dsn, or the 'dsn' option of the "
-            f"onceflow_postgres data source) or set {DSN_ENV}, e.g. "
-            "'host=127.0.0.1 port=5432 dbname=app user=app'"
+            f"onceflow_postgres data source) or set {DSN_ENV}, {example}"
         )
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # checked where a connection is made (require_psycopg names the extra)
+        return found
+    try:
+        conninfo_to_dict(found)
+    except Exception as exc:
+        source = "the connection string" if (dsn or "").strip() else f"${DSN_ENV}"
+        raise ConfigError(f"{source} does not parse: {scrub(str(exc), found).strip()}; write libpq's "
+                          f"key=value pairs or a postgresql:// URL, {example}") from None
     return found
 
 

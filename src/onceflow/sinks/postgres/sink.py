@@ -70,6 +70,9 @@ class PostgresTablesSink:
         sink_id: Marker namespace: two queries writing to one database need different ids.
     """
 
+    all_or_nothing = True
+    """Every table of a batch commits in one transaction."""
+
     def __init__(self, dsn: str | None = None, sink_id: str = "default") -> None:
         require_psycopg()
         self.dsn = pg.resolve_dsn(dsn)
@@ -120,7 +123,7 @@ class PostgresTablesSink:
         from psycopg import sql
 
         cols = rows.column_names
-        tmp = sql.Identifier(f"onceflow_in_{name}")
+        tmp = sql.Identifier(pg.derived_name(name, prefix="onceflow_in_"))
         target = sql.Identifier(name)
         collist = sql.SQL(", ").join(map(sql.Identifier, cols))
         conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
@@ -220,6 +223,9 @@ class PostgresFramesSink:
         protocol: ``staged`` or ``2pc``.
     """
 
+    all_or_nothing = False
+    """Each table of a batch commits on its own."""
+
     def __init__(self, dsn: str | None = None, sink_id: str = "default", protocol: str = "staged") -> None:
         require_psycopg()
         if protocol not in ("staged", "2pc"):
@@ -312,6 +318,7 @@ class PostgresFramesSink:
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
         """Connect; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        pg.check_names(specs, schemas, self.sink_id)
         with pg.session(self.dsn) as conn:
             pg.check_tables(conn, specs, schemas)
 

@@ -15,6 +15,7 @@ Metadata tables (created on first use, in the connection's current schema):
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -64,6 +65,59 @@ def check_sink_id(sink_id: str) -> str:
             f"sink id {sink_id!r} is invalid: use 1-64 characters from A-Z a-z 0-9 _ . -"
         )
     return sink_id
+
+
+NAME_BYTES = 63
+"""PostgreSQL's identifier limit (``NAMEDATALEN - 1``): a longer name is cut to it silently."""
+
+
+def derived_name(name: str, prefix: str = "", suffix: str = "") -> str:
+    """A name onceflow derives from a table's (a staging or temporary table), within 63 bytes.
+
+    When ``prefix + name + suffix`` is longer, the table's name is cut (at a character
+    boundary) and a digest of the whole name goes before the suffix, so two long names that
+    share their first bytes never derive the same name.
+    """
+    full = prefix + name + suffix
+    if len(full.encode()) <= NAME_BYTES:
+        return full
+    digest = "_" + hashlib.sha256(full.encode()).hexdigest()[:12]
+    room = NAME_BYTES - len((prefix + digest + suffix).encode())
+    cut = name.encode()[:room].decode(errors="ignore")
+    return prefix + cut + digest + suffix
+
+
+def check_names(specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema],
+                sink_id: str | None = None) -> None:
+    """Refuse table and column names PostgreSQL would cut to 63 bytes (before the query starts).
+
+    Two tables whose names share their first 63 bytes would be one table, and a long column
+    name would be stored cut and not be found by the next run's check.
+
+    Args:
+        specs: Table name -> spec.
+        schemas: Table name -> its output's columns, where known.
+        sink_id: The executor sink's id: each table's marker ``<sink_id>.<table>`` must be a
+            valid sink id too.
+
+    Raises:
+        ConfigError: Naming the table or column, its length in bytes and the limit.
+    """
+    for name in specs:
+        schema = schemas.get(name)
+        names = [("table", name, name), *(("column", c, name) for c in (schema.names if schema else ()))]
+        for what, value, table in names:
+            size = len(value.encode())
+            if size > NAME_BYTES:
+                where = "" if what == "table" else f" of table {table!r}"
+                raise ConfigError(
+                    f"{what} name {value!r}{where} is {size} bytes; PostgreSQL keeps only the first "
+                    f"{NAME_BYTES} bytes of a name (NAMEDATALEN - 1), so it would become another name. "
+                    f"Use a name of at most {NAME_BYTES} bytes (alias the column in the query)")
+        if sink_id is not None and not SINK_ID_RE.match(f"{sink_id}.{name}"):
+            raise ConfigError(f"table {name!r} with sink id {sink_id!r}: the table's marker "
+                              f"{sink_id + '.' + name!r} must be 1-64 characters from A-Z a-z 0-9 _ . -; "
+                              "use a shorter sink id or table name")
 
 
 def ensure_meta(conn: Any) -> None:
@@ -179,8 +233,10 @@ def check_tables(conn: Any, specs: Mapping[str, Table], schemas: Mapping[str, pa
     """The start-up check of a PostgreSQL sink: every table that exists fits its spec and columns.
 
     Raises:
-        ConfigError: See :func:`onceflow.tables.check_existing`.
+        ConfigError: A name over 63 bytes (:func:`check_names`), or see
+            :func:`onceflow.tables.check_existing`.
     """
+    check_names(specs, schemas)
     for name, spec in specs.items():
         found = existing_table(conn, name)
         if found is not None:

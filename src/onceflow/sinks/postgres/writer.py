@@ -11,7 +11,8 @@ of *write*; 2 is *decide*; 3 checks what the tasks wrote; 4 finishes *write* and
 **Staged** (default). For batch N:
 
 1. Task (partition p, attempt a) draws a fresh token, COPYs its rows into the
-   unlogged staging table ``<table>_onceflow_stage`` tagged ``(N, token)`` and
+   unlogged staging table ``<table>_onceflow_stage`` (cut, with a digest, to PostgreSQL's 63
+   bytes: :func:`onceflow.sinks.postgres.sql.derived_name`) tagged ``(N, token)`` and
    returns ``(token, rows)`` to the driver. May run any number of times
    (retries, speculation, a re-run after a crash): every run has a new token,
    so leftovers are never mistaken for the winner.
@@ -192,7 +193,7 @@ class TargetSpec:
         from psycopg import sql
 
         parts = self.table.split(".")
-        parts[-1] += suffix
+        parts[-1] = pg.derived_name(parts[-1], suffix=suffix) if suffix else parts[-1]
         return sql.Identifier(*parts)
 
     @property

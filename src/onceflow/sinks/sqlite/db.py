@@ -19,7 +19,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from onceflow.errors import CheckpointMismatchError, ConfigError
+from onceflow.errors import CheckpointMismatchError, ConfigError, StorageError
 from onceflow.sinks import marker
 
 META_SCHEMA = f"""
@@ -52,13 +52,28 @@ def connect(path: str | Path, schema: str = META_SCHEMA) -> sqlite3.Connection:
 
     Returns:
         A connection in autocommit mode (transactions are explicit).
+
+    Raises:
+        StorageError: The file or its directory cannot be opened or written (read-only, missing
+            permissions, not a database), naming the path.
     """
-    conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
-    conn.executescript(schema)
-    relax_markers(conn)
+    try:
+        conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
+                               check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        conn.executescript(schema)
+        relax_markers(conn)
+    except sqlite3.DatabaseError as exc:
+        text = str(exc).lower()
+        if "locked" in text or "busy" in text:  # passes: retried by the caller (onceflow.retry)
+            raise
+        kind = "read_only" if "readonly" in text or "read-only" in text or "unable to open" in text else "io"
+        raise StorageError(kind, f"cannot open the SQLite database {Path(path).resolve()}: {exc}. onceflow "
+                                 "needs to read and write the file and create files beside it (its WAL "
+                                 "journal): check the path, its directory's permissions and that the file "
+                                 "system is writable") from exc
     return conn
 
 

@@ -10,15 +10,19 @@ indexes of its own: its constraints can refuse rows), is ``append`` with a key (
 earlier batch would conflict), or the sink was made with ``staged=False``. For batch N:
 
 1. Crash point ``before_sink_write``. Every table's rows are checked against its spec
-   (:func:`onceflow.tables.check_batch`) and SQLite's value range; a batch that does not fit
-   raises :class:`onceflow.errors.BatchRejectedError` here — nothing is written and Spark
-   does not write ``commits/N``. May run any number of times.
+   (:func:`onceflow.tables.check_batch`) and against what SQLite stores as given
+   (:func:`onceflow.sinks.sqlite.values.check_values`: no NaN, no ``-0.0``, no decimal a double
+   does not hold); a batch that does not fit raises :class:`onceflow.errors.BatchRejectedError`
+   here — nothing is written and Spark does not write ``commits/N``. May run any number of times.
 2. Open the transaction. If the marker ``(sink_id, N)`` exists, roll back and return False:
    an earlier attempt committed N (a replay after a crash is a no-op).
 3. Create missing tables from the batch's schema (key = primary key); an existing table that
-   lacks a column of the batch or has another key is refused (:class:`ConfigError`) before
-   any row is written. Write each table by its mode (``append``: insert; ``upsert``: insert
-   or replace the non-key columns; ``add``: insert or add the ``add`` columns), in key order.
+   lacks a column of the batch, has another key, or declares a column of another type is
+   refused (:class:`ConfigError`) before any row is written; an integer ``add`` column whose
+   sum would leave 64 bits is refused naming the key
+   (:class:`onceflow.sinks.sqlite.values.AddBounds`). Write each table by its mode
+   (``append``: insert; ``upsert``: insert or replace the non-key columns; ``add``: insert or
+   add the ``add`` columns), in key order.
    A constraint the rows break (e.g. a ``NOT NULL`` or ``CHECK`` of the user's own table)
    rolls everything back and raises :class:`BatchRejectedError` naming the table.
 4. Insert the marker with the batch's metrics. Crash point ``inside_sink_txn``: nothing is
@@ -36,9 +40,11 @@ S1. Crash point ``before_sink_write``; the checks of step 1. Wait for the apply 
     batch stays staged, nothing is lost.
 S2. Proof that the batch will apply: every table exists exactly as onceflow creates it for this
     spec and these columns (same ``CREATE TABLE`` text), with no trigger and no index but its
-    primary key, and is not ``append`` with a key. Its only constraint is then the primary key,
-    which S1 proved non-null and unique within the batch, and upsert/add cannot conflict with
-    earlier rows; SQLite's columns take any value of their type. Else: the direct path.
+    primary key, and is not ``append`` with a key, and no integer ``add`` column can leave 64
+    bits (the bounds of :class:`onceflow.sinks.sqlite.values.AddBounds`). Its only constraint is
+    then the primary key, which S1 proved non-null and unique within the batch, and upsert/add
+    cannot conflict with earlier rows; SQLite's columns take any value of their type. Else: the
+    direct path.
 S3. Transaction: if the marker or a staged row ``(sink_id, N)`` exists, roll back, apply what
     is staged (S6) and return False (a replay). Else insert the staged row: the tables as
     LZ4-compressed Arrow IPC with their specs and the batch's metrics. Crash point
@@ -66,7 +72,9 @@ changing a table between S2 and S5: the batch then stays staged and a restart ap
 Types: integers and booleans are ``INTEGER``, floats and decimals ``REAL``, strings
 ``TEXT``, binary ``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``, which
 sorts and compares correctly and SQLite's date functions read), dates ``TEXT``
-(``YYYY-MM-DD``). Nested types are refused, unsigned integers above 2**63-1 too.
+(``YYYY-MM-DD``). Tables onceflow creates are ``STRICT``. Nested types are refused; so are the
+values SQLite would not store as given (:mod:`onceflow.sinks.sqlite.values`): NaN, ``-0.0``,
+unsigned integers above 2**63-1, decimals with more digits than a double holds.
 
 The marker row (``onceflow_batches``, :mod:`onceflow.sinks.sqlite.db`) holds the batch's
 input rows, late drops, the rows its DataFrame had (``events_counted``), duplicates dropped
@@ -85,85 +93,38 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from onceflow.errors import BatchRejectedError, ConfigError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.sqlite.db import HAS_MARKER, bind_query, check_sink_id, connect
+from onceflow.sinks.sqlite.values import (
+    AddBounds,
+    check_types,
+    check_values,
+    declared_types,
+    quote,
+    sql_type,
+    stored,
+)
 from onceflow.tables import Table, check_existing, check_outputs, expected_columns
 
 _MARKER = marker.insert_sql("?", verb="INSERT OR REPLACE")
 _UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+def _ddl(name: str, spec: Table, schema: pa.Schema, strict: bool = True) -> str:
+    """The ``CREATE TABLE`` text onceflow creates a table with (as SQLite stores it).
 
-
-def sql_type(typ: pa.DataType) -> str:
-    """The SQLite column type an Arrow type is stored as.
-
-    Raises:
-        ConfigError: A nested or otherwise unsupported type.
+    ``STRICT`` (onceflow since value checks; without it: the text of an older onceflow's
+    tables, which :func:`onceflow.sinks.sqlite.values.check_types` guards instead).
     """
-    if pa.types.is_dictionary(typ):
-        return sql_type(typ.value_type)
-    if pa.types.is_integer(typ) or pa.types.is_boolean(typ):
-        return "INTEGER"
-    if pa.types.is_floating(typ) or pa.types.is_decimal(typ):
-        return "REAL"
-    if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_timestamp(typ) \
-            or pa.types.is_date(typ):
-        return "TEXT"
-    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
-        return "BLOB"
-    raise ConfigError(f"type {typ} cannot be stored in a SQLite column; select or flatten it first")
-
-
-def _column(col: pa.ChunkedArray) -> list[Any]:
-    """Python values of a column as SQLite stores them (see the module's types)."""
-    typ = col.type
-    if pa.types.is_dictionary(typ):
-        col = col.cast(typ.value_type)
-        typ = typ.value_type
-    if pa.types.is_timestamp(typ):
-        if typ.tz is not None:
-            col = col.cast(pa.timestamp(typ.unit, tz="UTC"))
-        return pc.strftime(col, format="%Y-%m-%d %H:%M:%S").to_pylist()  # type: ignore[no-any-return]
-    if pa.types.is_date(typ):
-        return col.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
-    if pa.types.is_decimal(typ):
-        return col.cast(pa.float64()).to_pylist()  # type: ignore[no-any-return]
-    return col.to_pylist()  # type: ignore[no-any-return]
-
-
-def _ddl(name: str, spec: Table, schema: pa.Schema) -> str:
-    """The ``CREATE TABLE`` text onceflow creates a table with (as SQLite stores it)."""
-    body = ", ".join(f"{_quote(c)} {sql_type(schema.field(c).type)}" for c in schema.names)
-    key = f", PRIMARY KEY({', '.join(_quote(k) for k in spec.key)})" if spec.key else ""
-    rowid = " WITHOUT ROWID" if spec.key else ""  # one B-tree keyed by the key: faster upserts
-    return f"CREATE TABLE {_quote(name)}({body}{key}){rowid}"
-
-
-def _check_values(name: str, rows: pa.Table) -> None:
-    """Refuse values SQLite cannot store (step 1): unsigned integers above 2**63-1.
-
-    Raises:
-        BatchRejectedError: Naming the table, the column and the first such row.
-    """
-    for col in rows.column_names:
-        typ = rows.schema.field(col).type
-        if pa.types.is_dictionary(typ):
-            typ = typ.value_type
-        if typ == pa.uint64() and rows.num_rows:
-            big = pc.indices_nonzero(pc.greater(rows.column(col).cast(typ), 2**63 - 1).fill_null(False))
-            if len(big):
-                i = int(big[0].as_py())
-                raise BatchRejectedError(f"table {name!r}: column {col!r} holds {rows.column(col)[i]} in "
-                                         f"row {i}, above SQLite's largest integer 2**63-1; nothing of the "
-                                         "batch was written")
+    body = ", ".join(f"{quote(c)} {sql_type(schema.field(c).type)}" for c in schema.names)
+    key = f", PRIMARY KEY({', '.join(quote(k) for k in spec.key)})" if spec.key else ""
+    options = [" WITHOUT ROWID"] if spec.key else []  # one B-tree keyed by the key: faster upserts
+    options += [" STRICT"] if strict else []  # SQLite refuses a value of another type
+    return f"CREATE TABLE {quote(name)}({body}{key}){','.join(options)}"
 
 
 def _encode(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: BatchStats,
@@ -203,21 +164,21 @@ def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str,
 
 def _merge(column: str, how: str) -> str:
     """The stored value of a merged column after a batch (nulls ignored, as SQL's aggregates do)."""
-    old, new = _quote(column), f"excluded.{_quote(column)}"
+    old, new = quote(column), f"excluded.{quote(column)}"
     both = f"{old} + {new}" if how == "add" else f"{how}({old}, {new})"  # scalar max()/min() in SQLite
     return f"coalesce({both}, {old}, {new})"
 
 
 def _statements(name: str, spec: Table, columns: list[str]) -> str:
-    cols = ", ".join(_quote(c) for c in columns)
-    insert = f"INSERT INTO {_quote(name)}({cols}) VALUES ({', '.join('?' * len(columns))})"
+    cols = ", ".join(quote(c) for c in columns)
+    insert = f"INSERT INTO {quote(name)}({cols}) VALUES ({', '.join('?' * len(columns))})"
     if spec.mode == "append":
         return insert
     rest = [c for c in columns if c not in spec.key]
     merged = spec.merged
-    sets = [f"{_quote(c)} = {_merge(c, merged[c])}" if c in merged else f"{_quote(c)} = excluded.{_quote(c)}"
+    sets = [f"{quote(c)} = {_merge(c, merged[c])}" if c in merged else f"{quote(c)} = excluded.{quote(c)}"
             for c in rest]
-    conflict = f" ON CONFLICT({', '.join(_quote(k) for k in spec.key)})"
+    conflict = f" ON CONFLICT({', '.join(quote(k) for k in spec.key)})"
     return insert + (conflict + " DO UPDATE SET " + ", ".join(sets) if sets else conflict + " DO NOTHING")
 
 
@@ -231,6 +192,9 @@ class SQLiteTablesSink:
         staged: Allow the staged path; False writes every batch on the direct path.
     """
 
+    all_or_nothing = True
+    """Every table of a batch commits in one transaction."""
+
     def __init__(self, path: str | Path, sink_id: str = "default", staged: bool = True) -> None:
         check_sink_id(sink_id)
         self.path = Path(path)
@@ -241,6 +205,7 @@ class SQLiteTablesSink:
         self._applier: ThreadPoolExecutor | None = None
         self._pending: tuple[int, Future[bool]] | None = None
         self._held: int | None = None  # a batch the ``apply_pending`` crash point holds back
+        self._bounds = AddBounds()
 
     def __repr__(self) -> str:
         return f"onceflow.sqlite({str(self.path)!r}, sink_id={self.sink_id!r})"
@@ -276,23 +241,26 @@ class SQLiteTablesSink:
         cols = tuple(schema.names)
         if self._checked.get(name) == (spec, cols):
             return
-        info = self.conn.execute(f"PRAGMA table_info({_quote(name)})").fetchall()
+        info = self.conn.execute(f"PRAGMA table_info({quote(name)})").fetchall()
         if not info:
             self.conn.execute(_ddl(name, spec, schema))
             return
-        self._fits(name, spec, cols, info)
+        self._fits(name, spec, cols, info, schema)
 
-    def _fits(self, name: str, spec: Table, cols: Sequence[str], info: list[Any]) -> None:
-        """An existing table (its ``PRAGMA table_info``) has the columns and the key."""
+    def _fits(self, name: str, spec: Table, cols: Sequence[str], info: list[Any],
+              schema: pa.Schema | None) -> None:
+        """An existing table (its ``PRAGMA table_info``) has the columns, the key and the types."""
         pk = [r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5])]
         check_existing(str(self.path), name, spec, cols, [r[1] for r in info], pk)
+        if schema is not None:
+            check_types(str(self.path), name, schema, declared_types(info))
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
         """Open the database; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
         for name, spec in specs.items():
-            info = self.conn.execute(f"PRAGMA table_info({_quote(name)})").fetchall()
+            info = self.conn.execute(f"PRAGMA table_info({quote(name)})").fetchall()
             if info:
-                self._fits(name, spec, expected_columns(name, spec, schemas), info)
+                self._fits(name, spec, expected_columns(name, spec, schemas), info, schemas.get(name))
 
     def _appliable(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> bool:
         """Step S2: whether every table is onceflow's own, so that writing the batch cannot fail."""
@@ -306,9 +274,12 @@ class SQLiteTablesSink:
         for name, rows in outputs.items():
             spec = specs[name]
             try:
-                if spec.mode == "append" and spec.key or created.get(name) != _ddl(name, spec, rows.schema):
+                if spec.mode == "append" and spec.key or created.get(name) not in (
+                        _ddl(name, spec, rows.schema), _ddl(name, spec, rows.schema, strict=False)):
                     return False
             except ConfigError:  # e.g. a column of type null (an empty batch): the direct path decides
+                return False
+            if not self._bounds.safe(self.conn, name, spec, rows):  # a sum could leave 64 bits: checked there
                 return False
         # a trigger, or an index the user added (onceflow's tables have only their primary key)
         return not any(typ == "trigger" or typ == "index" and sql is not None for typ, _, _, sql in schema)
@@ -338,7 +309,7 @@ class SQLiteTablesSink:
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1, S1
         check_outputs(outputs, specs)
         for name, rows in outputs.items():
-            _check_values(name, rows)
+            check_values(name, specs[name], rows)
         self.flush()
         if not self._appliable(outputs, specs):  # S2
             return self._apply(batch_id, outputs, specs, stats, rows_out, staged=False)
@@ -361,6 +332,7 @@ class SQLiteTablesSink:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        self._accepted(outputs, specs)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         if armed_for(CrashPoint.APPLY_PENDING, batch_id):  # S4
@@ -384,7 +356,7 @@ class SQLiteTablesSink:
             spec = specs[name]
             if spec.key:  # key order: neighbouring rows touch the same B-tree pages
                 rows = rows.sort_by([(k, "ascending") for k in spec.key])
-            values = list(zip(*(_column(rows.column(c)) for c in rows.column_names), strict=True))
+            values = list(zip(*(stored(rows.column(c)) for c in rows.column_names), strict=True))
             prepared.append((name, spec, rows.schema, values))
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")  # 2
@@ -400,6 +372,8 @@ class SQLiteTablesSink:
             written = {}
             for name, spec, schema, values in prepared:  # 3
                 self._fit(name, spec, schema)
+                if not staged:
+                    self._bounds.check(conn, str(self.path), name, spec, outputs[name])
                 try:
                     conn.executemany(_statements(name, spec, schema.names), values)
                 except sqlite3.IntegrityError as exc:
@@ -419,9 +393,15 @@ class SQLiteTablesSink:
         for name, spec, schema, _ in prepared:
             self._checked[name] = (spec, tuple(schema.names))
         if not staged:
+            self._accepted(outputs, specs)
             maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
             maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 6
+
+    def _accepted(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> None:
+        """Widen the ``add`` columns' bounds by a batch committed or staged (once per batch)."""
+        for name, rows in outputs.items():
+            self._bounds.accepted(name, specs[name], rows)
 
     def _committed(self, batch_id: int) -> bool:
         """Step 2's check, inside the transaction: whether the marker of ``batch_id`` is there."""

@@ -1,0 +1,269 @@
+"""Every value a SQLite table stores is the value the batch gave, or the batch is refused.
+
+SQLite converts some values quietly: a NaN is bound as NULL, ``-0.0`` comes back as ``0.0``
+(a REAL with an integral value is stored as an integer), an integer sum past ``2**63-1``
+becomes a REAL, a column's type affinity turns the text ``'123'`` into the integer ``123``
+(and keeps ``'abc'`` as text in an INTEGER column), a decimal goes through a double. These
+checks run in step 1 of the sink's protocol (:mod:`onceflow.sinks.sqlite.sink`), before
+anything of the batch is written and before Spark's commit log, and name the table, the
+column, the row's key and the value:
+
+* :func:`check_values` — the batch alone: NaN, ``-0.0``, unsigned integers above
+  ``2**63-1``, decimals a double does not hold exactly;
+* :func:`check_types` — the batch against an existing table's declared column types
+  (SQLite's affinity rules); tables onceflow creates are ``STRICT``, so SQLite itself refuses
+  a value of another type too;
+* :class:`AddBounds` — integer ``add`` columns: a bound on the stored values decides whether
+  a batch can overflow; where it can, :meth:`AddBounds.check` reads the stored values of the
+  batch's keys (inside the batch's transaction) and refuses a sum outside 64 bits.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from onceflow.errors import BatchRejectedError, ConfigError
+from onceflow.tables import Table
+
+I64_MAX = 2**63 - 1
+I64_MIN = -(2**63)
+
+_NOTHING = "; nothing of the batch was written"
+
+
+def quote(name: str) -> str:
+    """A SQLite identifier, quoted."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def sql_type(typ: pa.DataType) -> str:
+    """The SQLite column type an Arrow type is stored as.
+
+    Raises:
+        ConfigError: A nested or otherwise unsupported type.
+    """
+    if pa.types.is_dictionary(typ):
+        return sql_type(typ.value_type)
+    if pa.types.is_integer(typ) or pa.types.is_boolean(typ):
+        return "INTEGER"
+    if pa.types.is_floating(typ) or pa.types.is_decimal(typ):
+        return "REAL"
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_timestamp(typ) \
+            or pa.types.is_date(typ):
+        return "TEXT"
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        return "BLOB"
+    raise ConfigError(f"type {typ} cannot be stored in a SQLite column; select or flatten it first")
+
+
+def affinity(declared: str) -> str:
+    """A declared column type's affinity, by SQLite's rules (section 3.1 of its datatype page).
+
+    A ``STRICT`` table's ``ANY`` and an undeclared type store every value as given (``BLOB``).
+    """
+    upper = declared.upper()
+    if "INT" in upper:
+        return "INTEGER"
+    if any(s in upper for s in ("CHAR", "CLOB", "TEXT")):
+        return "TEXT"
+    if "BLOB" in upper or not upper or upper == "ANY":
+        return "BLOB"
+    if any(s in upper for s in ("REAL", "FLOA", "DOUB")):
+        return "REAL"
+    return "NUMERIC"
+
+
+def _fits(stored_as: str, column_affinity: str) -> bool:
+    """Whether a value stored as ``stored_as`` keeps its value and type in a column of this affinity."""
+    return column_affinity in (stored_as, "BLOB") or (column_affinity == "NUMERIC" and stored_as == "INTEGER")
+
+
+def check_types(where: str, name: str, schema: pa.Schema, declared: dict[str, str]) -> None:
+    """Refuse a batch whose columns an existing table would store as another type.
+
+    Args:
+        where: The database (for the message).
+        name: The table.
+        schema: The batch's columns.
+        declared: Column -> its declared type (``PRAGMA table_info``), for the table's columns.
+
+    Raises:
+        ConfigError: A column of the batch whose values the table's column would convert.
+    """
+    for field in schema:
+        if field.name not in declared or pa.types.is_null(field.type):
+            continue
+        typ = declared[field.name]
+        stored = sql_type(field.type)
+        if not _fits(stored, affinity(typ)):
+            raise ConfigError(
+                f"table {name!r} in {where}: column {field.name!r} is declared {typ or 'without a type'} "
+                f"(SQLite affinity {affinity(typ)}), but the batch's {field.name!r} is {field.type}, stored "
+                f"as {stored}; SQLite would convert or mix the values{_NOTHING}. Cast the column in the "
+                "query to the table's type, or write to a new table")
+
+
+def _exists(conn: sqlite3.Connection, name: str) -> bool:
+    return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() \
+        is not None
+
+
+def _where(rows: pa.Table, spec: Table, i: int) -> str:
+    """Row ``i`` named by its key (or its position when the table has none)."""
+    if spec.key:
+        key = {k: rows.column(k)[i].as_py() for k in spec.key}
+        return f"the row with key {key}"
+    return f"row {i} of the batch"
+
+
+def _first(mask: Any) -> int | None:
+    idx = pc.indices_nonzero(mask.fill_null(False))
+    return int(idx[0].as_py()) if len(idx) else None
+
+
+def check_values(name: str, spec: Table, rows: pa.Table) -> None:
+    """Refuse values SQLite would not store as given (step 1).
+
+    Raises:
+        BatchRejectedError: Naming the table, the column, the row's key and the value.
+    """
+    if not rows.num_rows:
+        return
+    for col in rows.column_names:
+        values = rows.column(col)
+        typ = values.type
+        if pa.types.is_dictionary(typ):
+            values, typ = values.cast(typ.value_type), typ.value_type
+        bad, why = None, ""
+        if typ == pa.uint64():
+            too_big = pc.greater(values, pa.scalar(I64_MAX, pa.uint64()))
+            bad, why = _first(too_big), "is above SQLite's largest integer 2**63-1"
+        elif pa.types.is_floating(typ):
+            bad, why = _first(pc.is_nan(values)), "is NaN, which SQLite stores as NULL"
+            if bad is None:
+                inverse = pc.divide(1.0, values.cast(pa.float64()))  # -inf only for -0.0
+                negative_zero = pc.and_(pc.equal(values, 0.0), pc.less(inverse, 0))
+                bad, why = _first(negative_zero), ("is -0.0, which SQLite stores as 0.0 (F.col(c) + 0.0 "
+                                                    "turns -0.0 into 0.0 in the query)")
+        elif pa.types.is_decimal(typ):
+            back = as_double(values).cast(typ, safe=False)
+            bad, why = _first(pc.not_equal(values, back)), (
+                "has more digits than a SQLite REAL (a double) holds; cast it to double in the query "
+                "to store the rounded value, or to string to keep every digit")
+        if bad is not None:
+            raise BatchRejectedError(
+                f"table {name!r}: column {col!r} of {_where(rows, spec, bad)} holds {values[bad].as_py()!r}, "
+                f"which {why}{_NOTHING}", row=rows.slice(bad, 1).to_pylist()[0])
+
+
+class AddBounds:
+    """Whether an integer ``add`` column can overflow, and the exact check where it can.
+
+    For each ``(table, column)`` a lower and an upper bound on every stored value: read once
+    per process from the table (``min``/``max``), then widened by each accepted batch's
+    smallest negative and largest positive value (a key gets at most one row per batch, so
+    a stored sum moves by at most that much). While ``low + batch min >= -2**63`` and
+    ``high + batch max <= 2**63-1`` no sum can leave 64 bits and the batch may take the
+    staged path; else :meth:`check` compares each row with its stored value.
+    """
+
+    def __init__(self) -> None:
+        self._bounds: dict[tuple[str, str], tuple[int, int]] = {}
+
+    @staticmethod
+    def columns(spec: Table, rows: pa.Table) -> list[str]:
+        """The integer ``add`` columns of a batch."""
+        names = rows.column_names
+        return [c for c in spec.add if c in names and pa.types.is_integer(rows.schema.field(c).type)]
+
+    def _bounds_of(self, conn: sqlite3.Connection, name: str, col: str) -> tuple[int, int]:
+        if (name, col) not in self._bounds:
+            row = conn.execute(f"SELECT min({quote(col)}), max({quote(col)}) FROM {quote(name)}").fetchone() \
+                if _exists(conn, name) else None
+            low, high = (row or (None, None))
+            self._bounds[(name, col)] = (min(int(low or 0), 0), max(int(high or 0), 0))
+        return self._bounds[(name, col)]
+
+    @staticmethod
+    def _extent(rows: pa.Table, col: str) -> tuple[int, int]:
+        lo, hi = pc.min_max(rows.column(col)).values()
+        return min(int(lo.as_py() or 0), 0), max(int(hi.as_py() or 0), 0)
+
+    def safe(self, conn: sqlite3.Connection, name: str, spec: Table, rows: pa.Table) -> bool:
+        """Whether no stored sum of this batch's integer ``add`` columns can leave 64 bits."""
+        for col in self.columns(spec, rows):
+            low, high = self._bounds_of(conn, name, col)
+            lo, hi = self._extent(rows, col)
+            if low + lo < I64_MIN or high + hi > I64_MAX:
+                return False
+        return True
+
+    def accepted(self, name: str, spec: Table, rows: pa.Table) -> None:
+        """Widen the bounds by a batch that was committed or staged."""
+        for col in self.columns(spec, rows):
+            if (name, col) in self._bounds:
+                low, high = self._bounds[(name, col)]
+                lo, hi = self._extent(rows, col)
+                self._bounds[(name, col)] = (low + lo, high + hi)
+
+    def forget(self) -> None:
+        """Drop every bound (read again from the tables when next needed)."""
+        self._bounds.clear()
+
+    def check(self, conn: sqlite3.Connection, where: str, name: str, spec: Table, rows: pa.Table) -> None:
+        """Refuse a batch whose ``add`` would take a stored integer outside 64 bits (inside its transaction).
+
+        Raises:
+            BatchRejectedError: Naming the table, the column, the key, the stored and the batch's value.
+        """
+        cols = self.columns(spec, rows)
+        if not cols or self.safe(conn, name, spec, rows):
+            return
+        if not _exists(conn, name):
+            return
+        match = " AND ".join(f"{quote(k)} IS ?" for k in spec.key)
+        select = f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(name)} WHERE {match}"
+        keys = [stored(rows.column(k)) for k in spec.key]
+        news = [rows.column(c).to_pylist() for c in cols]
+        for i in range(rows.num_rows):
+            found = conn.execute(select, [k[i] for k in keys]).fetchone()
+            for j, col in enumerate(cols):
+                old, new = (found[j] if found else None), news[j][i]
+                if isinstance(old, int) and new is not None and not I64_MIN <= old + new <= I64_MAX:
+                    raise BatchRejectedError(
+                        f"table {name!r} in {where}: add column {col!r} of {_where(rows, spec, i)} would "
+                        f"become {old} + {new} = {old + new}, outside SQLite's 64-bit integers{_NOTHING}. "
+                        "Store the column as a double (cast it in the query) or split the sum",
+                        row=rows.slice(i, 1).to_pylist()[0])
+
+
+def as_double(col: Any) -> Any:
+    """Decimals as the nearest doubles (through their text: Arrow's direct cast can miss by an ulp)."""
+    return col.cast(pa.string()).cast(pa.float64())
+
+
+def stored(col: pa.ChunkedArray) -> list[Any]:
+    """Python values of a column as SQLite stores them (see :mod:`onceflow.sinks.sqlite.sink`'s types)."""
+    typ = col.type
+    if pa.types.is_dictionary(typ):
+        col = col.cast(typ.value_type)
+        typ = typ.value_type
+    if pa.types.is_timestamp(typ):
+        if typ.tz is not None:
+            col = col.cast(pa.timestamp(typ.unit, tz="UTC"))
+        return pc.strftime(col, format="%Y-%m-%d %H:%M:%S").to_pylist()  # type: ignore[no-any-return]
+    if pa.types.is_date(typ):
+        return col.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
+    if pa.types.is_decimal(typ):
+        return as_double(col).to_pylist()  # type: ignore[no-any-return]
+    return col.to_pylist()  # type: ignore[no-any-return]
+
+
+def declared_types(info: Sequence[Any]) -> dict[str, str]:
+    """Column -> declared type, from ``PRAGMA table_info`` rows."""
+    return {r[1]: r[2] for r in info}
