@@ -31,7 +31,6 @@ on ``org.apache.kafka:kafka_2.13:4.1.1``, and on the connector, keeping the jars
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from onceflow.errors import ConfigError
+from onceflow.records import file_sha256
 
 CENTRAL = "https://repo.maven.apache.org/maven2"
 """Maven Central (``ONCEFLOW_MAVEN_REPO`` overrides it)."""
@@ -192,14 +192,6 @@ def _url(coords: str) -> str:
     return f"{repo}/{group.replace('.', '/')}/{artifact}/{version}/{artifact}-{version}.jar"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _pins(name: str) -> str:
     return "\n".join(f"{c} {h}" for c, h in SETS[name]) + "\n"
 
@@ -243,7 +235,7 @@ def fetch(name: str, progress: Callable[[str], None] | None = None) -> list[Path
     for coords, sha in SETS[name]:
         target = where / _file_name(coords)
         out.append(target)
-        if target.is_file() and _sha256(target) == sha:
+        if target.is_file() and file_sha256(target) == sha:
             continue
         url = _url(coords)
         if progress is not None:
@@ -254,7 +246,7 @@ def fetch(name: str, progress: Callable[[str], None] | None = None) -> list[Path
             with os.fdopen(fd, "wb") as fh, urllib.request.urlopen(url, timeout=60) as resp:  # noqa: S310
                 while block := resp.read(1 << 20):
                     fh.write(block)
-            got = _sha256(tmp)
+            got = file_sha256(tmp)
             if got != sha:
                 raise JarFetchError(f"{coords} from {url} has SHA-256 {got}, not the pinned {sha}: "
                                     f"a mirror ({REPO_ENV}) serving another file, or a damaged download")

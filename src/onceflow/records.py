@@ -7,6 +7,7 @@ deduplication would be impossible.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -25,6 +26,15 @@ def fsync_path(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 EVENT_FIELDS: tuple[tuple[str, pa.DataType], ...] = (

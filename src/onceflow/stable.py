@@ -45,7 +45,6 @@ not fsynced: against power loss, put the checkpoint on storage that is durable o
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -60,7 +59,7 @@ import pyarrow.parquet as pq
 
 from onceflow.errors import ConfigError, UnstableOutputError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.records import fsync_path
+from onceflow.records import file_sha256, fsync_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -73,14 +72,6 @@ class StableCopyError(UnstableOutputError):
     """A persisted batch is not whole (a file missing or changed) and cannot safely be computed again."""
 
 
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _manifest(directory: Path, digests: bool) -> dict[str, dict[str, Any]]:
     """Every Parquet data file under a table's copy: size, rows (from its footer), and SHA-256 if asked."""
     files = [directory] if directory.is_file() else sorted(
@@ -89,7 +80,7 @@ def _manifest(directory: Path, digests: bool) -> dict[str, dict[str, Any]]:
     for p in files:
         entry: dict[str, Any] = {"bytes": p.stat().st_size, "rows": pq.read_metadata(p).num_rows}
         if digests:
-            entry["sha256"] = _digest(p)
+            entry["sha256"] = file_sha256(p)
         out[str(p.relative_to(directory.parent))] = entry
     return out
 

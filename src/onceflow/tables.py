@@ -63,6 +63,8 @@ class Table:
         mode: ``append``, ``upsert`` or ``merge`` (``add`` is accepted for ``merge``); inferred
             when omitted (``add``/``max``/``min`` given: ``merge``; ``key`` given: ``upsert``;
             else ``append``).
+        shared: Other queries (other sink ids) write this table too, each its own stream: without
+            it a second sink id on the table is refused at start (:mod:`onceflow.sinks.owners`).
         **unknown: Refused (a misspelt keyword is named with the nearest valid one).
 
     Raises:
@@ -75,11 +77,13 @@ class Table:
     max: tuple[str, ...] = ()
     min: tuple[str, ...] = ()
     mode: str = ""
+    shared: bool = False
 
     def __init__(self, key: str | Sequence[str] | None = None, add: str | Sequence[str] | None = None,
                  mode: str | None = None, *, max: str | Sequence[str] | None = None,  # noqa: A002
-                 min: str | Sequence[str] | None = None, **unknown: Any) -> None:  # noqa: A002
-        refuse_unknown(set(unknown), {"key", "add", "max", "min", "mode"}, "onceflow.Table")
+                 min: str | Sequence[str] | None = None, shared: bool = False,  # noqa: A002
+                 **unknown: Any) -> None:  # (min, max: the Table's words for the merges)
+        refuse_unknown(set(unknown), {"key", "add", "max", "min", "mode", "shared"}, "onceflow.Table")
         keys, adds, maxes, mins = _names(key), _names(add), _names(max), _names(min)
         merged = (*adds, *maxes, *mins)
         chosen = "merge" if mode == "add" else mode or ("merge" if merged else "upsert" if keys else "append")
@@ -102,6 +106,7 @@ class Table:
         object.__setattr__(self, "max", maxes)
         object.__setattr__(self, "min", mins)
         object.__setattr__(self, "mode", chosen)
+        object.__setattr__(self, "shared", bool(shared))
 
     @property
     def merged(self) -> dict[str, str]:
@@ -111,7 +116,7 @@ class Table:
     def describe(self) -> dict[str, Any]:
         """The spec as plain JSON (``Table(**spec.describe())`` makes it again)."""
         return {"key": list(self.key), "add": list(self.add), "max": list(self.max), "min": list(self.min),
-                "mode": self.mode}
+                "mode": self.mode, "shared": self.shared}
 
 
 def check_specs(tables: Mapping[str, Table], topics: bool = False) -> dict[str, Table]:
@@ -194,6 +199,51 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
         raise BatchRejectedError(f"table {name!r}: key {repeated[0]} appears more than once in one batch"
                                  f"{zeros}; aggregate per key before writing (mode {spec.mode!r}); nothing "
                                  "of the batch was written")
+
+
+def check_json(what: str, spec: Table, rows: pa.Table, columns: Sequence[str]) -> None:
+    """Refuse values a JSON text would not hold as given (sinks that write rows as JSON: Kafka, HTTP).
+
+    JSON has no NaN or infinity (Python writes ``NaN``, which strict readers refuse), and a JSON
+    string holds text: bytes that are not UTF-8 would be replaced.
+
+    Args:
+        what: The table or topic, for the message (e.g. ``"topic 'orders'"``).
+        spec: Its spec (the key names the bad row).
+        rows: The batch's rows.
+        columns: The columns written as JSON.
+
+    Raises:
+        BatchRejectedError: Naming the table, the column, the row's key and the value.
+    """
+    for col in columns:
+        values = rows.column(col)
+        typ = values.type
+        bad, why = None, ""
+        if pa.types.is_floating(typ):
+            bad = _first(pc.invert(pc.is_finite(values)))
+            why = "JSON has no NaN or infinity (cast the column to string, or make it null, in the query)"
+        elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+            for i, v in enumerate(values.to_pylist()):
+                if v is not None and not _utf8(v):
+                    bad = i
+                    break
+            why = "these bytes are not UTF-8 and a JSON string holds text (base64-encode the column)"
+        if bad is not None:
+            row = _row(rows, bad)
+            key = {k: row[k] for k in spec.key}
+            where = f"the row with key {key}" if spec.key else f"row {bad} of the batch"
+            raise BatchRejectedError(f"{what}: column {col!r} of {where} holds {row[col]!r}, which JSON "
+                                     f"cannot hold as given: {why}; nothing of the batch was written",
+                                     row=row)
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def repeated_key(keys: pa.Table) -> tuple[dict[str, Any], int] | None:

@@ -11,7 +11,10 @@ The same proof as ``onceflow verify --pipeline``, in a few lines::
     def test_orders_exactly_once(tmp_path):
         result = verify_pipeline("pipelines/orders.py:build", "tests/sample_orders", workdir=tmp_path,
                                  rounds=3)
-        assert result.ok, explain(result)
+        assert result.proven, explain(result)
+
+``result.proven``: no violation and every round counted (its fault hit a batch with input);
+``result.ok`` alone also passes an INCONCLUSIVE run, whose faults proved less than asked.
 
 :func:`verify_pipeline` runs real Spark drivers over the sample (fed in rounds), kills them with
 real crash points and SIGKILLs, drains, and judges every table with the pipeline oracle
@@ -73,7 +76,9 @@ def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, ro
         say: Progress lines (default: none).
 
     Returns:
-        The result: ``.ok``, ``.verdict`` (per table), ``.rounds``; :func:`explain` says it in text.
+        The result: ``.proven`` (no violation, every round counted), ``.ok`` (no violation),
+        ``.status`` (``OK``, ``INCONCLUSIVE``, ``FAILED``), ``.verdict`` (per table), ``.rounds``;
+        :func:`explain` says it in text.
 
     Raises:
         ConfigError: A bad pipeline spec, sample, sink or fault name.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +159,18 @@ def test_pipeline_mistakes_are_named_before_any_round(tmp_path: Path, orders_sam
     rc, out, _ = _verify(tmp_path, "--pipeline", f"{ORDERS}:build", "--input", str(orders_sample),
                          "--sink", "http")
     assert rc == 2 and "--sink sqlite" in out
+
+
+def test_a_pipeline_the_oracle_cannot_rerun_is_refused_before_any_round(tmp_path: Path,
+                                                                       orders_sample: Path) -> None:
+    """An input contract with rejects= (the Kafka guide's shape): refused in seconds, no round run."""
+    started = time.monotonic()
+    rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build_rejects", "--input", str(orders_sample),
+                           "--rounds", "3")
+    assert rc == 2, out
+    assert "the oracle cannot rerun" in out and "build_rejects" in out and "nothing was run" in out, out
+    assert not (tmp_path / "work" / "checkpoint").exists() and rep == {}
+    assert time.monotonic() - started < 120  # a session start and one static batch, not three rounds
 
 
 def test_the_testing_plugin_gives_a_temporary_sink(onceflow_sink: Any, tmp_path: Path) -> None:

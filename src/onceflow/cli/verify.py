@@ -135,7 +135,11 @@ def _verify_realtime(rounds: int, seed: int, names: list[str], pg_dsn: str | Non
 
 
 def _report(run: Callable[[], VerifyResult], report_dir: Path) -> None:
-    """Run, print the summary, write the reports; exit 0 when OK, 1 on a violation, 2 on bad usage."""
+    """Run, print the summary, write the reports.
+
+    Exit 0 when OK, 1 on a violation, 2 on bad usage, 3 when INCONCLUSIVE (no violation, but
+    fewer rounds counted than asked: their faults hit no batch with input).
+    """
     from onceflow.errors import ConfigError
     from onceflow.verify.report import print_summary, write_reports
 
@@ -146,4 +150,4 @@ def _report(run: Callable[[], VerifyResult], report_dir: Path) -> None:
     print_summary(result)
     jpath, hpath = write_reports(result, report_dir)
     click.echo(f"report written to {hpath} and {jpath}")
-    sys.exit(0 if result.ok else 1)
+    sys.exit(0 if result.proven else 3 if result.ok else 1)

@@ -60,7 +60,7 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks import marker
+from onceflow.sinks import kafka_records, marker
 from onceflow.sinks.kafka_records import encode
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_outputs
@@ -236,6 +236,8 @@ class KafkaTopicsSink:
         """
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
+        for name, rows in outputs.items():
+            kafka_records.check_values(name, specs[name], rows)
         if self._query_id is None:
             raise OnceflowError("onceflow.kafka: commit before bind")
         if self._producer is None:  # an earlier attempt's outcome is unknown: settle it, read again

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from onceflow.tables import Table
+from onceflow.tables import Table, check_json
 
 _CONTROL = r"[\x00-\x1f]"
 _SPECIAL = r'[\x00-\x1f"\\]'
@@ -123,6 +123,28 @@ def _raw(col: pa.ChunkedArray) -> list[bytes | None]:
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         return list(pc.cast(col, pa.binary()).to_pylist())
     return [None if v is None else str(v).encode() for v in col.to_pylist()]
+
+
+def json_columns(rows: pa.Table, spec: Table) -> list[str]:
+    """The columns :func:`encode` writes as JSON text (a key object's, a value object's)."""
+    cols, key_cols = rows.column_names, list(spec.key)
+    raw_key = len(key_cols) == 1 and _is_text_or_bytes(rows.schema.field(key_cols[0]).type)
+    out = [] if raw_key else list(key_cols)
+    if not ("value" in cols and set(cols) <= {*key_cols, "value"} and "value" not in key_cols):
+        out += [c for c in cols if c not in out]
+    return out
+
+
+def check_values(name: str, spec: Table, rows: pa.Table) -> None:
+    """Refuse what a record's JSON would not hold as given (step 1 of the Kafka sink).
+
+    A column written as raw bytes (a single text or binary key, the ``value`` column) holds
+    anything; the others go through :func:`onceflow.tables.check_json`.
+
+    Raises:
+        BatchRejectedError: Naming the topic, the column, the row's key and the value.
+    """
+    check_json(f"topic {name!r}", spec, rows, json_columns(rows, spec))
 
 
 def encode(rows: pa.Table, spec: Table) -> tuple[list[bytes | None], list[bytes | None]]:

@@ -207,6 +207,45 @@ class VerifyResult:
         """No violation (the ingest check's are in the verdict too) and a clean final drain."""
         return self.verdict.ok and self.final_exit_code == 0
 
+    def counted(self) -> int:
+        """Rounds that prove something (:attr:`onceflow.verify.faulting.RoundRecord.counted`)."""
+        return sum(r.counted for r in self.rounds)
+
+    @property
+    def inconclusive(self) -> bool:
+        """No violation, but fewer counted rounds than asked: the run proved less than it says."""
+        return self.ok and self.counted() < int(self.config.get("rounds") or len(self.rounds))
+
+    @property
+    def proven(self) -> bool:
+        """No violation, and every round asked for counted."""
+        return self.ok and not self.inconclusive
+
+    @property
+    def status(self) -> str:
+        """``OK``, ``INCONCLUSIVE`` or ``FAILED``."""
+        return "FAILED" if not self.ok else "INCONCLUSIVE" if self.inconclusive else "OK"
+
+    def weak(self) -> str | None:
+        """Why an OK result proves little about onceflow (a negative control that passed), or None."""
+        sink = str(self.config.get("sink") or "")
+        if self.ok and (sink.endswith("naive") or sink == "lossy"):
+            return (f"the negative control {sink!r} passed too: this pipeline's tables come out right even "
+                    "through a sink that writes a replayed batch again (or loses one) — it is idempotent by "
+                    "itself for this sink (e.g. upserts of each aggregate's current value), so a passing run "
+                    "of the real sink proves little about onceflow's exactly-once here; append or merge "
+                    "tables make a stronger test")
+        return None
+
+    def uncounted(self) -> str:
+        """What to change so that every round counts (for the INCONCLUSIVE line)."""
+        missed = [r for r in self.rounds if not r.counted]
+        shown = ", ".join(f"{r.round} ({r.fault})" for r in missed[:6]) + (" ..." if len(missed) > 6 else "")
+        asked = self.config.get("rounds")
+        return (f"{self.counted()} of {asked} rounds counted; rounds {shown or 'none'} hit "
+                "no batch with input rows or committed no batch. Give each round more input (a larger "
+                "sample, --events-per-round) or run more rounds (--rounds)")
+
     def tested_by_kind(self) -> dict[str, int]:
         """How many rounds of each fault put data at risk (see :attr:`RoundRecord.tested`)."""
         out = {kind: 0 for kind in self.faults_by_kind()}
@@ -268,6 +307,8 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         src = SampleInput(cfg.workdir / "input", cfg.pipeline)
     else:
         src = LogInput(cfg.workdir / "log")
+    if cfg.pipeline and cfg.source != "kafka" and cfg.input_dir is not None and not resume:
+        _dry_run(cfg)
     cluster = None
     try:
         if cfg.cluster == "standalone":
@@ -280,6 +321,22 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         src.close()
         if cluster is not None:
             cluster.stop()
+
+
+def _dry_run(cfg: VerifyConfig) -> None:
+    """The oracle reruns the user's pipeline on the whole sample once, before any round.
+
+    Raises:
+        ConfigError: The oracle cannot rerun it
+            (:meth:`onceflow.verify.pipeline_oracle.PipelineOracle.dry_run`).
+    """
+    from onceflow.verify.pipeline_oracle import PipelineOracle, oracle_session
+
+    assert cfg.input_dir is not None and cfg.pipeline is not None
+    files = sorted(p for p in Path(cfg.input_dir).rglob("*")
+                   if p.is_file() and not p.name.startswith((".", "_")))
+    with oracle_session() as spark:
+        PipelineOracle(spark, str(cfg.pipeline), cfg.workdir / "dry-run").dry_run(files)
 
 
 def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: Any,

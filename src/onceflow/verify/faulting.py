@@ -55,6 +55,18 @@ class RoundRecord:
         """Whether the round's fault put data at risk (or is not a fault on batches)."""
         return self.rows_at_risk is None or self.rows_at_risk > 0
 
+    @property
+    def counted(self) -> bool:
+        """Whether the round proves something.
+
+        Its fault put input rows at risk, or — a fault not on batches (a restart with another
+        trigger, a kill of verify itself) — batches were committed across it. A round whose fault
+        hit before any batch with data, or that committed nothing, does not count.
+        """
+        if self.rows_at_risk is not None:
+            return self.rows_at_risk > 0
+        return self.markers_after > self.markers_before
+
 
 def drain(d: Driver, rec: RoundRecord, timeout: float, done: str) -> None:
     """Wait for a ``--once`` driver; record ``done``, or how it failed (killed after ``timeout``)."""

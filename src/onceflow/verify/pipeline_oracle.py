@@ -26,6 +26,10 @@ With ``--source kafka`` the batches come from the topic instead (:mod:`onceflow.
 the records Spark's offset log gives each batch, with the columns of the source the pipeline
 reads — Spark's connector, ``format("kafka")``, or onceflow's ``onceflow_kafka``).
 
+Before the rounds, :meth:`PipelineOracle.dry_run` reruns the pipeline once on the whole sample
+(files) as one static batch: a pipeline the oracle cannot rerun is refused in seconds, not after
+every round ran.
+
 Limits (documented in docs/verify.md): one source, files in the ``input`` directory or a Kafka
 topic; rows with the same id are resends (same content: which copy Spark keeps within one
 batch is its choice); a streaming aggregation needs ``output_mode="update"``; ``rejects=`` is not
@@ -251,6 +255,28 @@ class PipelineOracle:
         if not isinstance(built, Captured):
             raise ConfigError("the pipeline function did not return what onceflow.write_stream returned")
         return built
+
+    def dry_run(self, files: Sequence[Path]) -> None:
+        """Before any round: the pipeline reruns on the whole sample as one static batch, or is refused.
+
+        What the oracle cannot rerun (a ``rejects=`` table, a source it cannot read, a transform
+        that fails on a static batch) would otherwise be found only after every round ran. The
+        oracle's state is left as it was.
+
+        Raises:
+            ConfigError: Naming the pipeline and what the oracle met.
+        """
+        try:
+            with installed(self):
+                self.pipeline = pipelines.load(self.spec, fresh=True)
+                self._call(0, list(files))
+        except Exception as exc:  # noqa: BLE001 - anything the rerun meets stops the run before its rounds
+            why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            first = (why.splitlines() or [""])[0][:600]
+            raise ConfigError(f"verify --pipeline: the oracle cannot rerun {self.spec} on the sample as one "
+                              f"batch, so the run could not be judged (nothing was run): {first}") from None
+        finally:
+            self.dedup, self.captured, self._batch_id = Deduplication(), [], -1
 
     def run(self) -> list[tuple[int, Captured]]:
         """Steps 1-4 for every committed batch; each batch's captured outputs, in batch order."""

@@ -30,6 +30,10 @@ def to_json(result: VerifyResult) -> dict[str, Any]:
     """The whole result as JSON-ready data."""
     return {
         "ok": result.ok,
+        "status": result.status,
+        "counted_rounds": result.counted(),
+        "inconclusive": result.inconclusive,
+        "weak_proof": result.weak(),
         "config": result.config,
         "input_rows": result.input_rows,
         "wall_seconds": round(result.wall_s, 1),
@@ -77,7 +81,14 @@ def print_summary(result: VerifyResult, console: Console | None = None) -> None:
         console.print(f"[red]VIOLATION[/red] {line}")
     if result.final_exit_code != 0:
         console.print(f"[red]VIOLATION[/red] final drain exited with {result.final_exit_code}")
-    status = "[green]OK: nothing lost, nothing duplicated[/green]" if result.ok else "[red]FAILED[/red]"
+    weak = result.weak()
+    if weak:
+        console.print(f"[yellow]WEAK PROOF[/yellow] {weak}")
+    if result.inconclusive:
+        console.print(f"[yellow]INCONCLUSIVE[/yellow] {result.uncounted()}")
+    status = {"OK": "[green]OK: nothing lost, nothing duplicated[/green]", "FAILED": "[red]FAILED[/red]",
+              "INCONCLUSIVE": "[yellow]INCONCLUSIVE: nothing lost or duplicated in the rounds that counted, "
+                              "too few counted[/yellow]"}[result.status]
     console.print(f"{status} — {len(result.rounds)} rounds, {result.input_rows:,} input rows, "
                   f"{result.wall_s:.0f} s")
 
@@ -206,7 +217,7 @@ def write_reports(result: VerifyResult, directory: Path) -> tuple[Path, Path]:
 text-align:center;padding:10px;margin:4px;border-radius:6px;font-size:14px}} .c b{{font-size:28px}}
 .good{{background:#d8f3dc}} .bad{{background:#ffccd5}} td,th{{padding:2px 8px;text-align:left}}
 .untested{{background:#fff3bf}} .key{{display:inline-block;opacity:.6;padding:2px 6px;margin:2px}}</style>
-</head><body><h1>onceflow verify: {"OK" if result.ok else "FAILED"}</h1>
+</head><body><h1>onceflow verify: {result.status}</h1>
 <p>{len(result.rounds)} rounds, {result.input_rows:,} input rows, sink {html.escape(v.sink)},
 seed {result.config["seed"]}, {result.wall_s:.0f} s.</p>{counters}
 <h2>Tables</h2><table id="tables"><tr><th>table</th><th>rows expected</th><th>rows found</th>

@@ -56,3 +56,13 @@ def build_uuid(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -
     return onceflow.write_stream(_orders(spark, input), sink, checkpoint,
                                  tables={**TABLES, "receipts": Table(key="receipt_id")},
                                  per_batch=with_receipts, once=once, trigger="300 milliseconds")
+
+
+def build_rejects(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
+    """The same orders read as text and parsed by an input contract; bad lines to ``rejected_orders``."""
+    raw = spark.readStream.option("maxFilesPerTrigger", 2).text(input)
+    orders = onceflow.expect(raw, json="value", schema=SCHEMA, required=["customer"],
+                             checks={"cents_not_negative": "cents >= 0"})
+    clean = deduplicate(orders, id="order_id", event_time="ts", within="20 minutes")
+    return write_stream(clean, sink, checkpoint, tables=TABLES, per_batch=per_batch, once=once,
+                        trigger="300 milliseconds", rejects="rejected_orders")

@@ -90,10 +90,11 @@ import pyarrow as pa
 
 from onceflow.errors import ConfigError, EffectsFailedError, UnstableOutputError
 from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.sinks import owners
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.http.ledger import Effect, Ledger
 from onceflow.sinks.sqlite.db import read_batches
-from onceflow.tables import Table, check_outputs
+from onceflow.tables import Table, check_json, check_outputs
 
 _log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ def effect_key(sink_id: str, table: str, values: list[Any]) -> str:
 def _json(value: Any) -> str:
     if hasattr(value, "isoformat"):
         return str(value.isoformat())
+    if isinstance(value, bytes):  # UTF-8 text (step 1 refused other bytes)
+        return value.decode("utf-8")
     return str(value)
 
 
@@ -264,6 +267,8 @@ class HttpEffectsSink:
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         self._keys({n: specs[n] for n in outputs if n in specs})
         check_outputs(outputs, specs)
+        for name, rows in outputs.items():  # a payload is the row as JSON
+            check_json(f"table {name!r}", specs[name], rows, rows.column_names)
         return [e for name, rows in outputs.items()
                 for e in effects_of(self.sink_id, name, specs[name], rows, batch_id)]
 
@@ -400,9 +405,15 @@ class HttpEffectsSink:
                                   "an effect (its idempotency key)")
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Open the ledger; every table needs a key (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        """Open the ledger; every table needs a key; claim the tables for this sink id in the ledger.
+
+        (See :meth:`onceflow.sinks.base.Sink.check` and :mod:`onceflow.sinks.owners`: two sink ids
+        on one table would each send every effect under their own keys.)
+        """
         self._keys(specs)
         self.ledger.batches()
+        owners.sqlite_claim(self.ledger.conn, str(self.ledger_path), self.sink_id, specs,
+                            f"--ledger {self.ledger_path}")
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows, by batch id."""

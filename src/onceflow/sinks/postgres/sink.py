@@ -5,8 +5,9 @@ table specs and checks as the SQLite sink (:mod:`onceflow.sinks.sqlite.sink`); t
 from the driver to the server with ``COPY``. Commit protocol of
 :meth:`PostgresTablesSink.commit_tables` for batch N:
 
-1. Crash point ``before_sink_write``. Every table's rows are checked against its spec; a batch
-   that does not fit raises :class:`onceflow.errors.BatchRejectedError` — nothing written,
+1. Crash point ``before_sink_write``. Every table's rows are checked against its spec (and for
+   a string with a NUL character, which PostgreSQL's text cannot hold: :func:`check_text`); a
+   batch that does not fit raises :class:`onceflow.errors.BatchRejectedError` — nothing written,
    Spark does not write ``commits/N``. May run any number of times.
 2. Open a transaction and take the sink's advisory lock (one writer per sink). If the marker
    ``(sink_id, N)`` exists, end it and return False (a replay).
@@ -60,6 +61,33 @@ def pg_type(typ: pa.DataType) -> str:
     if pa.types.is_decimal(typ):
         return f"numeric({typ.precision}, {typ.scale})"
     raise ConfigError(f"type {typ} cannot be written to a PostgreSQL column by onceflow; cast or select it")
+
+
+def check_text(name: str, spec: Table, rows: pa.Table) -> None:
+    """Refuse a string with a NUL character (step 1): PostgreSQL's text cannot hold one.
+
+    Raises:
+        BatchRejectedError: Naming the table, the column, the row's key and the value.
+    """
+    import pyarrow.compute as pc
+
+    for col in rows.column_names:
+        values = rows.column(col)
+        if pa.types.is_dictionary(values.type):
+            values = values.cast(values.type.value_type)
+        text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
+        if not text or not rows.num_rows:
+            continue
+        hits = pc.indices_nonzero(pc.match_substring(values, "\x00").fill_null(False))
+        if len(hits):
+            i = int(hits[0].as_py())
+            row = rows.slice(i, 1).to_pylist()[0]
+            key = {k: row[k] for k in spec.key}
+            where = f"the row with key {key}" if spec.key else f"row {i} of the batch"
+            raise BatchRejectedError(
+                f"table {name!r}: column {col!r} of {where} holds {row[col]!r}, with a NUL character "
+                "(0x00), which PostgreSQL's text cannot hold; nothing of the batch was written. Remove it in "
+                "the query (F.regexp_replace(col, '\\x00', '')) or write the column as binary", row=row)
 
 
 class PostgresTablesSink:
@@ -116,8 +144,9 @@ class PostgresTablesSink:
         check_existing("PostgreSQL", name, spec, cols, *found)
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Connect; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        """Connect; check the tables that exist; claim them (see :meth:`onceflow.sinks.base.Sink.check`)."""
         pg.check_tables(self.conn, specs, schemas)
+        pg.claim_tables(self.conn, pg.redact(self.dsn), self.sink_id, specs, "--dsn DSN")
 
     def _write(self, conn: Any, name: str, spec: Table, rows: pa.Table) -> int:
         from psycopg import sql
@@ -149,6 +178,8 @@ class PostgresTablesSink:
         psycopg = require_psycopg()
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
+        for name, rows in outputs.items():
+            check_text(name, specs[name], rows)
         conn = self.conn
         try:
             with conn.transaction():  # 2
@@ -321,6 +352,7 @@ class PostgresFramesSink:
         pg.check_names(specs, schemas, self.sink_id)
         with pg.session(self.dsn) as conn:
             pg.check_tables(conn, specs, schemas)
+            pg.claim_tables(conn, pg.redact(self.dsn), self.sink_id, specs, "--dsn DSN")
 
     def _summarize(self, batch_id: int, tables: list[str], stats: BatchStats, rows_out: int) -> None:
         """The batch's row under ``sink_id``, from its tables' markers (after every table committed).

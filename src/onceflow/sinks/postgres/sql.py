@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, PostgresError
-from onceflow.sinks import marker
+from onceflow.sinks import marker, owners
 from onceflow.sinks.postgres.conn import DSN_ENV, connect, redact, resolve_dsn, scrub
 from onceflow.tables import Table, check_existing, expected_columns
 
@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS onceflow_sinks(
 ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS tables text;
 ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS rejected_rows bigint;
 ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS input_range text;
+{owners.create_sql("bigint", "text")};
 CREATE TABLE IF NOT EXISTS onceflow_decisions(
     sink_id text NOT NULL, batch_id bigint NOT NULL, gids text[] NOT NULL,
     decided_ms bigint NOT NULL, PRIMARY KEY(sink_id, batch_id));
@@ -118,6 +119,43 @@ def check_names(specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema],
             raise ConfigError(f"table {name!r} with sink id {sink_id!r}: the table's marker "
                               f"{sink_id + '.' + name!r} must be 1-64 characters from A-Z a-z 0-9 _ . -; "
                               "use a shorter sink id or table name")
+
+
+def claim_tables(conn: Any, where: str, sink_id: str, specs: Mapping[str, Table], tool: str) -> None:
+    """:func:`onceflow.sinks.owners.claim` in PostgreSQL: one transaction, exclusive by an advisory lock.
+
+    Raises:
+        ConfigError: Another sink id writes a table (:func:`onceflow.sinks.owners.refusal`).
+    """
+    ensure_meta(conn)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow_tables'))")
+        owners.claim(
+            lambda t: [(s, bool(f)) for s, f in conn.execute(
+                f"SELECT sink_id, shared FROM {owners.TABLE} WHERE table_name = %s", (t,))],
+            lambda t, s: conn.execute(f"INSERT INTO {owners.TABLE} VALUES (%s, %s, %s, %s) ON CONFLICT "
+                                      "(table_name, sink_id) DO UPDATE SET shared = EXCLUDED.shared",
+                                      (t, sink_id, int(s), owners.now_ms())),
+            where, sink_id, specs, tool)
+
+
+def list_owners(conn: Any) -> list[tuple[str, str, bool, int]]:
+    """Every row of the registry: ``(table, sink_id, shared, claimed_ms)``."""
+    ensure_meta(conn)
+    return [(t, s, bool(f), int(m)) for t, s, f, m in conn.execute(
+        f"SELECT table_name, sink_id, shared, claimed_ms FROM {owners.TABLE} ORDER BY 1, 2")]
+
+
+def hand_over(conn: Any, table: str, to: str) -> list[str]:
+    """Give ``table`` to sink id ``to`` (:mod:`onceflow.sinks.owners`); the sink ids that held it."""
+    ensure_meta(conn)
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow_tables'))")
+        before = [r[0] for r in conn.execute(f"SELECT sink_id FROM {owners.TABLE} WHERE table_name = %s",
+                                             (table,))]
+        conn.execute(f"DELETE FROM {owners.TABLE} WHERE table_name = %s", (table,))
+        conn.execute(f"INSERT INTO {owners.TABLE} VALUES (%s, %s, 0, %s)", (table, to, owners.now_ms()))
+    return before
 
 
 def ensure_meta(conn: Any) -> None:

@@ -96,7 +96,7 @@ import pyarrow as pa
 
 from onceflow.errors import BatchRejectedError, ConfigError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
-from onceflow.sinks import marker
+from onceflow.sinks import marker, owners
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.sqlite.db import HAS_MARKER, bind_query, check_sink_id, connect
 from onceflow.sinks.sqlite.values import (
@@ -155,7 +155,8 @@ def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str,
         offset += part["bytes"]
         outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
         specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"],
-                                    max=part.get("max") or None, min=part.get("min") or None)
+                                    max=part.get("max") or None, min=part.get("min") or None,
+                                    shared=bool(part.get("shared")))
     stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"],
                        meta.get("duplicates"), meta.get("rejected"),  # absent: staged by an older onceflow
                        meta.get("input_range"))
@@ -256,11 +257,12 @@ class SQLiteTablesSink:
             check_types(str(self.path), name, schema, declared_types(info))
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Open the database; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        """Open the database; check the tables that exist; claim them (:mod:`onceflow.sinks.owners`)."""
         for name, spec in specs.items():
             info = self.conn.execute(f"PRAGMA table_info({quote(name)})").fetchall()
             if info:
                 self._fits(name, spec, expected_columns(name, spec, schemas), info, schemas.get(name))
+        owners.sqlite_claim(self.conn, str(self.path), self.sink_id, specs, f"--db {self.path}")
 
     def _appliable(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> bool:
         """Step S2: whether every table is onceflow's own, so that writing the batch cannot fail."""

@@ -1,0 +1,64 @@
+"""``onceflow tables``: which sink ids write each table of a sink's database, and handing one over."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from pathlib import Path
+
+import click
+
+from onceflow.errors import ConfigError
+
+
+def _rows(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str | None,
+          to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
+    """The registry's rows (after a hand-over, if asked) and the sink ids that held the table before."""
+    from onceflow.sinks import owners
+
+    path = db or ledger
+    if path is not None:
+        if not path.exists():
+            raise ConfigError(f"no database at {path}: give the file the query writes to")
+        conn = sqlite3.connect(str(path), isolation_level=None)
+        try:
+            before = owners.sqlite_hand_over(conn, hand_over, str(to)) if hand_over else None
+            return owners.sqlite_owners(conn), before
+        finally:
+            conn.close()
+    from onceflow.sinks.postgres import sql as pg
+
+    with pg.session(pg.resolve_dsn(dsn)) as conn:
+        before = pg.hand_over(conn, hand_over, str(to)) if hand_over else None
+        return pg.list_owners(conn), before
+
+
+@click.command()
+@click.option("--db", type=click.Path(dir_okay=False, path_type=Path), help="A SQLite sink's database.")
+@click.option("--dsn", help="A PostgreSQL sink's connection string ('' for $ONCEFLOW_PG_DSN).")
+@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), help="An HTTP sink's ledger.")
+@click.option("--hand-over", "hand_over", metavar="TABLE", help="Give TABLE to the sink id --to (stop the "
+              "queries that write it first).")
+@click.option("--to", metavar="SINK_ID", help="The sink id that writes the table from now on.")
+def tables(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str | None,
+           to: str | None) -> None:
+    """List which sink ids write each table of a sink's database, or hand a table over.
+
+    A second sink id on a table is refused when its query starts, unless every writer declares
+    the table shared (Table(..., shared=True)): two sink ids would each write every batch of
+    their own into it. When a job is renamed, or the table moves to a new query, hand it over:
+    the old sink ids' claims go, the new one's is written (markers are not moved).
+    """
+    if sum(x is not None for x in (db, dsn, ledger)) != 1:
+        raise ConfigError("onceflow tables needs exactly one of --db FILE, --dsn DSN or --ledger FILE")
+    if (hand_over is None) != (to is None):
+        raise ConfigError("--hand-over TABLE and --to SINK_ID go together")
+    rows, before = _rows(db, dsn, ledger, hand_over, to)
+    if before is not None:
+        held = ", ".join(repr(s) for s in before) or "no sink id"
+        click.echo(f"table {hand_over!r}: handed over from {held} to {to!r}")
+    if not rows:
+        click.echo("no table is claimed yet (a query claims its tables when it starts)")
+    for table, sink_id, shared, since in rows:
+        when = dt.datetime.fromtimestamp(since / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+        click.echo(f"{table}\t{sink_id}\t{'shared' if shared else 'own'}\tsince {when}")

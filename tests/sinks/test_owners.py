@@ -1,0 +1,84 @@
+"""A table knows who writes it: a second sink id is refused at start unless shared; handing a table over."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from onceflow.errors import ConfigError
+from onceflow.sinks.http.sink import HttpEffectsSink
+from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
+from onceflow.sinks.sqlite.sink import SQLiteTablesSink
+from onceflow.tables import Table
+
+SCHEMA = {"orders": pa.schema([("id", pa.int64()), ("n", pa.int64())])}
+
+
+def _sinks(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[Any, Any, list[str]]:
+    """Two sinks of one kind on one database, sink ids 'first' and 'second', and the CLI's option."""
+    if kind == "sqlite":
+        return (SQLiteTablesSink(tmp_path / "app.db", sink_id="first"),
+                SQLiteTablesSink(tmp_path / "app.db", sink_id="second"), ["--db", str(tmp_path / "app.db")])
+    if kind == "http":
+        ledger = tmp_path / "ledger.db"
+        return (HttpEffectsSink("http://127.0.0.1:9/e", ledger, sink_id="first"),
+                HttpEffectsSink("http://127.0.0.1:9/e", ledger, sink_id="second"), ["--ledger", str(ledger)])
+    dsn = request.getfixturevalue("pg_dsn")
+    second = PostgresFramesSink(dsn, sink_id="second") if kind == "postgres-frames" else \
+        PostgresTablesSink(dsn, sink_id="second")
+    return PostgresTablesSink(dsn, sink_id="first"), second, ["--dsn", dsn]
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "postgres-frames", "http"])
+def test_a_second_sink_id_is_refused_unless_both_share_then_a_hand_over(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    first, second, option = _sinks(kind, tmp_path, request)
+    own = {"orders": Table(key="id")}
+    first.check(own, SCHEMA)
+    first.check(own, SCHEMA)  # again: the same claim
+    with pytest.raises(ConfigError, match=r"table 'orders' in .* is written by sink id 'first', and this "
+                                          r"query's sink id is 'second' \(sink 'first' did not declare it "
+                                          r"shared\).*"
+                                          r"onceflow tables .*--hand-over orders --to second"):
+        second.check(own, SCHEMA)
+    shared = {"orders": Table(key="id", shared=True)}
+    with pytest.raises(ConfigError, match="did not declare it shared"):
+        second.check(shared, SCHEMA)  # one side shared is not enough
+    first.check(shared, SCHEMA)
+    second.check(shared, SCHEMA)  # both declare it: both write their own streams into it
+    with pytest.raises(ConfigError, match="it is not declared shared by this query"):
+        second.check(own, SCHEMA)
+    cli = [sys.executable, "-m", "onceflow.cli.main", "tables", *option]
+    listed = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split("\t")[:3] for line in listed.stdout.splitlines()] == [
+        ["orders", "first", "shared"], ["orders", "second", "shared"]]
+    moved = subprocess.run([*cli, "--hand-over", "orders", "--to", "second"], capture_output=True, text=True,
+                           timeout=60)
+    assert moved.returncode == 0, moved.stderr
+    assert "handed over from 'first', 'second' to 'second'" in moved.stdout
+    second.check(own, SCHEMA)  # the table is the second's now
+    with pytest.raises(ConfigError, match="is written by sink id 'second'"):
+        first.check(own, SCHEMA)
+    for sink in (first, second):
+        sink.close()
+
+
+def test_two_queries_with_other_sink_ids_on_one_table(spark: Any, tmp_path: Path) -> None:
+    """The issue's case with real queries: the copy started by mistake is refused before it reads anything."""
+    import onceflow
+    from tests.core import transfers
+
+    transfers.put(tmp_path / "in", 0)
+    db = tmp_path / "out.db"
+    query = transfers.start(spark, tmp_path / "in", onceflow.sqlite(db, sink_id="orders"), tmp_path / "ck-a")
+    query.awaitTermination()
+    with pytest.raises(ConfigError, match="is written by sink id 'orders', and this query's sink id is "
+                                          "'copy'"):
+        transfers.start(spark, tmp_path / "in", onceflow.sqlite(db, sink_id="copy"), tmp_path / "ck-b")
+    assert transfers.read_sink("sqlite", str(db)) == transfers.expected(tmp_path / "in")  # not doubled
