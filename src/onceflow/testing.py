@@ -56,7 +56,7 @@ def explain(result: VerifyResult) -> str:
 def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, rounds: int = 3,  # noqa: A002
                     seed: int = 0, sink: str = "sqlite", faults: str | list[str] = "all",
                     pg_dsn: str | None = None, fast_start: bool = True,
-                    say: Callable[[str], None] | None = None) -> VerifyResult:
+                    say: Callable[[str], None] | None = None, keep_sink: bool = False) -> VerifyResult:
     """Run the pipeline under injected faults and judge its tables (``onceflow verify --pipeline``).
 
     Args:
@@ -74,6 +74,7 @@ def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, ro
         pg_dsn: PostgreSQL server for ``postgres`` sinks (else ``$ONCEFLOW_PG_DSN``).
         fast_start: Start drivers from a class-data archive (faster rounds).
         say: Progress lines (default: none).
+        keep_sink: Keep the PostgreSQL schema the run wrote (else dropped once judged).
 
     Returns:
         The result: ``.proven`` (no violation, every round counted), ``.ok`` (no violation),
@@ -89,14 +90,14 @@ def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, ro
         from onceflow.verify import realtime_rounds as rt
 
         result = rt.run_realtime(work / "work", pipeline, Path(input).absolute(), rounds, names, seed,
-                                 pg_dsn, say=say or (lambda _: None))
+                                 pg_dsn, say=say or (lambda _: None), keep_sink=keep_sink)
         write_reports(result, work)
         return result
     if names == ["all"]:
         names = default_faults(sink, pipeline=True)
     cfg = VerifyConfig(workdir=work / "work", rounds=rounds, faults=names, seed=seed, sink=sink,
                        pg_dsn=pg_dsn, fast_start=fast_start, pipeline=pipeline,
-                       input_dir=Path(input).absolute())
+                       input_dir=Path(input).absolute(), keep_sink=keep_sink)
     result = run_verify(cfg, say=say or (lambda _: None))
     write_reports(result, work)
     return result

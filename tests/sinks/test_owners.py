@@ -24,6 +24,12 @@ def _sinks(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[A
     if kind == "sqlite":
         return (SQLiteTablesSink(tmp_path / "app.db", sink_id="first"),
                 SQLiteTablesSink(tmp_path / "app.db", sink_id="second"), ["--db", str(tmp_path / "app.db")])
+    if kind == "delta":
+        from onceflow.sinks.delta import DeltaTablesSink
+
+        root = tmp_path / "lake"
+        return (DeltaTablesSink(root, sink_id="first"), DeltaTablesSink(root, sink_id="second"),
+                ["--delta", str(root)])
     if kind == "http":
         ledger = tmp_path / "ledger.db"
         return (HttpEffectsSink("http://127.0.0.1:9/e", ledger, sink_id="first"),
@@ -34,7 +40,7 @@ def _sinks(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[A
     return PostgresTablesSink(dsn, sink_id="first"), second, ["--dsn", dsn]
 
 
-@pytest.mark.parametrize("kind", ["sqlite", "postgres", "postgres-frames", "http"])
+@pytest.mark.parametrize("kind", ["sqlite", "postgres", "postgres-frames", "http", "delta"])
 def test_a_second_sink_id_is_refused_unless_both_share_then_a_hand_over(
         tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
     first, second, option = _sinks(kind, tmp_path, request)
@@ -67,6 +73,19 @@ def test_a_second_sink_id_is_refused_unless_both_share_then_a_hand_over(
         first.check(own, SCHEMA)
     for sink in (first, second):
         sink.close()
+
+
+def test_a_delta_table_written_before_the_registry_is_credited_to_its_writer(tmp_path: Path) -> None:
+    from onceflow.sinks.base import BatchStats
+    from onceflow.sinks.delta import DeltaTablesSink
+
+    old = DeltaTablesSink(tmp_path / "lake", sink_id="old")
+    old.bind("q1")
+    assert old.commit_tables(0, {"orders": pa.table({"id": [1], "n": [2]})}, {"orders": Table(key="id")},
+                             BatchStats(1, 0, 0), 1)
+    (tmp_path / "lake" / "_onceflow" / "tables.json").unlink(missing_ok=True)  # as an older onceflow left it
+    with pytest.raises(ConfigError, match="is written by sink id 'old', and this query's sink id is 'new'"):
+        DeltaTablesSink(tmp_path / "lake", sink_id="new").check({"orders": Table(key="id")}, SCHEMA)
 
 
 def test_two_queries_with_other_sink_ids_on_one_table(spark: Any, tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psycopg
 import pyarrow as pa
 import pytest
@@ -58,3 +60,13 @@ def test_two_long_tables_of_one_batch_get_their_own_temporary_tables(pg_dsn: str
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute(f'SELECT id FROM "{a}" ORDER BY id').fetchall() == [(1,), (2,)]
         assert conn.execute(f'SELECT id FROM "{b}"').fetchall() == [(3,)]
+
+
+def test_delta_and_kafka_name_limits_are_named(tmp_path: Path) -> None:
+    from onceflow.sinks.delta import DeltaTablesSink
+    from onceflow.sinks.kafka import KafkaTopicsSink
+
+    with pytest.raises(ConfigError, match="is 300 bytes; a Delta table is a directory"):
+        DeltaTablesSink(tmp_path / "lake").check({"d" * 300: Table()}, {})
+    with pytest.raises(ConfigError, match="marker topic name 257 characters long; Kafka allows 249"):
+        KafkaTopicsSink("127.0.0.1:9", sink_id="s" * 240)

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from onceflow.examples import payments
@@ -97,6 +98,11 @@ def test_postgres_outage_and_a_crash_inside_the_transaction(orders_sample: Path,
     assert "connections terminated" in outage["outcome"] and "the query went on" in outage["outcome"], outage
     assert outage["rows_at_risk"] > 0 and crash["rows_at_risk"] > 0, rep["rounds"]
     assert rep["verdict"]["tables"]["customers"]["expected_rows"] == 40
+    schema = rep["config"]["sink_location"].rsplit(" schema ", 1)[1]
+    assert f"schema {schema} dropped" in out  # verify leaves nothing in the user's database
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE 'onceflow_verify_%%'"
+                            ).fetchall() == []
 
 
 def test_the_payments_example_through_onceflow_testing_on_delta(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def test_kills_and_an_outage_leave_every_authorization_once(tmp_path: Path, pg_d
     sent = auths.write_records(records, 900, seed=5)
     rc, out, rep = _verify(tmp_path / "report", "--pipeline", f"{AUTHS}:build", "--input", str(records),
                            "--source", "kafka", "--sink", "realtime", "--rounds", "3", "--seed", "2",
-                           env={"ONCEFLOW_PG_DSN": pg_dsn})
+                           "--keep-sink", env={"ONCEFLOW_PG_DSN": pg_dsn})
     assert rc == 0, out
     rounds = rep["rounds"]
     assert [r["fault"] for r in rounds] == ["kill_random", "sink_outage", "kill_random"], rounds

@@ -11,6 +11,24 @@ import click
 from onceflow.errors import ConfigError
 
 
+def _delta_rows(root: Path, hand_over: str | None,
+                to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
+    """:func:`_rows` for the Delta tables under ``root`` (their registry file)."""
+    from onceflow.sinks import owners
+    from onceflow.sinks.delta import DeltaTablesSink
+
+    if not root.is_dir():
+        raise ConfigError(f"no Delta tables at {root}: give the root the query writes to")
+    with DeltaTablesSink(root).registry() as rows:
+        before = None
+        if hand_over:
+            before = sorted(rows.get(hand_over, {}))
+            rows[hand_over] = {str(to): {"shared": False, "claimed_ms": owners.now_ms()}}
+        listed = [(t, s, bool(v["shared"]), int(v["claimed_ms"])) for t in sorted(rows)
+                  for s, v in sorted(rows[t].items())]
+    return listed, before
+
+
 def _rows(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str | None,
           to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
     """The registry's rows (after a hand-over, if asked) and the sink ids that held the table before."""
@@ -37,10 +55,11 @@ def _rows(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str 
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), help="A SQLite sink's database.")
 @click.option("--dsn", help="A PostgreSQL sink's connection string ('' for $ONCEFLOW_PG_DSN).")
 @click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), help="An HTTP sink's ledger.")
+@click.option("--delta", type=click.Path(file_okay=False, path_type=Path), help="A Delta sink's root.")
 @click.option("--hand-over", "hand_over", metavar="TABLE", help="Give TABLE to the sink id --to (stop the "
               "queries that write it first).")
 @click.option("--to", metavar="SINK_ID", help="The sink id that writes the table from now on.")
-def tables(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str | None,
+def tables(db: Path | None, dsn: str | None, ledger: Path | None, delta: Path | None, hand_over: str | None,
            to: str | None) -> None:
     """List which sink ids write each table of a sink's database, or hand a table over.
 
@@ -49,11 +68,13 @@ def tables(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str
     their own into it. When a job is renamed, or the table moves to a new query, hand it over:
     the old sink ids' claims go, the new one's is written (markers are not moved).
     """
-    if sum(x is not None for x in (db, dsn, ledger)) != 1:
-        raise ConfigError("onceflow tables needs exactly one of --db FILE, --dsn DSN or --ledger FILE")
+    if sum(x is not None for x in (db, dsn, ledger, delta)) != 1:
+        raise ConfigError("onceflow tables needs exactly one of --db FILE, --dsn DSN, --ledger FILE or "
+                          "--delta DIR")
     if (hand_over is None) != (to is None):
         raise ConfigError("--hand-over TABLE and --to SINK_ID go together")
-    rows, before = _rows(db, dsn, ledger, hand_over, to)
+    rows, before = _delta_rows(delta, hand_over, to) if delta is not None else \
+        _rows(db, dsn, ledger, hand_over, to)
     if before is not None:
         held = ", ".join(repr(s) for s in before) or "no sink id"
         click.echo(f"table {hand_over!r}: handed over from {held} to {to!r}")

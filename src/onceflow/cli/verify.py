@@ -70,12 +70,15 @@ if TYPE_CHECKING:
                    "(trained once per machine, kept in ~/.cache/onceflow), and pre-start the next "
                    "two rounds' drivers as hot standbys that touch nothing until released: "
                    "rounds ~2.5x cheaper; what the pipeline computes and commits is the same.")
+@click.option("--keep-sink", is_flag=True,
+              help="Keep the PostgreSQL schema the run wrote (by default it is dropped once judged).")
 def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, cluster: str | None,
            source: str, ingest: bool, resume: bool, report_dir: Path, events_per_round: int,
-           fast_start: bool, pipeline: str | None, input_dir: Path | None) -> None:
+           fast_start: bool, pipeline: str | None, input_dir: Path | None, keep_sink: bool) -> None:
     """Run the pipeline under injected faults and check the sink against the oracle.
 
-    Exit 0 when nothing was lost or duplicated, 1 on any violation, 2 for bad usage.
+    Exit 0 when nothing was lost or duplicated and every round counted, 1 on any violation, 2 for
+    bad usage, 3 when INCONCLUSIVE (fewer rounds counted than asked).
     """
     from onceflow.errors import ConfigError
     from onceflow.verify.chaos import VerifyConfig, run_verify
@@ -84,7 +87,7 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
     names = [f.strip() for f in faults.split(",") if f.strip()]
     if sink == REALTIME:
         _verify_realtime(rounds, seed, names, pg_dsn, cluster, source, ingest, resume, report_dir,
-                         pipeline, input_dir)
+                         pipeline, input_dir, keep_sink)
         return
     if names == ["all"]:
         names = default_faults(sink, cluster or "", ingest, pipeline=bool(pipeline))
@@ -94,7 +97,7 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
         cfg = VerifyConfig(workdir=work, rounds=rounds, faults=names, seed=seed, sink=sink,
                            pg_dsn=pg_dsn, cluster=cluster or "", ingest=ingest, source=source,
                            events_per_round=events_per_round, fast_start=fast_start, pipeline=pipeline,
-                           input_dir=input_dir.absolute() if input_dir else None)
+                           input_dir=input_dir.absolute() if input_dir else None, keep_sink=keep_sink)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     if work.exists() and not resume:
@@ -108,7 +111,7 @@ def verify(rounds: int, seed: int, faults: str, sink: str, pg_dsn: str | None, c
 
 def _verify_realtime(rounds: int, seed: int, names: list[str], pg_dsn: str | None, cluster: str | None,
                      source: str, ingest: bool, resume: bool, report_dir: Path, pipeline: str | None,
-                     input_dir: Path | None) -> None:
+                     input_dir: Path | None, keep_sink: bool) -> None:
     """``--sink realtime``: a Real-Time Mode pipeline's rounds (:mod:`onceflow.verify.realtime_rounds`)."""
     from onceflow.errors import ConfigError
     from onceflow.verify import realtime_rounds as rt
@@ -130,8 +133,8 @@ def _verify_realtime(rounds: int, seed: int, names: list[str], pg_dsn: str | Non
     click.echo(f"verify: {rounds} rounds, faults {', '.join(faults)}, sink realtime, seed {seed}, source "
                f"kafka, pipeline {pipeline}")
     records = input_dir.absolute()
-    _report(lambda: rt.run_realtime(work, pipeline, records, rounds, faults, seed, pg_dsn, say=click.echo),
-            report_dir)
+    _report(lambda: rt.run_realtime(work, pipeline, records, rounds, faults, seed, pg_dsn, say=click.echo,
+                                    keep_sink=keep_sink), report_dir)
 
 
 def _report(run: Callable[[], VerifyResult], report_dir: Path) -> None:

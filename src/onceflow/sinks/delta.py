@@ -32,11 +32,12 @@ table gets N exactly once — readers may briefly see one table a batch ahead of
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks import marker
+from onceflow.sinks import marker, owners
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_outputs, expected_columns
 
@@ -168,13 +169,63 @@ class DeltaTablesSink:
                             "commits won")
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Check the Delta tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        """Check the Delta tables that exist; claim them for this sink id (:mod:`onceflow.sinks.owners`).
+
+        The registry is ``<root>/_onceflow/tables.json``, changed under an exclusive lock of
+        ``<root>/_onceflow/tables.lock``; a table that exists and is not in it yet is first
+        credited to the sink ids its commits name (their ``onceflow`` metadata).
+        """
         for name, spec in specs.items():
+            if len(name.encode()) > 255:  # a directory name, on every common file system
+                raise ConfigError(f"table name {name[:40]!r}... is {len(name.encode())} bytes; a Delta table "
+                                  "is a directory and a directory name has at most 255 bytes")
             path = str(self.root / name)
             if self.dl.DeltaTable.is_deltatable(path):
                 have = [f.name for f in self.dl.DeltaTable(path).schema().fields]
                 cols = expected_columns(name, spec, schemas)
                 check_existing(f"Delta ({path})", name, spec, cols, have, None)
+        with self.registry() as rows:
+            def read(table: str) -> list[tuple[str, bool]]:
+                if table not in rows:
+                    rows[table] = {s: {"shared": False, "claimed_ms": owners.now_ms()}
+                                   for s in self._writers_in_history(table)}
+                return [(s, bool(v["shared"])) for s, v in rows[table].items()]
+
+            def write(table: str, shared: bool) -> None:
+                rows.setdefault(table, {})[self.sink_id] = {"shared": shared, "claimed_ms": owners.now_ms()}
+
+            owners.claim(read, write, str(self.root), self.sink_id, specs, f"--delta {self.root}")
+
+    def _writers_in_history(self, name: str) -> list[str]:
+        """The sink ids that committed to an existing table (its commits' ``onceflow`` metadata)."""
+        path = str(self.root / name)
+        if not self.dl.DeltaTable.is_deltatable(path):
+            return []
+        found = []
+        for entry in self.dl.DeltaTable(path).history():
+            raw = entry.get("onceflow")
+            sink_id = json.loads(raw).get("sink_id") if raw else None
+            if sink_id and sink_id not in found:
+                found.append(str(sink_id))
+        return found
+
+    @contextlib.contextmanager
+    def registry(self) -> Iterator[dict[str, dict[str, dict[str, Any]]]]:
+        """The table registry (table -> sink id -> claim), locked; written back when the block ends."""
+        import fcntl
+
+        folder = self.root / "_onceflow"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / "tables.json"
+        with open(folder / "tables.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            rows = json.loads(path.read_text()) if path.exists() else {}
+            before = json.dumps(rows, sort_keys=True)
+            yield rows
+            if json.dumps(rows, sort_keys=True) != before:
+                tmp = folder / ".tables.json.tmp"
+                tmp.write_text(json.dumps(rows, indent=1, sort_keys=True))
+                os.replace(tmp, path)
 
     def _committed(self, table: Any, batch_id: int) -> bool:
         """Step 2's check: whether ``table``'s app transaction of this sink reached ``batch_id``."""

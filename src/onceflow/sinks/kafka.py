@@ -120,6 +120,9 @@ class KafkaTopicsSink:
         self.bootstrap = bootstrap_servers
         self.sink_id = sink_id
         self.marker_topic = marker_topic.replace("{sink_id}", sink_id)
+        if len(self.marker_topic) > 249:  # Kafka's limit on a topic name
+            raise ConfigError(f"sink id {sink_id!r} makes the marker topic name {len(self.marker_topic)} "
+                              "characters long; Kafka allows 249: use a shorter sink id")
         self.partitions = partitions
         self.batch_headers = batch_headers
         self.transactional_id = f"onceflow.{sink_id}"

@@ -111,6 +111,7 @@ class VerifyConfig:
             of Example 5-1; judged by :mod:`onceflow.verify.pipeline_oracle`.
         input_dir: With ``pipeline``: the directory of sample files fed in rounds
             (:mod:`onceflow.verify.sample`).
+        keep_sink: Keep the PostgreSQL schema the run wrote (else dropped after the verdict).
     """
 
     workdir: Path
@@ -128,6 +129,7 @@ class VerifyConfig:
     fast_start: bool = True
     pipeline: str | None = None
     input_dir: Path | None = None
+    keep_sink: bool = False
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.faults if f not in ALL_FAULTS]
@@ -509,6 +511,8 @@ class _Run:
         batches = self.target.batches()
         at_risk(self.records, batches)
         self.target.close()
+        if not self.cfg.keep_sink:
+            self.say(self.target.drop())
         verdict.violations += ingest["violations"] if ingest else []
         conf = _config(self.cfg)
         conf["sink_location"] = self.target.name

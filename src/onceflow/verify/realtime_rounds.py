@@ -95,8 +95,9 @@ class RealtimeRun:
 
     def __init__(self, workdir: Path, pipeline: str, records: Path, rounds: int, faults: list[str],
                  seed: int, pg_dsn: str | None, round_timeout_s: float,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, keep_sink: bool = False) -> None:
         self.workdir, self.pipeline, self.faults, self.say = workdir, pipeline, faults, say
+        self.keep_sink = keep_sink
         self.timeout = round_timeout_s
         self.rng = random.Random(seed)
         self.chunks = pipeline_kafka.pieces(records, rounds)
@@ -215,6 +216,8 @@ class RealtimeRun:
             verdict = judge(self.name, want, postgres_reader(self.target.dsn))
             for rec, logged, rows in self.kills:
                 rec.rows_at_risk = rows_beyond(oracle, spark, logged, rows)
+        if not self.keep_sink:
+            self.say(self.target.drop())
         return verdict, rc
 
     def drain(self, ends: dict[int, int]) -> int:
@@ -244,7 +247,7 @@ class RealtimeRun:
 
 def run_realtime(workdir: Path, pipeline: str, records: Path, rounds: int, faults: list[str], seed: int,
                  pg_dsn: str | None, round_timeout_s: float = 120.0,
-                 say: Callable[[str], None] = print) -> VerifyResult:
+                 say: Callable[[str], None] = print, keep_sink: bool = False) -> VerifyResult:
     """One ``onceflow verify --sink realtime`` run (the module's steps), as a verify result.
 
     Args:
@@ -257,6 +260,7 @@ def run_realtime(workdir: Path, pipeline: str, records: Path, rounds: int, fault
         pg_dsn: The PostgreSQL server (else ``$ONCEFLOW_PG_DSN``); a new schema there.
         round_timeout_s: Longest wait for one round's rows (twice that for the drain).
         say: Progress output.
+        keep_sink: Keep the run's PostgreSQL schema (else dropped after the verdict).
 
     Raises:
         ConfigError: A fault it cannot inject, a pipeline that does not load, no PostgreSQL
@@ -270,7 +274,8 @@ def run_realtime(workdir: Path, pipeline: str, records: Path, rounds: int, fault
     pipelines.load(pipeline)  # a bad module or function fails here, before any broker or round
     pg.resolve_dsn(pg_dsn)
     started = int(time.time() * 1000)
-    run = RealtimeRun(workdir, pipeline, records, rounds, faults, seed, pg_dsn, round_timeout_s, say)
+    run = RealtimeRun(workdir, pipeline, records, rounds, faults, seed, pg_dsn, round_timeout_s, say,
+                      keep_sink)
     recs, verdict, rc, span = run.run()
     config = {"workdir": str(workdir), "rounds": rounds, "faults": faults, "seed": seed, "sink": SINK,
               "source": "kafka", "pipeline": pipeline, "input_dir": str(records), "pg_dsn": None,

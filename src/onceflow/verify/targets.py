@@ -184,6 +184,25 @@ class SinkTarget:
         if self.broker is not None:
             self.broker.stop()
 
+    def drop(self) -> str:
+        """Remove what the run wrote into the user's server (the PostgreSQL schema); what was done.
+
+        Runs after the verdict. A schema still locked (a prepared transaction left pending,
+        which the verdict names) is kept rather than waited for.
+        """
+        if not self.is_postgres or not self.schema:
+            return f"sink: {self.name} (files in the work directory)"
+        from psycopg import sql
+
+        try:
+            with pg.session(self._base_dsn) as conn:
+                conn.execute("SET lock_timeout = '5s'")
+                conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(self.schema)))
+        except Exception as exc:  # noqa: BLE001 - a schema left behind is said, never fatal to the verdict
+            why = (str(exc).strip().splitlines() or [""])[0][:200]
+            return f"sink: schema {self.schema} kept ({why}): drop it by hand"
+        return f"sink: schema {self.schema} dropped (--keep-sink keeps it)"
+
     def batches(self) -> list[dict[str, Any]]:
         """The sink's batch markers with metrics."""
         if self.broker is not None:
