@@ -32,9 +32,10 @@ every round ran.
 
 Limits (documented in docs/verify.md): one source, files in the ``input`` directory or a Kafka
 topic; rows with the same id are resends (same content: which copy Spark keeps within one
-batch is its choice); a streaming aggregation needs ``output_mode="update"``; ``rejects=`` is not
-judged; a ``per_batch`` that reads the clock or random numbers is judged only with ``stable=``
-tables (and then only its deterministic columns can match).
+batch is its choice); a streaming aggregation needs ``output_mode="update"``; an input contract
+(``onceflow.expect``) and its ``rejects=`` table are judged on text files and Kafka records
+(:mod:`onceflow.verify.contract_oracle`); a ``per_batch`` that reads the clock or random numbers
+is judged only with ``stable=`` tables (and then only its deterministic columns can match).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.tables import Table
 from onceflow.verify import kafka_rig, pipeline_kafka, spark_log
+from onceflow.verify.contract_oracle import ContractOracle
 
 KafkaBatch = Callable[[dict[str, Any], bool], pa.Table]
 """A Kafka batch's records as a table, given the reader's options and whether the source is
@@ -80,8 +82,8 @@ class Deduplication:
         keys = list(zip(*(rows.column(c).to_pylist() for c in self.ids), strict=True))
         keep = []
         for i, (key, ts) in enumerate(zip(keys, times, strict=True)):
-            if ts is None or any(k is None or k == "" for k in key):
-                keep.append(False)  # a bad record: never one id (rejects are not judged)
+            if ts is None or any(k is None or str(k).strip(" ") == "" for k in key):  # null or blank id
+                keep.append(False)  # a bad record: never one id (a contract sends it to rejects)
             elif late_wm_ms > 0 and ts <= late_wm_ms * 1000:  # 0: no watermark yet, nothing late
                 keep.append(False)
                 self.late.append({**rows.slice(i, 1).to_pylist()[0], "batch_id": batch_id})
@@ -108,6 +110,12 @@ class Captured:
     outputs: dict[str, pa.Table]
     late: str | None
     output_mode: str
+    rejects: str | None = None
+    """The ``rejects=`` table (its expected rows: :mod:`onceflow.verify.contract_oracle`)."""
+
+
+REJECTS_SPEC = Table(key=["record"])
+"""The rejects table as the docs define it: one row per bad record, keyed by its coordinates."""
 
 
 class _BatchReader:
@@ -206,6 +214,8 @@ class PipelineOracle:
         self.spark, self.spec, self.checkpoint, self.kafka = spark, pipeline, checkpoint, kafka
         self.pipeline: Callable[..., Any] = lambda *a: None
         self.dedup = Deduplication()
+        self.contract = ContractOracle(spark)
+        self._files: list[Path] = []
         self.captured: list[tuple[int, Captured]] = []
         self.output_mode = "append"
         self._batch_id = -1
@@ -219,6 +229,7 @@ class PipelineOracle:
         missing = [c for c in [*ids, event_time] if c not in df.columns]
         if missing or within is None:
             raise ConfigError(f"deduplicate: no column(s) {missing} or no within= (the pipeline fails too)")
+        self.contract.dedup_rules(ids, event_time, self._batch_id)  # rules 4-5 of an input contract
         d = self.dedup
         d.ids, d.event_time, d.within_us = ids, event_time, int(parse_duration(within) * 1_000_000)
         kept = d.apply(df.toArrow(), self._batch_id, self._late_wm_ms)
@@ -226,13 +237,20 @@ class PipelineOracle:
             kept = pa.concat_tables(d.kept)
         return self.spark.createDataFrame(kept, schema=df.schema)
 
+    def expect(self, df: Any, *, json: str | None = None, schema: Any = None,
+               required: str | Sequence[str] = (), checks: Mapping[str, Any] | None = None,
+               keep: str | Sequence[str] = (), **unknown: Any) -> Any:
+        """The oracle's ``onceflow.expect`` on the static batch (:mod:`onceflow.verify.contract_oracle`)."""
+        return self.contract.expect(df, self._files, self._batch_id, json, schema,
+                                    (required,) if isinstance(required, str) else tuple(required),
+                                    dict(checks or {}), (keep,) if isinstance(keep, str) else tuple(keep))
+
     def write_stream(self, df: Any, sink: Any = None, checkpoint: Any = None,
                      tables: Mapping[str, Table] | None = None, per_batch: Callable[..., Any] | None = None,
                      **kw: Any) -> Captured:
         """Step 4: ``per_batch`` on the static batch; its outputs and the specs."""
-        if kw.get("rejects") is not None:
-            raise ConfigError("verify --pipeline does not judge rejects= yet: run the pipeline without it")
         specs = dict(tables or {})
+        rejects = kw.get("rejects")
         late = kw.get("late")
         mode = kw.get("output_mode", "append")
         if mode == "append" and "Aggregate" in df._jdf.queryExecution().analyzed().toString():
@@ -245,11 +263,14 @@ class PipelineOracle:
             got = per_batch(df, self._batch_id) if _takes_batch_id(per_batch) else per_batch(df)
             outs = dict(got) if isinstance(got, Mapping) else {next(n for n in specs if n != late): got}
         arrow = {n: f if isinstance(f, pa.Table) else f.toArrow() for n, f in outs.items()}
-        return Captured(specs, arrow, late, mode)
+        taken = self.contract.take()
+        if rejects is not None:
+            specs[rejects], arrow[rejects] = REJECTS_SPEC, taken
+        return Captured(specs, arrow, late, mode, rejects)
 
     def _call(self, batch_id: int, files: list[Path],
               kafka: KafkaBatch | None = None) -> Captured:
-        self._batch_id = batch_id
+        self._batch_id, self._files = batch_id, list(files)
         where = f"{self.kafka[0]}/{self.kafka[1]}" if self.kafka else ""
         built = self.pipeline(BatchSession(self.spark, files, kafka), where, None, "", True)
         if not isinstance(built, Captured):
@@ -342,11 +363,12 @@ def replaced(modules: Sequence[Any], **functions: Callable[..., Any]) -> Iterato
 
 @contextlib.contextmanager
 def installed(oracle: PipelineOracle) -> Iterator[None]:
-    """The oracle's ``deduplicate`` and ``write_stream`` in place of onceflow's while inside."""
+    """The oracle's ``deduplicate``, ``expect`` and ``write_stream`` in place of onceflow's while inside."""
     import onceflow
-    from onceflow import api
+    from onceflow import api, contract
 
-    with replaced((onceflow, api), deduplicate=oracle.deduplicate, write_stream=oracle.write_stream):
+    with replaced((onceflow, api), deduplicate=oracle.deduplicate, write_stream=oracle.write_stream), \
+            replaced((onceflow, contract), expect=oracle.expect):
         yield
 
 

@@ -58,6 +58,13 @@ def build_uuid(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -
                                  per_batch=with_receipts, once=once, trigger="300 milliseconds")
 
 
+def build_append_aggregate(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
+    """A streaming aggregation in append mode: what the oracle cannot judge (windows close later)."""
+    hourly = _orders(spark, input).groupBy(F.window("ts", "1 hour")).agg(F.count(F.lit(1)).alias("orders"))
+    return write_stream(hourly, sink, checkpoint, tables={"hourly": Table(key="hour")}, once=once,
+                        per_batch=lambda df: df.select(F.col("window.start").alias("hour"), "orders"))
+
+
 def build_rejects(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
     """The same orders read as text and parsed by an input contract; bad lines to ``rejected_orders``."""
     raw = spark.readStream.option("maxFilesPerTrigger", 2).text(input)
