@@ -135,6 +135,26 @@ def test_a_kafka_pipeline_under_crashes(orders_sample: Path, tmp_path: Path) -> 
     assert rc == 1 and rep["verdict"]["tables"]["customers"]["duplicated_events"] > 0, out
 
 
+def test_an_input_contract_on_kafka_records_and_its_rejects_are_judged(tmp_path: Path) -> None:
+    """read_kafka + expect(json="value") + deduplicate + rejects= (the guide's shape), verify producing."""
+    sample_dir = tmp_path / "sample"
+    sample.write(sample_dir, files=3, per_file=500, seed=8)
+    bad = sample.add_bad_lines(sample_dir, seed=8)
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(f.read_text() for f in sorted(sample_dir.iterdir())))
+    rc, out, rep = _verify(tmp_path / "report", "--pipeline", f"{KAFKA}:build_rejects", "--source", "kafka",
+                           "--input", str(records), "--rounds", "2", "--seed", "4",
+                           "--faults", "crash_after_sink_commit,kill_random")
+    assert rc == 0, out
+    rejected = rep["verdict"]["tables"]["rejected_orders"]
+    assert rejected["expected_rows"] == rejected["actual_rows"] == len(bad), rejected
+    with sqlite3.connect(tmp_path / "report" / "work" / "sink.db") as conn:
+        rules = sorted(r for (r,) in conn.execute("SELECT rule FROM rejected_orders"))
+        coords = [r for (r,) in conn.execute("SELECT record FROM rejected_orders")]
+    assert rules == sorted(r for _, _, r, _ in bad)
+    assert all(c.startswith("verify-events/") for c in coords), coords  # topic/partition/offset
+
+
 @pytest.mark.long  # ~50 s; make test runs format("kafka") in test_pipeline_kafka_sink.py
 def test_a_pipeline_reading_kafka_with_spark_s_reader_into_kafka(orders_sample: Path, tmp_path: Path) -> None:
     """``format("kafka")`` in the user's code (Spark's connector, its columns) and ``--sink kafka``."""

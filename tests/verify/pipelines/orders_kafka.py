@@ -45,3 +45,15 @@ def build_spark_reader(spark: Any, input: str, sink: Any, checkpoint: str, once:
                         within="20 minutes")
     return write_stream(clean, sink, checkpoint, tables=TABLES, per_batch=per_batch, once=once,
                         trigger="300 milliseconds")
+
+
+def build_rejects(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
+    """The Kafka guide's shape: an input contract on the records' JSON, bad records to ``rejected_orders``."""
+    bootstrap, topic = input.rsplit("/", 1)
+    raw = onceflow.read_kafka(spark, bootstrap, subscribe=topic, id_field="order_id",
+                              max_offsets_per_trigger=500)
+    parsed = onceflow.expect(raw, json="value", schema=SCHEMA, keep=["record_id"], required=["customer"],
+                             checks={"cents_not_negative": "cents >= 0"})
+    clean = deduplicate(parsed, id="record_id", event_time="ts", within="20 minutes")
+    return write_stream(clean, sink, checkpoint, tables=TABLES, per_batch=per_batch, once=once,
+                        trigger="300 milliseconds", rejects="rejected_orders")
