@@ -164,6 +164,46 @@ class PostgresTablesSink:
         conn.execute(insert)
         return int(rows.num_rows)
 
+    def _overflow(self, conn: Any, name: str, spec: Table, rows: pa.Table) -> str | None:
+        """Which key's integer ``add`` column left 64 bits (after the server refused the merge), or None.
+
+        Runs in the batch's transaction after the failed savepoint (the caller then refuses the
+        batch, so the transaction rolls back): the batch's keys and ``add`` values go into a
+        temporary table, joined with the stored rows.
+        """
+        from psycopg import sql
+
+        names = rows.column_names
+        cols = [c for c in spec.add if c in names and pa.types.is_integer(rows.schema.field(c).type)]
+        if not cols or not spec.key:
+            return None
+        names = [*spec.key, *cols]
+        tmp = sql.Identifier(pg.derived_name(name, prefix="onceflow_chk_"))
+        target = sql.Identifier(name)
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
+                             .format(tmp, sql.SQL(", ").join(map(sql.Identifier, names)), target))
+                pg.copy_arrow(conn, tmp, names, rows.select(names))
+                on = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k))
+                                           for k in spec.key)
+                keys = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(k)) for k in spec.key)
+                for c in cols:
+                    col = sql.Identifier(c)
+                    found = conn.execute(sql.SQL(
+                        "SELECT {keys}, t.{c}, s.{c} FROM {target} t JOIN {tmp} s ON {on} WHERE "
+                        "t.{c}::numeric + s.{c}::numeric NOT BETWEEN -9223372036854775808 AND "
+                        "9223372036854775807 LIMIT 1").format(keys=keys, c=col, target=target, tmp=tmp,
+                                                            on=on)).fetchone()
+                    if found:
+                        key = dict(zip(spec.key, found[:len(spec.key)], strict=True))
+                        old, new = found[-2], found[-1]
+                        return (f": add column {c!r} of the row with key {key} would become {old} + {new} = "
+                                f"{old + new}, outside PostgreSQL's bigint")
+        except Exception:  # noqa: BLE001 - the diagnosis is a courtesy; the refusal stands without it
+            return None
+        return None
+
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
         """Write batch ``batch_id`` to every table unless it was already committed.
@@ -194,9 +234,11 @@ class PostgresTablesSink:
                         with conn.transaction():  # a savepoint: the error names the table
                             written[name] = self._write(conn, name, spec, rows)
                     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+                        which = self._overflow(conn, name, spec, rows) \
+                            if isinstance(exc, psycopg.errors.NumericValueOutOfRange) else None
                         raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the "
-                                                 f"table ({str(exc).strip()}); nothing of the batch was "
-                                                 "written") from None
+                                                 f"table ({str(exc).strip()}){which or ''}; nothing of the "
+                                                 "batch was written") from None
                 row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
                 conn.execute(_MARKER, row)  # 4
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)

@@ -1,0 +1,38 @@
+"""PostgreSQL refuses what its columns cannot hold; the driver-side sink names the key and the value."""
+
+from __future__ import annotations
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from onceflow.errors import BatchRejectedError
+from onceflow.sinks.base import BatchStats
+from onceflow.sinks.postgres.sink import PostgresTablesSink
+from onceflow.tables import Table
+
+STATS = BatchStats(2, 0, 0)
+I64_MAX = 2**63 - 1
+
+
+def test_a_nul_in_text_and_a_sum_past_bigint_are_refused_naming_the_key(pg_dsn: str) -> None:
+    sink = PostgresTablesSink(pg_dsn, sink_id="values")
+    sink.bind("q1")
+    with pytest.raises(BatchRejectedError, match=r"table 'notes': column 'text' of the row with key "
+                                                 r"\{'id': 2\} holds 'a\\x00b', with a NUL character"):
+        sink.commit_tables(0, {"notes": pa.table({"id": [1, 2], "text": ["fine", "a\x00b"]})},
+                           {"notes": Table(key="id")}, STATS, 2)
+    spec = {"sums": Table(key=["account", "day"], add="n")}
+    first = pa.table({"account": ["a", "b"], "day": [1, 1], "n": pa.array([I64_MAX - 1, 7], pa.int64())})
+    assert sink.commit_tables(0, {"sums": first}, spec, STATS, 2)
+    over = pa.table({"account": ["b", "a"], "day": [1, 1], "n": pa.array([1, 2], pa.int64())})
+    with pytest.raises(BatchRejectedError, match=r"bigint out of range\): add column 'n' of the row with key "
+                                                 r"\{'account': 'a', 'day': 1\} would become "
+                                                 rf"{I64_MAX - 1} \+ 2 = {I64_MAX + 1}, outside"):
+        sink.commit_tables(1, {"sums": over}, spec, STATS, 2)
+    assert [m["batch_id"] for m in sink.batches()] == [0]
+    sink.close()
+    with psycopg.connect(pg_dsn) as conn:
+        stored = conn.execute("SELECT account, n FROM sums ORDER BY 1").fetchall()
+        assert stored == [("a", I64_MAX - 1), ("b", 7)]
+        assert conn.execute("SELECT to_regclass('notes')").fetchone() == (None,)
