@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import psycopg
 import pyarrow as pa
 import pytest
@@ -36,3 +38,20 @@ def test_a_nul_in_text_and_a_sum_past_bigint_are_refused_naming_the_key(pg_dsn: 
         stored = conn.execute("SELECT account, n FROM sums ORDER BY 1").fetchall()
         assert stored == [("a", I64_MAX - 1), ("b", 7)]
         assert conn.execute("SELECT to_regclass('notes')").fetchone() == (None,)
+
+
+@pytest.mark.parametrize("protocol", ["staged", "2pc"])
+def test_the_executor_side_sink_names_the_row_with_a_nul(spark: Any, pg_dsn: str, protocol: str) -> None:
+    from onceflow.sinks.postgres.sink import PostgresFramesSink
+
+    sink = PostgresFramesSink(pg_dsn, sink_id="frames", protocol=protocol)
+    sink.bind("q1")
+    frame = spark.createDataFrame([("a", "fine"), ("b", "x\u0000y"), ("c", "ok")], "k STRING, t STRING")
+    with pytest.raises(BatchRejectedError, match=r"table 'notes': column 't' of the row with key "
+                                                 r"\{'k': 'b'\} holds 'x\\x00y', with a NUL character"):
+        sink.commit_frames(0, {"notes": frame}, {"notes": Table(key="k")}, STATS, 3)
+    assert sink.batches() == []
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM notes").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
+                            ).fetchone() == (0,)

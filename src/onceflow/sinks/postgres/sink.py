@@ -90,6 +90,26 @@ def check_text(name: str, spec: Table, rows: pa.Table) -> None:
                 "the query (F.regexp_replace(col, '\\x00', '')) or write the column as binary", row=row)
 
 
+def _refuse_nul(name: str, spec: Table, frame: Any) -> None:
+    """After a task's COPY refused a NUL (0x00): the first row with one, as :func:`check_text` names it.
+
+    Raises:
+        BatchRejectedError: When such a row is found (else the caller raises the task's error).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    texts = [f.name for f in frame.schema.fields if isinstance(f.dataType, T.StringType)]
+    if not texts:
+        return
+    hit = F.lit(False)
+    for c in texts:
+        hit = hit | F.coalesce(F.col(f"`{c}`").contains("\u0000"), F.lit(False))
+    found = frame.where(hit).limit(1).collect()
+    if found:
+        check_text(name, spec, pa.Table.from_pylist([found[0].asDict()]))
+
+
 class PostgresTablesSink:
     """Tables of any schema in PostgreSQL, written from the driver (see the module protocol).
 
@@ -381,11 +401,16 @@ class PostgresFramesSink:
         metrics = json.dumps(stats.metrics(rows_out))
         for name, frame in frames.items():
             spec = specs[name]
-            write_frame(frame, dsn=self.dsn, table=name, sink_id=f"{self.sink_id}.{name}",
-                        mode="append" if spec.mode == "append" else "upsert", key=",".join(spec.key),
-                        add=",".join(spec.add), max=",".join(spec.max), min=",".join(spec.min),
-                        protocol=self.protocol, batch_id=batch_id,
-                        query_id=self.query_id, metrics=metrics)
+            try:
+                write_frame(frame, dsn=self.dsn, table=name, sink_id=f"{self.sink_id}.{name}",
+                            mode="append" if spec.mode == "append" else "upsert", key=",".join(spec.key),
+                            add=",".join(spec.add), max=",".join(spec.max), min=",".join(spec.min),
+                            protocol=self.protocol, batch_id=batch_id,
+                            query_id=self.query_id, metrics=metrics)
+            except Exception as exc:
+                if "0x00" in str(exc):  # a task's COPY met a NUL: named here, on the error path only
+                    _refuse_nul(name, spec, frame)
+                raise
         self._summarize(batch_id, list(frames), stats, rows_out)
         return not replay
 
