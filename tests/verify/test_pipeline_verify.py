@@ -198,6 +198,12 @@ def test_a_pipeline_the_oracle_cannot_rerun_is_refused_before_any_round(tmp_path
     assert "output_mode='update'" in out, out
     assert not (tmp_path / "work" / "checkpoint").exists() and rep == {}
     assert time.monotonic() - started < 120  # a session start and one static batch, not three rounds
+    records = tmp_path / "records.jsonl"  # the same with --source kafka: the sample as one batch
+    records.write_text("".join(f.read_text() for f in sorted(orders_sample.iterdir())))
+    rc, out, rep = _verify(tmp_path / "kafka", "--pipeline", f"{KAFKA}:build_append_aggregate", "--source",
+                           "kafka", "--input", str(records), "--rounds", "3")
+    assert rc == 2 and "the oracle cannot rerun" in out and "output_mode='update'" in out, out
+    assert rep == {}
 
 
 def test_an_input_contract_and_its_rejects_table_are_judged(tmp_path: Path) -> None:

@@ -309,10 +309,10 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
         src = SampleInput(cfg.workdir / "input", cfg.pipeline)
     else:
         src = LogInput(cfg.workdir / "log")
-    if cfg.pipeline and cfg.source != "kafka" and cfg.input_dir is not None and not resume:
-        _dry_run(cfg)
     cluster = None
     try:
+        if cfg.pipeline and cfg.input_dir is not None and not resume:
+            _dry_run(cfg, src)
         if cfg.cluster == "standalone":
             cluster = StandaloneCluster(cfg.workdir / "cluster").start()
             say(f"cluster: standalone master {cluster.master_url}, {len(cluster.workers)} workers")
@@ -325,8 +325,11 @@ def run_verify(cfg: VerifyConfig, say: Callable[[str], None] = print, resume: bo
             cluster.stop()
 
 
-def _dry_run(cfg: VerifyConfig) -> None:
+def _dry_run(cfg: VerifyConfig, src: Any) -> None:
     """The oracle reruns the user's pipeline on the whole sample once, before any round.
+
+    With ``--source kafka`` the sample's records are one batch of the topic's first partition
+    (the broker of ``src`` is up; nothing is produced yet).
 
     Raises:
         ConfigError: The oracle cannot rerun it
@@ -335,10 +338,17 @@ def _dry_run(cfg: VerifyConfig) -> None:
     from onceflow.verify.pipeline_oracle import PipelineOracle, oracle_session
 
     assert cfg.input_dir is not None and cfg.pipeline is not None
-    files = sorted(p for p in Path(cfg.input_dir).rglob("*")
-                   if p.is_file() and not p.name.startswith((".", "_")))
+    kafka, batch = None, None
+    files: list[Path] = []
+    if cfg.source == "kafka":
+        kafka = (src.broker.bootstrap, TOPIC)
+        batch = functools.partial(pipeline_kafka.batch_table, pipeline_kafka.dry_records(Path(cfg.input_dir)),
+                                  TOPIC)
+    else:
+        files = sorted(p for p in Path(cfg.input_dir).rglob("*")
+                       if p.is_file() and not p.name.startswith((".", "_")))
     with oracle_session() as spark:
-        PipelineOracle(spark, str(cfg.pipeline), cfg.workdir / "dry-run").dry_run(files)
+        PipelineOracle(spark, str(cfg.pipeline), cfg.workdir / "dry-run", kafka).dry_run(files, batch)
 
 
 def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: Any,

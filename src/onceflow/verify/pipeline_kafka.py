@@ -59,6 +59,24 @@ def _record(line: str) -> Record:
     return {"key": None, "headers": {}, "value": line}
 
 
+def dry_records(records: Path) -> list[Record]:
+    """Every record of the input as one batch of partition 0 would hold it (the dry run's batch).
+
+    Raises:
+        ConfigError: No such file or directory, or no records in it.
+    """
+    out = []
+    every = (r for round_ in pieces(records, 1, 1) for piece in round_ for r in piece)
+    for i, r in enumerate(every):
+        def raw(v: Any) -> bytes | None:
+            return v.encode() if isinstance(v, str) else v
+
+        out.append({"partition": 0, "offset": i, "key": raw(r["key"]), "value": raw(r["value"]),
+                    "timestamp_ms": 0, "timestamp_type": 0,
+                    "headers": [(k, raw(v)) for k, v in dict(r["headers"]).items()]})
+    return out
+
+
 def pieces(records: Path, rounds: int, per_round: int = 3) -> list[list[list[Record]]]:
     """The records cut into ``rounds`` lists of about ``per_round`` pieces each, in file order.
 

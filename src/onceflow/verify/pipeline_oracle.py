@@ -27,8 +27,8 @@ the records Spark's offset log gives each batch, with the columns of the source 
 reads — Spark's connector, ``format("kafka")``, or onceflow's ``onceflow_kafka``).
 
 Before the rounds, :meth:`PipelineOracle.dry_run` reruns the pipeline once on the whole sample
-(files) as one static batch: a pipeline the oracle cannot rerun is refused in seconds, not after
-every round ran.
+(files, or the Kafka records as one batch) as one static batch: a pipeline the oracle cannot
+rerun is refused in seconds, not after every round ran.
 
 Limits (documented in docs/verify.md): one source, files in the ``input`` directory or a Kafka
 topic; rows with the same id are resends (same content: which copy Spark keeps within one
@@ -277,7 +277,7 @@ class PipelineOracle:
             raise ConfigError("the pipeline function did not return what onceflow.write_stream returned")
         return built
 
-    def dry_run(self, files: Sequence[Path]) -> None:
+    def dry_run(self, files: Sequence[Path], kafka: KafkaBatch | None = None) -> None:
         """Before any round: the pipeline reruns on the whole sample as one static batch, or is refused.
 
         What the oracle cannot rerun (a ``rejects=`` table, a source it cannot read, a transform
@@ -290,7 +290,7 @@ class PipelineOracle:
         try:
             with installed(self):
                 self.pipeline = pipelines.load(self.spec, fresh=True)
-                self._call(0, list(files))
+                self._call(0, list(files), kafka)
         except Exception as exc:  # noqa: BLE001 - anything the rerun meets stops the run before its rounds
             why = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             first = (why.splitlines() or [""])[0][:600]

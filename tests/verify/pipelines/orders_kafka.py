@@ -57,3 +57,10 @@ def build_rejects(spark: Any, input: str, sink: Any, checkpoint: str, once: bool
     clean = deduplicate(parsed, id="record_id", event_time="ts", within="20 minutes")
     return write_stream(clean, sink, checkpoint, tables=TABLES, per_batch=per_batch, once=once,
                         trigger="300 milliseconds", rejects="rejected_orders")
+
+
+def build_append_aggregate(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
+    """A streaming aggregation in append mode: what the oracle cannot judge (its dry run says so)."""
+    hourly = _orders(spark, input).groupBy(F.window("ts", "1 hour")).agg(F.count(F.lit(1)).alias("orders"))
+    return write_stream(hourly, sink, checkpoint, tables={"hourly": TABLES["hourly"]}, once=once,
+                        per_batch=lambda df: df.select(F.col("window.start").alias("hour"), "orders"))
