@@ -55,3 +55,24 @@ def test_the_executor_side_sink_names_the_row_with_a_nul(spark: Any, pg_dsn: str
         assert conn.execute("SELECT count(*) FROM notes").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
                             ).fetchone() == (0,)
+
+
+@pytest.mark.parametrize("protocol", ["staged", "2pc"])
+def test_the_executor_side_sink_names_the_key_of_a_sum_past_bigint(spark: Any, pg_dsn: str,
+                                                                   protocol: str) -> None:
+    from onceflow.sinks.postgres.sink import PostgresFramesSink
+
+    sink = PostgresFramesSink(pg_dsn, sink_id="frames", protocol=protocol)
+    sink.bind("q1")
+    spec = {"sums": Table(key="account", add="n")}
+    schema = "account STRING, n LONG"
+    first = spark.createDataFrame([("a", I64_MAX - 1), ("b", 7)], schema)
+    assert sink.commit_frames(0, {"sums": first}, spec, STATS, 2)
+    over = spark.createDataFrame([("b", 1), ("a", 2), ("c", 5)], schema)
+    with pytest.raises(BatchRejectedError, match=r"table 'sums': add column 'n' of the row with key "
+                                                 rf"\{{'account': 'a'\}} would become {I64_MAX - 1} \+ 2"):
+        sink.commit_frames(1, {"sums": over}, spec, STATS, 3)
+    assert [m["batch_id"] for m in sink.batches()] == [0]
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT account, n FROM sums ORDER BY 1").fetchall() == [("a", I64_MAX - 1),
+                                                                                    ("b", 7)]

@@ -110,6 +110,45 @@ def _refuse_nul(name: str, spec: Table, frame: Any) -> None:
         check_text(name, spec, pa.Table.from_pylist([found[0].asDict()]))
 
 
+def _refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
+    """After the server refused a merge (bigint out of range): the first key whose ``add`` sum overflows.
+
+    Only the batch's rows that could overflow against the table's largest (smallest) stored
+    value are read to the driver (at most 1,000 per column), each then compared with its stored
+    row.
+
+    Raises:
+        BatchRejectedError: Naming the table, the column, the key, the stored and the batch's value.
+    """
+    from psycopg import sql
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    ints = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
+    cols = [c for c in spec.add if c in frame.columns and isinstance(frame.schema[c].dataType, ints)]
+    if not cols or not spec.key:
+        return
+    low, high = -(2**63), 2**63 - 1
+    match = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in spec.key)
+    with pg.session(dsn) as conn:
+        for c in cols:
+            lo, hi = conn.execute(sql.SQL("SELECT min({0}), max({0}) FROM {1}").format(
+                sql.Identifier(c), sql.Identifier(name))).fetchone()
+            if lo is None:
+                continue
+            col = F.col(f"`{c}`")
+            near = frame.where((col > high - max(int(hi), 0)) | (col < low - min(int(lo), 0)))
+            for r in near.select(*[F.col(f"`{k}`") for k in spec.key], col).limit(1000).collect():
+                key = {k: r[k] for k in spec.key}
+                found = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {}").format(
+                    sql.Identifier(c), sql.Identifier(name), match), list(key.values())).fetchone()
+                if found and found[0] is not None and r[c] is not None and not low <= found[0] + r[c] <= high:
+                    raise BatchRejectedError(
+                        f"table {name!r}: add column {c!r} of the row with key {key} would become "
+                        f"{found[0]} + {r[c]} = {found[0] + r[c]}, outside PostgreSQL's bigint; nothing of "
+                        "the batch was written", row=r.asDict())
+
+
 class PostgresTablesSink:
     """Tables of any schema in PostgreSQL, written from the driver (see the module protocol).
 
@@ -308,7 +347,9 @@ class PostgresFramesSink:
     Once every table committed, the batch's own row is added under ``sink_id`` (with the
     rows each table's marker recorded): the same history as every other sink's.
     Before anything is written the batch is checked with Spark (null keys, a key twice):
-    :class:`onceflow.errors.BatchRejectedError` with the first bad row.
+    :class:`onceflow.errors.BatchRejectedError` with the first bad row. A value the server then
+    refuses (a NUL in text, an ``add`` sum past bigint) fails the batch before its commit; the
+    error is replaced by one naming the row's key and value, found on that error path only.
 
     Args:
         dsn: Connection string (else ``$ONCEFLOW_PG_DSN``).
@@ -410,6 +451,8 @@ class PostgresFramesSink:
             except Exception as exc:
                 if "0x00" in str(exc):  # a task's COPY met a NUL: named here, on the error path only
                     _refuse_nul(name, spec, frame)
+                if "out of range" in str(exc):  # a merge left bigint: which key
+                    _refuse_overflow(self.dsn, name, spec, frame)
                 raise
         self._summarize(batch_id, list(frames), stats, rows_out)
         return not replay
