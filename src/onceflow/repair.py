@@ -57,8 +57,6 @@ def repair_command(checkpoint: Path, sink: Any) -> str:
     return f"onceflow repair --checkpoint {checkpoint} {_sink_args(sink)}"
 
 
-_command = repair_command
-
 
 def _span(first: int, last: int) -> str:
     return f"batch {first}" if first == last else f"batches {first}-{last}"
@@ -90,14 +88,14 @@ def check_start(sink: Any, checkpoint: Path, batch_id: int) -> None:
             f"sink's last batch is {last if last is not None else 'none'}): the database was restored from "
             "a backup older than the checkpoint (or the checkpoint belongs to another sink). Their rows are "
             "not in the tables and Spark will not run them again; nothing was written now. Run "
-            f"`{_command(checkpoint, sink)}`: it rewinds the checkpoint to the sink's last batch, and "
+            f"`{repair_command(checkpoint, sink)}`: it rewinds the checkpoint to the sink's last batch, and "
             "the next start writes the missing batches once.")
     if last is not None and last > batch_id and last > _restoring_until(checkpoint):
         raise OutOfStepError(
             f"the sink has {_span(batch_id + 1, last)}, which Spark's checkpoint {checkpoint} has not "
             f"planned (it runs batch {batch_id} now): the checkpoint was restored from an older copy. "
             "Spark would plan those batch ids over other input; nothing was written now. Run "
-            f"`{_command(checkpoint, sink)}`: it restores the checkpoint's plan of those batches from "
+            f"`{repair_command(checkpoint, sink)}`: it restores the checkpoint's plan of those batches from "
             "the sink's markers.")
 
 
@@ -121,7 +119,7 @@ def check_replay(sink: Any, checkpoint: Path, now: InputRange | None) -> None:
         f"batch {now.batch_id} is in the sink over another input than Spark's checkpoint {checkpoint} plans "
         f"for it now — committed: {kept.describe()}; planned now: {now.describe()}. The checkpoint was "
         "restored from an older copy (or edited), and skipping the batch as a replay would lose the input it "
-        f"did not have. Nothing of this attempt was written. Run `{_command(checkpoint, sink)}`: it "
+        f"did not have. Nothing of this attempt was written. Run `{repair_command(checkpoint, sink)}`: it "
         "restores the checkpoint's plan of the sink's batches from their markers, and the next start reads "
         "the rest as new batches.")
 

@@ -148,13 +148,21 @@ def check_specs(tables: Mapping[str, Table], topics: bool = False) -> dict[str, 
     return out
 
 
-def _first(mask: pa.ChunkedArray | pa.Array) -> int | None:
+def first_true(mask: pa.ChunkedArray | pa.Array) -> int | None:
+    """The index of the first true value of ``mask`` (nulls count as false), or None."""
     idx = pc.indices_nonzero(mask.fill_null(False))
     return int(idx[0].as_py()) if len(idx) else None
 
 
 def _row(table: pa.Table, i: int) -> dict[str, Any]:
     return table.slice(i, 1).to_pylist()[0]  # type: ignore[no-any-return]
+
+
+def row_name(rows: pa.Table, spec: Table, i: int) -> str:
+    """Row ``i`` of a batch in words: by its key (or its position when the table has none)."""
+    if spec.key:
+        return f"the row with key { {k: rows.column(k)[i].as_py() for k in spec.key} }"
+    return f"row {i} of the batch"
 
 
 def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
@@ -174,7 +182,7 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
         raise BatchRejectedError(f"table {name!r}: the batch has no column(s) {missing} (its columns: "
                                  f"{rows.column_names})")
     for col in spec.key:
-        bad = _first(rows.column(col).is_null())
+        bad = first_true(rows.column(col).is_null())
         if bad is not None:
             raise BatchRejectedError(f"table {name!r}: key column {col!r} is null in row {bad} of batch "
                                      f"({_row(rows, bad)}); nothing of the batch was written — fix the input "
@@ -186,7 +194,7 @@ def check_batch(name: str, spec: Table, rows: pa.Table) -> None:
     for col in spec.key:
         values = rows.column(col)
         if pa.types.is_floating(values.type):
-            bad = _first(pc.is_nan(values))
+            bad = first_true(pc.is_nan(values))
             if bad is not None:
                 raise BatchRejectedError(f"table {name!r}: key column {col!r} is NaN in row {bad} of batch "
                                          f"({_row(rows, bad)}); a NaN key matches no stored key in most "
@@ -221,7 +229,7 @@ def check_json(what: str, spec: Table, rows: pa.Table, columns: Sequence[str]) -
         typ = values.type
         bad, why = None, ""
         if pa.types.is_floating(typ):
-            bad = _first(pc.invert(pc.is_finite(values)))
+            bad = first_true(pc.invert(pc.is_finite(values)))
             why = "JSON has no NaN or infinity (cast the column to string, or make it null, in the query)"
         elif pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
             for i, v in enumerate(values.to_pylist()):
@@ -230,9 +238,7 @@ def check_json(what: str, spec: Table, rows: pa.Table, columns: Sequence[str]) -
                     break
             why = "these bytes are not UTF-8 and a JSON string holds text (base64-encode the column)"
         if bad is not None:
-            row = _row(rows, bad)
-            key = {k: row[k] for k in spec.key}
-            where = f"the row with key {key}" if spec.key else f"row {bad} of the batch"
+            row, where = _row(rows, bad), row_name(rows, spec, bad)
             raise BatchRejectedError(f"{what}: column {col!r} of {where} holds {row[col]!r}, which JSON "
                                      f"cannot hold as given: {why}; nothing of the batch was written",
                                      row=row)
@@ -258,7 +264,7 @@ def repeated_key(keys: pa.Table) -> tuple[dict[str, Any], int] | None:
         if pa.types.is_floating(col.type):
             plain = plain.set_column(i, f"k{i}", pc.add(col, pa.scalar(0.0, col.type)))
     counts = plain.group_by(plain.column_names).aggregate([([], "count_all")])
-    at = _first(pc.greater(counts.column("count_all"), 1))
+    at = first_true(pc.greater(counts.column("count_all"), 1))
     if at is None:
         return None
     row = _row(counts, at)

@@ -13,14 +13,10 @@ from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
+from tests.sinks.test_sqlite import q
 
 STATS = BatchStats(2, 0, 0)
 I64_MAX = 2**63 - 1
-
-
-def q(path: Path, sql: str) -> list[tuple[object, ...]]:
-    with sqlite3.connect(path) as c:
-        return c.execute(sql).fetchall()
 
 
 def sink_at(tmp_path: Path) -> SQLiteTablesSink:

@@ -196,18 +196,19 @@ class DeltaTablesSink:
 
             owners.claim(read, write, str(self.root), self.sink_id, specs, f"--delta {self.root}")
 
+    def _commits(self, path: Path) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+        """A table's commits that carry onceflow's metadata: ``(metadata, history entry)``, newest first."""
+        for entry in self.dl.DeltaTable(str(path)).history():
+            raw = entry.get("onceflow")
+            if raw:
+                yield json.loads(raw), entry
+
     def _writers_in_history(self, name: str) -> list[str]:
         """The sink ids that committed to an existing table (its commits' ``onceflow`` metadata)."""
-        path = str(self.root / name)
-        if not self.dl.DeltaTable.is_deltatable(path):
+        path = self.root / name
+        if not self.dl.DeltaTable.is_deltatable(str(path)):
             return []
-        found = []
-        for entry in self.dl.DeltaTable(path).history():
-            raw = entry.get("onceflow")
-            sink_id = json.loads(raw).get("sink_id") if raw else None
-            if sink_id and sink_id not in found:
-                found.append(str(sink_id))
-        return found
+        return list(dict.fromkeys(str(m["sink_id"]) for m, _ in self._commits(path) if m.get("sink_id")))
 
     @contextlib.contextmanager
     def registry(self) -> Iterator[dict[str, dict[str, dict[str, Any]]]]:
@@ -261,13 +262,9 @@ class DeltaTablesSink:
         tables = sorted(p for p in self.root.iterdir() if (p / "_delta_log").is_dir()) \
             if self.root.exists() else []
         for path in tables:
-            for entry in self.dl.DeltaTable(str(path)).history():
-                raw = entry.get("onceflow")
-                if raw:
-                    meta = json.loads(raw)
-                    if meta.get("sink_id") == self.sink_id:  # + the commit's time, as other sinks' markers
-                        found.setdefault(int(meta["batch_id"]),
-                                         {**meta, "committed_ms": entry.get("timestamp")})
+            for meta, entry in self._commits(path):
+                if meta.get("sink_id") == self.sink_id:  # + the commit's time, as other sinks' markers
+                    found.setdefault(int(meta["batch_id"]), {**meta, "committed_ms": entry.get("timestamp")})
         return [found[b] for b in sorted(found)]
 
     def flush(self) -> None:

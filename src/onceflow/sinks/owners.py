@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from onceflow.errors import ConfigError
+from onceflow.sinks.sqlite.db import immediate
 from onceflow.tables import Table
 
 TABLE = "onceflow_tables"
@@ -100,23 +101,17 @@ def now_ms() -> int:
 
 def sqlite_claim(conn: Any, where: str, sink_id: str, specs: Mapping[str, Table], tool: str) -> None:
     """:func:`claim` on a SQLite database (one ``BEGIN IMMEDIATE`` transaction)."""
+    def read(table: str) -> list[tuple[str, bool]]:
+        rows = conn.execute(f"SELECT sink_id, shared FROM {TABLE} WHERE table_name = ?", (table,))
+        return [(str(s), bool(f)) for s, f in rows]
+
+    def write(table: str, shared: bool) -> None:
+        conn.execute(f"INSERT INTO {TABLE} VALUES (?,?,?,?) ON CONFLICT(table_name, sink_id) DO UPDATE "
+                     "SET shared = excluded.shared", (table, sink_id, int(shared), now_ms()))
+
     conn.execute(create_sql("INTEGER", "TEXT"))
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        def read(table: str) -> list[tuple[str, bool]]:
-            rows = conn.execute(f"SELECT sink_id, shared FROM {TABLE} WHERE table_name = ?", (table,))
-            return [(str(s), bool(f)) for s, f in rows]
-
-        def write(table: str, shared: bool) -> None:
-            conn.execute(f"INSERT INTO {TABLE} VALUES (?,?,?,?) ON CONFLICT(table_name, sink_id) DO UPDATE "
-                         "SET shared = excluded.shared", (table, sink_id, int(shared), now_ms()))
-
+    with immediate(conn):
         claim(read, write, where, sink_id, specs, tool)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
 
 
 def sqlite_owners(conn: Any) -> list[tuple[str, str, bool, int]]:
@@ -129,14 +124,8 @@ def sqlite_owners(conn: Any) -> list[tuple[str, str, bool, int]]:
 def sqlite_hand_over(conn: Any, table: str, to: str) -> list[str]:
     """:func:`hand_over` on a SQLite database; the sink ids that held the table."""
     conn.execute(create_sql("INTEGER", "TEXT"))
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
         before = [r[0] for r in conn.execute(f"SELECT sink_id FROM {TABLE} WHERE table_name = ?", (table,))]
         conn.execute(f"DELETE FROM {TABLE} WHERE table_name = ?", (table,))
         conn.execute(f"INSERT INTO {TABLE} VALUES (?,?,0,?)", (table, to, now_ms()))
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
     return before

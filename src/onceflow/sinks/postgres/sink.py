@@ -37,7 +37,7 @@ from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
-from onceflow.tables import Table, check_existing, check_outputs, repeated_key
+from onceflow.tables import Table, check_existing, check_outputs, repeated_key, row_name
 
 _MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
 
@@ -82,8 +82,7 @@ def check_text(name: str, spec: Table, rows: pa.Table) -> None:
         if len(hits):
             i = int(hits[0].as_py())
             row = rows.slice(i, 1).to_pylist()[0]
-            key = {k: row[k] for k in spec.key}
-            where = f"the row with key {key}" if spec.key else f"row {i} of the batch"
+            where = row_name(rows, spec, i)
             raise BatchRejectedError(
                 f"table {name!r}: column {col!r} of {where} holds {row[col]!r}, with a NUL character "
                 "(0x00), which PostgreSQL's text cannot hold; nothing of the batch was written. Remove it in "
@@ -204,6 +203,7 @@ class PostgresTablesSink:
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
         """Connect; check the tables that exist; claim them (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        pg.check_names(specs, schemas)
         pg.check_tables(self.conn, specs, schemas)
         pg.claim_tables(self.conn, pg.redact(self.dsn), self.sink_id, specs, "--dsn DSN")
 
@@ -232,8 +232,8 @@ class PostgresTablesSink:
         """
         from psycopg import sql
 
-        names = rows.column_names
-        cols = [c for c in spec.add if c in names and pa.types.is_integer(rows.schema.field(c).type)]
+        have = rows.column_names
+        cols = [c for c in spec.add if c in have and pa.types.is_integer(rows.schema.field(c).type)]
         if not cols or not spec.key:
             return None
         names = [*spec.key, *cols]

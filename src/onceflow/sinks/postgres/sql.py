@@ -271,10 +271,8 @@ def check_tables(conn: Any, specs: Mapping[str, Table], schemas: Mapping[str, pa
     """The start-up check of a PostgreSQL sink: every table that exists fits its spec and columns.
 
     Raises:
-        ConfigError: A name over 63 bytes (:func:`check_names`), or see
-            :func:`onceflow.tables.check_existing`.
+        ConfigError: See :func:`onceflow.tables.check_existing` (names: :func:`check_names`, before).
     """
-    check_names(specs, schemas)
     for name, spec in specs.items():
         found = existing_table(conn, name)
         if found is not None:

@@ -15,8 +15,10 @@ onceflow's own tables (the user's tables are created by the sink, see
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, StorageError
@@ -108,6 +110,22 @@ def relax_markers(conn: sqlite3.Connection) -> None:
         raise
 
 
+@contextlib.contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One ``BEGIN IMMEDIATE`` ... ``COMMIT`` transaction (exclusive against other writers).
+
+    Rolled back when the block raises (SQLite may have rolled back by itself, after a full disk).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
 def check_sink_id(sink_id: str) -> None:
     """Validate the sink id every SQLite sink takes.
 
@@ -124,8 +142,7 @@ def bind_query(conn: sqlite3.Connection, path: Path, sink_id: str, query_id: str
     Raises:
         CheckpointMismatchError: The sink id belongs to another checkpoint.
     """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
         row = conn.execute("SELECT query_id FROM onceflow_sinks WHERE sink_id = ?", (sink_id,)).fetchone()
         if row is None:
             conn.execute("INSERT INTO onceflow_sinks VALUES (?,?,?)",
@@ -138,11 +155,6 @@ def bind_query(conn: sqlite3.Connection, path: Path, sink_id: str, query_id: str
                 "double-count data. Run with the original checkpoint, or start a new "
                 "database (or a different sink id) for the new checkpoint."
             )
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:  # SQLite has rolled back by itself after a full disk
-            conn.execute("ROLLBACK")
-        raise
 
 
 def read_batches(path: str | Path, sink_id: str) -> list[dict[str, int]]:

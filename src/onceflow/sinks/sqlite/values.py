@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.tables import Table
+from onceflow.tables import Table, first_true, row_name
 
 I64_MAX = 2**63 - 1
 I64_MIN = -(2**63)
@@ -113,19 +113,6 @@ def _exists(conn: sqlite3.Connection, name: str) -> bool:
         is not None
 
 
-def _where(rows: pa.Table, spec: Table, i: int) -> str:
-    """Row ``i`` named by its key (or its position when the table has none)."""
-    if spec.key:
-        key = {k: rows.column(k)[i].as_py() for k in spec.key}
-        return f"the row with key {key}"
-    return f"row {i} of the batch"
-
-
-def _first(mask: Any) -> int | None:
-    idx = pc.indices_nonzero(mask.fill_null(False))
-    return int(idx[0].as_py()) if len(idx) else None
-
-
 def check_values(name: str, spec: Table, rows: pa.Table) -> None:
     """Refuse values SQLite would not store as given (step 1).
 
@@ -142,22 +129,23 @@ def check_values(name: str, spec: Table, rows: pa.Table) -> None:
         bad, why = None, ""
         if typ == pa.uint64():
             too_big = pc.greater(values, pa.scalar(I64_MAX, pa.uint64()))
-            bad, why = _first(too_big), "is above SQLite's largest integer 2**63-1"
+            bad, why = first_true(too_big), "is above SQLite's largest integer 2**63-1"
         elif pa.types.is_floating(typ):
-            bad, why = _first(pc.is_nan(values)), "is NaN, which SQLite stores as NULL"
+            bad, why = first_true(pc.is_nan(values)), "is NaN, which SQLite stores as NULL"
             if bad is None:
                 inverse = pc.divide(1.0, values.cast(pa.float64()))  # -inf only for -0.0
                 negative_zero = pc.and_(pc.equal(values, 0.0), pc.less(inverse, 0))
-                bad, why = _first(negative_zero), ("is -0.0, which SQLite stores as 0.0 (F.col(c) + 0.0 "
+                bad, why = first_true(negative_zero), ("is -0.0, which SQLite stores as 0.0 (F.col(c) + 0.0 "
                                                     "turns -0.0 into 0.0 in the query)")
         elif pa.types.is_decimal(typ):
             back = as_double(values).cast(typ, safe=False)
-            bad, why = _first(pc.not_equal(values, back)), (
+            bad, why = first_true(pc.not_equal(values, back)), (
                 "has more digits than a SQLite REAL (a double) holds; cast it to double in the query "
                 "to store the rounded value, or to string to keep every digit")
         if bad is not None:
+            where = row_name(rows, spec, bad)
             raise BatchRejectedError(
-                f"table {name!r}: column {col!r} of {_where(rows, spec, bad)} holds {values[bad].as_py()!r}, "
+                f"table {name!r}: column {col!r} of {where} holds {values[bad].as_py()!r}, "
                 f"which {why}{_NOTHING}", row=rows.slice(bad, 1).to_pylist()[0])
 
 
@@ -211,10 +199,6 @@ class AddBounds:
                 lo, hi = self._extent(rows, col)
                 self._bounds[(name, col)] = (low + lo, high + hi)
 
-    def forget(self) -> None:
-        """Drop every bound (read again from the tables when next needed)."""
-        self._bounds.clear()
-
     def check(self, conn: sqlite3.Connection, where: str, name: str, spec: Table, rows: pa.Table) -> None:
         """Refuse a batch whose ``add`` would take a stored integer outside 64 bits (inside its transaction).
 
@@ -222,9 +206,7 @@ class AddBounds:
             BatchRejectedError: Naming the table, the column, the key, the stored and the batch's value.
         """
         cols = self.columns(spec, rows)
-        if not cols or self.safe(conn, name, spec, rows):
-            return
-        if not _exists(conn, name):
+        if not cols or self.safe(conn, name, spec, rows):  # (a table onceflow just created: safe)
             return
         match = " AND ".join(f"{quote(k)} IS ?" for k in spec.key)
         select = f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(name)} WHERE {match}"
@@ -236,7 +218,7 @@ class AddBounds:
                 old, new = (found[j] if found else None), news[j][i]
                 if isinstance(old, int) and new is not None and not I64_MIN <= old + new <= I64_MAX:
                     raise BatchRejectedError(
-                        f"table {name!r} in {where}: add column {col!r} of {_where(rows, spec, i)} would "
+                        f"table {name!r} in {where}: add column {col!r} of {row_name(rows, spec, i)} would "
                         f"become {old} + {new} = {old + new}, outside SQLite's 64-bit integers{_NOTHING}. "
                         "Store the column as a double (cast it in the query) or split the sum",
                         row=rows.slice(i, 1).to_pylist()[0])
