@@ -53,6 +53,12 @@ def test_the_executor_side_sink_names_the_row_with_a_nul(spark: Any, pg_dsn: str
     assert sink.batches() == []
     with psycopg.connect(pg_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM notes").fetchone() == (0,)
+    # 2pc: a task that prepared after Spark's abort leaves its transaction to the batch's next attempt
+    fixed = spark.createDataFrame([("a", "fine"), ("b", "xy"), ("c", "ok")], "k STRING, t STRING")
+    assert sink.commit_frames(0, {"notes": fixed}, {"notes": Table(key="k")}, STATS, 3)
+    with psycopg.connect(pg_dsn) as conn:
+        assert conn.execute("SELECT k, t FROM notes ORDER BY k").fetchall() == [("a", "fine"), ("b", "xy"),
+                                                                               ("c", "ok")]
         assert conn.execute("SELECT count(*) FROM pg_prepared_xacts WHERE database = current_database()"
                             ).fetchone() == (0,)
 
