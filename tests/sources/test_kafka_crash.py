@@ -13,6 +13,7 @@ of this oracle with a Kafka source (the naive sink duplicates) is in
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from pathlib import Path
@@ -99,7 +100,10 @@ def test_kafka_crash_points_and_random_kills_leave_exact_counts(broker: Any, tmp
             d = _driver(tmp_path, broker.bootstrap, point, crash_at=f"{point}@{target}",
                         once=point == "apply_pending", connector=connector)
             assert d.wait(timeout=300) == -9, d.output()[-3000:]
-            assert f"crash point {point} at batch {target}" in d.output(), d.output()[-2000:]
+            # the point fires at the first batch from target on that has input (an empty batch
+            # Spark planned before the kill, e.g. a watermark's no-data batch, is committed first)
+            hit = re.search(rf"crash point {point} at batch (\d+)", d.output())
+            assert hit is not None and int(hit.group(1)) >= target, d.output()[-2000:]
     finally:
         stop.set()
         feeder.join(timeout=120)
