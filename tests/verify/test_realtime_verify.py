@@ -19,7 +19,7 @@ import pytest
 
 from onceflow.testing import explain, verify_pipeline
 from onceflow.verify.pipeline_verdict import postgres_reader
-from onceflow.verify.realtime_oracle import RealtimeOracle, expected, judge, rows_beyond
+from onceflow.verify.realtime_oracle import RealtimeOracle, expected, judge, refused_by_postgres, rows_beyond
 from tests.verify.pipelines import auths
 from tests.verify.verify_cli import run_verify as _verify
 
@@ -36,11 +36,14 @@ def _table(dsn: str, schema: str, name: str) -> dict[str, dict[str, Any]]:
 
 
 def test_kills_and_an_outage_leave_every_authorization_once(tmp_path: Path, pg_dsn: str) -> None:
+    """With ``rejects=``: the rows PostgreSQL refuses (a NUL in the currency) are judged too."""
     records = tmp_path / "auths.jsonl"
-    sent = auths.write_records(records, 900, seed=5)
-    rc, out, rep = _verify(tmp_path / "report", "--pipeline", f"{AUTHS}:build", "--input", str(records),
-                           "--source", "kafka", "--sink", "realtime", "--rounds", "3", "--seed", "2",
-                           "--keep-sink", env={"ONCEFLOW_PG_DSN": pg_dsn})
+    sent = auths.write_records(records, 900, seed=5, poison=0.03)
+    poisoned = {i for i, a in sent.items() if "\x00" in a["currency"]}
+    assert len(poisoned) > 10
+    rc, out, rep = _verify(tmp_path / "report", "--pipeline", f"{AUTHS}:build_with_rejects", "--input",
+                           str(records), "--source", "kafka", "--sink", "realtime", "--rounds", "3", "--seed",
+                           "2", "--keep-sink", env={"ONCEFLOW_PG_DSN": pg_dsn})
     assert rc == 0, out
     rounds = rep["rounds"]
     assert [r["fault"] for r in rounds] == ["kill_random", "sink_outage", "kill_random"], rounds
@@ -48,12 +51,18 @@ def test_kills_and_an_outage_leave_every_authorization_once(tmp_path: Path, pg_d
     assert all(r["rows_at_risk"] > 0 for r in rounds), rounds
     assert "terminated" in rounds[1]["outcome"], rounds[1]
     table = rep["verdict"]["tables"]["authorizations"]
-    assert table["expected_rows"] == table["actual_rows"] == len(sent), table
+    assert table["expected_rows"] == table["actual_rows"] == len(sent) - len(poisoned), table
+    rejected = rep["verdict"]["tables"]["auth_rejects"]
+    assert rejected["expected_rows"] == rejected["actual_rows"] == len(poisoned), rejected
     schema = rep["config"]["sink_location"].rsplit(" schema ", 1)[1]
     got = _table(pg_dsn, schema, "authorizations")
-    assert set(got) == set(sent)
-    for auth_id, a in sent.items():  # the transform by hand
-        row = got[auth_id]
+    assert set(got) == set(sent) - poisoned
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        rows = conn.execute(f'SELECT record FROM "{schema}".auth_rejects')
+        refused = {json.loads(r)["auth_id"] for r, in rows}
+    assert refused == poisoned
+    for auth_id in got:  # the transform by hand
+        a, row = sent[auth_id], got[auth_id]
         assert row["amount"] == decimal.Decimal(a["cents"]) / 100
         assert row["card"] == "**** " + a["card"][-4:]
         assert row["currency"] == a["currency"].upper()
@@ -125,3 +134,44 @@ def test_the_oracle_finds_lost_wrong_unexpected_and_ambiguous_rows(spark: Any, p
     assert len(ambiguous.conflicting) == 3  # three cards, two amounts each
     assert "does not identify the record" in judge("pg", {"by_card": ambiguous},
                                                    postgres_reader(pg_dsn)).violations[0]
+
+
+def test_the_oracle_decides_the_rejects_by_a_trial_in_postgres(spark: Any, pg_dsn: str) -> None:
+    """A ``rejects=`` table judged against the rows PostgreSQL refuses in a trial, not the writer's word."""
+    sent = [{"auth_id": f"r{i}", "card": "4000 0000 0000 0001", "cents": 100 + i, "currency": "eur",
+             "at": f"2026-11-26T08:00:{i:02d}"} for i in range(5)]
+    sent[1]["currency"] = "e\x00ur"  # PostgreSQL refuses a NUL in text
+    oracle = RealtimeOracle(f"{AUTHS}:build_with_rejects", "127.0.0.1:9", "auths")
+    oracle.records = _records(sent)
+    want = expected(oracle.written(spark))
+    assert want["authorizations"].rejects == "auth_rejects"
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE authorizations (auth_id text PRIMARY KEY, card text, "
+                     "amount numeric(12,2), currency text CHECK (currency <> 'USD'), at timestamptz)")
+        conn.execute("CREATE TABLE auth_rejects (record text PRIMARY KEY)")
+        for a in sent:
+            if a["auth_id"] != "r1":
+                conn.execute("INSERT INTO authorizations VALUES (%s, %s, %s, %s, %s)",
+                             (a["auth_id"], "**** 0001", decimal.Decimal(a["cents"]) / 100, "EUR",
+                              a["at"] + "Z"))
+        conn.execute("""INSERT INTO auth_rejects VALUES ('{"auth_id":"r1"}')""")
+
+    def refuses(exp: Any) -> set[Any]:
+        return refused_by_postgres(pg_dsn, exp)
+
+    assert refuses(want["authorizations"]) == {("r1",)}
+    verdict = judge("pg", want, postgres_reader(pg_dsn), refuses)
+    assert verdict.ok, verdict.violations
+    assert verdict.tables["auth_rejects"].expected_rows == verdict.tables["auth_rejects"].actual_rows == 1
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:  # a reject lost, and a good row rejected
+        conn.execute("DELETE FROM auth_rejects")
+        conn.execute("""INSERT INTO auth_rejects VALUES ('{"auth_id":"r3"}')""")
+        conn.execute("DELETE FROM authorizations WHERE auth_id = 'r3'")
+    verdict = judge("pg", want, postgres_reader(pg_dsn), refuses)
+    text = " | ".join(verdict.violations)
+    assert "1 rows PostgreSQL refuses are not in the rejects table (lost), e.g. key ('r1',)" in text, text
+    assert "e.g. key ('r3',) (PostgreSQL takes its row: it belongs in the table)" in text, text
+    assert verdict.tables["authorizations"].missing_rows == 1
+    sent[2]["currency"] = "usd"  # the table's CHECK refuses it (class 23): the trial sees constraints too
+    oracle.records = _records(sent)
+    assert refuses(expected(oracle.written(spark))["authorizations"]) == {("r1",), ("r2",)}

@@ -29,6 +29,18 @@ def _delta_rows(root: Path, hand_over: str | None,
     return listed, before
 
 
+def _kafka_rows(bootstrap: str, hand_over: str | None,
+                to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
+    """:func:`_rows` for the topics of a Kafka cluster (its registry topic)."""
+    from onceflow.sinks.kafka import KafkaTopicsSink
+    from onceflow.sinks.kafka_owners import Registry
+
+    KafkaTopicsSink(bootstrap).has_marker_topic()  # an unreachable cluster is named, not waited on
+    registry = Registry({"bootstrap.servers": bootstrap})
+    before = registry.hand_over(hand_over, str(to)) if hand_over else None
+    return registry.listed(), before
+
+
 def _rows(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str | None,
           to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
     """The registry's rows (after a hand-over, if asked) and the sink ids that held the table before."""
@@ -56,11 +68,13 @@ def _rows(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str 
 @click.option("--dsn", help="A PostgreSQL sink's connection string ('' for $ONCEFLOW_PG_DSN).")
 @click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), help="An HTTP sink's ledger.")
 @click.option("--delta", type=click.Path(file_okay=False, path_type=Path), help="A Delta sink's root.")
+@click.option("--kafka", metavar="HOST:PORT", help="A Kafka sink's brokers (the registry topic "
+              "onceflow_tables).")
 @click.option("--hand-over", "hand_over", metavar="TABLE", help="Give TABLE to the sink id --to (stop the "
               "queries that write it first).")
 @click.option("--to", metavar="SINK_ID", help="The sink id that writes the table from now on.")
-def tables(db: Path | None, dsn: str | None, ledger: Path | None, delta: Path | None, hand_over: str | None,
-           to: str | None) -> None:
+def tables(db: Path | None, dsn: str | None, ledger: Path | None, delta: Path | None, kafka: str | None,
+           hand_over: str | None, to: str | None) -> None:
     """List which sink ids write each table of a sink's database, or hand a table over.
 
     A second sink id on a table is refused when its query starts, unless every writer declares
@@ -68,13 +82,17 @@ def tables(db: Path | None, dsn: str | None, ledger: Path | None, delta: Path | 
     their own into it. When a job is renamed, or the table moves to a new query, hand it over:
     the old sink ids' claims go, the new one's is written (markers are not moved).
     """
-    if sum(x is not None for x in (db, dsn, ledger, delta)) != 1:
-        raise ConfigError("onceflow tables needs exactly one of --db FILE, --dsn DSN, --ledger FILE or "
-                          "--delta DIR")
+    if sum(x is not None for x in (db, dsn, ledger, delta, kafka)) != 1:
+        raise ConfigError("onceflow tables needs exactly one of --db FILE, --dsn DSN, --ledger FILE, "
+                          "--delta DIR or --kafka HOST:PORT")
     if (hand_over is None) != (to is None):
         raise ConfigError("--hand-over TABLE and --to SINK_ID go together")
-    rows, before = _delta_rows(delta, hand_over, to) if delta is not None else \
-        _rows(db, dsn, ledger, hand_over, to)
+    if delta is not None:
+        rows, before = _delta_rows(delta, hand_over, to)
+    elif kafka is not None:
+        rows, before = _kafka_rows(kafka, hand_over, to)
+    else:
+        rows, before = _rows(db, dsn, ledger, hand_over, to)
     if before is not None:
         held = ", ".join(repr(s) for s in before) or "no sink id"
         click.echo(f"table {hand_over!r}: handed over from {held} to {to!r}")

@@ -60,7 +60,7 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks import kafka_records, marker
+from onceflow.sinks import kafka_owners, kafka_records, marker
 from onceflow.sinks.kafka_records import encode
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_outputs
@@ -217,12 +217,17 @@ class KafkaTopicsSink:
         self._query_id = query_id
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Reach the brokers (a wrong address or credentials fail here), then start :meth:`_start`.
+        """Reach the brokers, claim the topics, then start :meth:`_start`.
 
-        The producer's ``init_transactions`` (0.06-0.5 s measured on a real broker) runs in the
+        A wrong address or credentials fail first; a topic another sink id writes is refused
+        (:mod:`onceflow.sinks.kafka_owners`). The producer's ``init_transactions`` runs in the
         background while Spark starts the query; :meth:`bind` waits for it.
+
+        Raises:
+            ConfigError: The brokers cannot be reached, or another sink id writes a topic.
         """
         self._reachable_topics()
+        kafka_owners.Registry(self._conf).claim(self.sink_id, specs)
         if self._producer is None and self._starting is None:
             pool = ThreadPoolExecutor(1, thread_name_prefix="onceflow-kafka-start")
             self._starting = pool.submit(self._start)
@@ -392,18 +397,11 @@ class KafkaTopicsSink:
         found: dict[int, dict[str, Any]] = {}
         if high <= start:
             return found
-        tp = self.ck.TopicPartition(self.marker_topic, 0)
-        consumer.unassign()  # else position() still gives where a read of a later range ended
-        consumer.assign([self.ck.TopicPartition(self.marker_topic, 0, start)])
-        deadline = time.monotonic() + _TIMEOUT_S
-        while consumer.position([tp])[0].offset < high:
-            if time.monotonic() > deadline:
-                raise OnceflowError(f"onceflow.kafka: reading the markers of {self.marker_topic} "
-                                    f"did not reach offset {high} in {_TIMEOUT_S:.0f} s")
-            for m in consumer.consume(1000, timeout=1.0):
-                if m.error() is None and m.offset() < high and m.key() == self.sink_id.encode():
-                    row = json.loads(m.value())
-                    found.setdefault(int(row["batch_id"]), row)
+        for m in kafka_records.read_span(consumer, self.marker_topic, start, high,
+                                         f"the markers of {self.marker_topic}", _TIMEOUT_S):
+            if m.key() == self.sink_id.encode():
+                row = json.loads(m.value())
+                found.setdefault(int(row["batch_id"]), row)
         return found
 
     def flush(self) -> None:

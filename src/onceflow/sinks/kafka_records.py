@@ -19,11 +19,14 @@ each value (floats: Python's shortest repr, which Arrow's cast does not give).
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from onceflow.errors import OnceflowError
 from onceflow.tables import Table, check_json
 
 _CONTROL = r"[\x00-\x1f]"
@@ -164,3 +167,34 @@ def encode(rows: pa.Table, spec: Table) -> tuple[list[bytes | None], list[bytes 
     else:
         values = pc.cast(objects(rows, cols), pa.binary()).to_pylist()
     return keys, values
+
+
+def read_span(consumer: Any, topic: str, start: int, high: int, what: str,
+              timeout_s: float = 60.0) -> Iterator[Any]:
+    """The records at offsets ``[start, high)`` of ``topic``'s partition 0, read by ``consumer``.
+
+    Args:
+        consumer: A confluent-kafka consumer (its isolation level is the caller's).
+        topic: A topic of one partition (a marker or registry topic).
+        start: The first offset.
+        high: The offset after the last.
+        what: What is read (for the message).
+        timeout_s: How long the whole read may take.
+
+    Raises:
+        OnceflowError: The read did not reach ``high`` in ``timeout_s``.
+    """
+    from confluent_kafka import TopicPartition
+
+    tp = TopicPartition(topic, 0)
+    consumer.unassign()  # else position() still gives where a read of a later range ended
+    consumer.assign([TopicPartition(topic, 0, start)])
+    deadline = time.monotonic() + timeout_s
+    while consumer.position([tp])[0].offset < high:
+        if time.monotonic() > deadline:
+            raise OnceflowError(f"onceflow.kafka: reading {what} did not reach offset {high} in "
+                                f"{timeout_s:.0f} s")
+        for m in consumer.consume(1000, timeout=1.0):
+            offset = m.offset()
+            if m.error() is None and offset is not None and offset < high:
+                yield m

@@ -21,13 +21,15 @@ read every real-time batch. So its rounds are their own (:class:`RealtimeRun`):
 3. Drain: a last driver runs until Spark has committed a real-time batch at the topic's end
    (read by verify's own consumer; or the timeout passes), then it is killed.
 4. Judge (:mod:`onceflow.verify.realtime_oracle`): every table against the user's transform run
-   over the whole topic, key by key; each kill's rows at risk — rows written from records
+   over the whole topic, key by key (and a ``rejects=`` table against the rows PostgreSQL
+   refuses in a trial); each kill's rows at risk — rows written from records
    Spark had not logged, which the restart wrote again. A round with none proves nothing and is
    reported so.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Callable
@@ -43,7 +45,7 @@ from onceflow.verify.kafka_rig import offset_ranges
 from onceflow.verify.pipeline_kafka import KafkaRecordsInput
 from onceflow.verify.pipeline_oracle import oracle_session
 from onceflow.verify.pipeline_verdict import postgres_reader
-from onceflow.verify.realtime_oracle import RealtimeOracle, expected, judge, rows_beyond
+from onceflow.verify.realtime_oracle import RealtimeOracle, expected, judge, refused_by_postgres, rows_beyond
 from onceflow.verify.sinks import REALTIME, REALTIME_STARTED
 from onceflow.verify.targets import SinkTarget
 from onceflow.verify.verdict import Verdict
@@ -213,7 +215,8 @@ class RealtimeRun:
         with oracle_session() as spark:
             want = expected(oracle.written(spark))
             self.tables = sorted(want)
-            verdict = judge(self.name, want, postgres_reader(self.target.dsn))
+            verdict = judge(self.name, want, postgres_reader(self.target.dsn),
+                            functools.partial(refused_by_postgres, self.target.dsn))
             for rec, logged, rows in self.kills:
                 rec.rows_at_risk = rows_beyond(oracle, spark, logged, rows)
         if not self.keep_sink:

@@ -47,14 +47,23 @@ def build(spark: Any, input: str, sink: str, checkpoint: str, once: bool) -> Any
                                    retry_for="1 minute")
 
 
+def build_with_rejects(spark: Any, input: str, sink: str, checkpoint: str, once: bool) -> Any:  # noqa: A002
+    """As :func:`build`; rows PostgreSQL refuses (a currency with a NUL) go to ``auth_rejects``."""
+    return onceflow.write_realtime(authorizations(_read(spark, input)), "authorizations", key="auth_id",
+                                   checkpoint=checkpoint, dsn=sink, duration="5 seconds",
+                                   retry_for="1 minute", rejects="auth_rejects")
+
+
 def build_by_card(spark: Any, input: str, sink: str, checkpoint: str, once: bool) -> Any:  # noqa: A002
     """The bug: keyed by the card (see the module)."""
     return onceflow.write_realtime(authorizations(_read(spark, input)).drop("auth_id"), "by_card",
                                    key="card", checkpoint=checkpoint, dsn=sink)
 
 
-def write_records(path: Path, n: int, seed: int) -> dict[str, dict[str, Any]]:
+def write_records(path: Path, n: int, seed: int, poison: float = 0.0) -> dict[str, dict[str, Any]]:
     """``n`` authorizations as verify's JSON-lines records, ~5% sent again later, ~2% without an id.
+
+    ``poison``: the share whose currency holds a NUL (PostgreSQL refuses it in text).
 
     Returns:
         The authorizations with an id, by id.
@@ -65,6 +74,8 @@ def write_records(path: Path, n: int, seed: int) -> dict[str, dict[str, Any]]:
         auth = {"auth_id": f"a{seed}-{i:05d}", "card": f"4000 1234 5678 {rng.randrange(40):04d}",
                 "cents": rng.randrange(100, 250_000), "currency": rng.choice(["eur", "usd", "chf"]),
                 "at": f"2026-11-26T{8 + i // 3600:02d}:{i // 60 % 60:02d}:{i % 60:02d}"}
+        if poison and rng.random() < poison:
+            auth["currency"] = auth["currency"][:1] + "\x00" + auth["currency"][1:]
         if rng.random() < 0.02:
             auth.pop("auth_id")
         else:
