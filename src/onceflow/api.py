@@ -125,18 +125,20 @@ def postgres(dsn: str | None = None, sink_id: str = "default", protocol: str = "
     return PostgresFramesSink(dsn, sink_id=sink_id, protocol=protocol)
 
 
-def delta(root: str | Path, sink_id: str = "default") -> TablesSink:
+def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 100_000) -> TablesSink:
     """The Delta Lake sink: one Delta table per table name under ``root``.
 
     Each table commits each batch once, with the app transaction ``(onceflow:<sink_id>,
-    batch_id)`` (see :mod:`onceflow.sinks.delta`).
+    batch_id)`` (see :mod:`onceflow.sinks.delta`). A batch of ``collect_below`` rows or more
+    (all tables) is written by Spark's tasks and committed by the driver: no row of it passes
+    through the driver's Python, whatever its size.
 
     Raises:
         ConfigError: deltalake is missing (``pip install 'onceflow[delta]'``).
     """
     from onceflow.sinks.delta import DeltaTablesSink
 
-    return DeltaTablesSink(root, sink_id=sink_id)
+    return DeltaTablesSink(root, sink_id=sink_id, collect_below=collect_below)
 
 
 def kafka(bootstrap_servers: str, sink_id: str = "default", *,

@@ -59,6 +59,11 @@ class CrashPoint(str, Enum):
     EFFECTS_SENT = "effects_sent"
     """Side-effect sink: every call of the batch was answered; the ledger has not recorded the
     answers (the window between a call and its ledger write)."""
+    TASK_AFTER_WRITE = "task_after_write"
+    """Not the driver: an executor-side task wrote its rows (files, staged rows) and its Python
+    worker is SIGKILLed before its message reaches the driver — on each task's first attempt
+    only (:func:`maybe_kill_task`), so Spark's retry (``spark.task.maxFailures`` > 1) or the
+    batch's next attempt writes them again beside the dead attempt's."""
     AMBIGUOUS_COMMIT = "ambiguous_commit"
     """Not a kill: the sink transaction committed, then the sink raises as if it had failed
     (a lost commit acknowledgement). The query fails; a restart must not apply it twice."""
@@ -220,6 +225,21 @@ def maybe_crash(point: CrashPoint, batch_id: int) -> None:
             )
         _say(f"onceflow: crash point {point.value} at batch {batch_id}")
         crash_now()
+
+
+def maybe_kill_task(point: CrashPoint, batch_id: int, attempt: int) -> None:
+    """SIGKILL this task's Python worker (only) if the environment selects ``point``, on attempt 0.
+
+    Args:
+        point: A task-level point (``task_after_write``).
+        batch_id: The micro-batch the task writes.
+        attempt: Spark's attempt number of the task (retries and speculative copies count up).
+    """
+    if attempt == 0 and armed_for(point, batch_id):
+        _say(f"onceflow: crash point {point.value} at batch {batch_id} (a task's first attempt)")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _say(message: str) -> None:

@@ -3,7 +3,8 @@
 ``python -m tests.core.payments_driver INPUT DB CHECKPOINT MODE BACKEND [--once]``; MODE
 ``exactly_once``, or ``naive`` / ``lossy`` for the negative controls; BACKEND ``sqlite`` (DB is
 the file), ``postgres`` (driver-side; the DSN from ``ONCEFLOW_PG_DSN``), ``postgres-staged`` /
-``postgres-2pc`` (written by the executors) or ``delta`` (DB is the root of the Delta tables).
+``postgres-2pc`` (written by the executors), ``delta`` (DB is the root of the Delta tables) or
+``delta-tasks`` (the same, every batch's files written by Spark's tasks; a task is tried twice).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from onceflow.spark import session
 
 if __name__ == "__main__":
     source, db, ck, mode, backend = sys.argv[1:6]
-    spark = session(app_name="payments-test", conf={"spark.sql.session.timeZone": "UTC"})
+    spark = session(master="local[2,2]" if backend == "delta-tasks" else None, app_name="payments-test",
+                    conf={"spark.sql.session.timeZone": "UTC"})
     if backend == "postgres":
         from onceflow.sinks.postgres.sink import PostgresTablesSink
         from onceflow.verify.sinks import NaivePostgresSink
@@ -27,10 +29,11 @@ if __name__ == "__main__":
         import onceflow
 
         sink = onceflow.postgres(None, protocol=backend.removeprefix("postgres-"))
-    elif backend == "delta":
+    elif backend.startswith("delta"):
         from onceflow.sinks.delta import DeltaTablesSink
 
-        sink = DeltaTablesSink(Path(db))  # DB is the root directory of the Delta tables
+        # DB is the root directory of the Delta tables
+        sink = DeltaTablesSink(Path(db), collect_below=0 if backend == "delta-tasks" else 100_000)
     else:
         from onceflow.verify.sinks import LossySQLiteSink, NaiveSQLiteSink
 
@@ -39,7 +42,7 @@ if __name__ == "__main__":
     payments.start(spark, source, db, ck, once="--once" in sys.argv, max_files_per_trigger=2,
                    sink=sink).awaitTermination()
     print("drained", flush=True)
-    if backend == "delta":  # delta-rs may abort the interpreter at shutdown (delta-io/delta-rs#2184)
+    if backend.startswith("delta"):  # delta-rs may abort the interpreter at shutdown (delta-io/delta-rs#2184)
         import os
 
         sys.stderr.flush()

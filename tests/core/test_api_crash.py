@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from onceflow.examples import payments
@@ -67,7 +68,7 @@ def _markers(db: Path, dsn: str | None = None) -> list[int]:
 def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | None = None,
             once: bool = False, dsn: str | None = None, backend: str | None = None) -> ProcessGroup:
     backend = backend or ("postgres" if dsn else "sqlite")  # postgres-staged / -2pc: given
-    db = tmp / ("delta" if backend == "delta" else "app.db")
+    db = tmp / ("delta" if backend.startswith("delta") else "app.db")
     args = [str(tmp / "in"), str(db), str(tmp / "ck"), mode, backend,
             *(["--once"] if once else [])]
     env = {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else {}
@@ -80,7 +81,8 @@ def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | No
 @pytest.mark.parametrize("backend", [  # long: make test-long (make test's 30 minutes)
     pytest.param("sqlite", marks=pytest.mark.long), pytest.param("postgres", marks=pytest.mark.long),
     pytest.param("postgres-staged", marks=pytest.mark.long),
-    pytest.param("postgres-2pc", marks=pytest.mark.long), "delta"])
+    pytest.param("postgres-2pc", marks=pytest.mark.long), pytest.param("delta", marks=pytest.mark.long),
+    "delta-tasks"])
 def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_path: Path, backend: str,
                                                               request: pytest.FixtureRequest) -> None:
     dsn = request.getfixturevalue("pg_dsn") if backend.startswith("postgres") else None
@@ -102,7 +104,7 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
-    db = tmp_path / ("delta" if backend == "delta" else "app.db")
+    db = tmp_path / ("delta" if backend.startswith("delta") else "app.db")
     try:
         for life in range(2 if backend in FULL else 1):  # SIGKILL of driver and JVM at a random moment
             before = len(_markers(db, dsn))
@@ -124,11 +126,13 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
                 assert f"crash point {point} at batch" in d.output(), d.output()[-2000:]
             committed = (tmp_path / "ck" / "commits" / str(target)).exists()
             marked = target in _markers(db, dsn)
-            partial = backend == "delta"  # Delta commits table by table: the first table has the batch
+            partial = backend.startswith("delta")  # Delta commits table by table: the first has the batch
             expect = {"before_sink_write": (False, False), "inside_sink_txn": (False, partial),
                       "after_sink_commit": (False, True), "ambiguous_commit": (False, True),
                       "after_commit_log": (True, True), "apply_pending": (True, True)}[point]
             assert (committed, marked) == expect, (point, target)
+        if backend == "delta-tasks":
+            _task_killed_after_writing(tmp_path, db)
     finally:
         stop.set()
         feeder.join(timeout=60)
@@ -140,6 +144,31 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
     assert got_pays == pays and got_rev == rev, f"seed={seed}"
     markers = _markers(db, dsn)
     assert markers == list(range(len(markers)))  # one marker per batch, none twice
+
+
+def _task_killed_after_writing(tmp: Path, root: Path) -> None:
+    """Every task's first attempt wrote its file and died; the retries wrote again; one file counts."""
+    from deltalake import DeltaTable
+
+    target = max(_markers(root)) + 1
+    d = _driver(tmp, "task", crash_at=f"task_after_write@{target}", backend="delta-tasks")
+    def done() -> bool:  # both tables (each commits on its own: the marker is in the first's commit)
+        return all((DeltaTable(str(root / t)).transaction_version("onceflow:default") or -1) >= target
+                   for t in ("revenue", "payments"))
+
+    wait_until(done, 180, f"batch {target} committed after its tasks died")
+    d.kill()
+    assert f"crash point task_after_write at batch {target}" in d.output(), d.output()[-3000:]
+    live = set(pa.table(DeltaTable(str(root / "payments")).get_add_actions(flatten=True)).column("path")
+               .to_pylist())
+    # part-<batch>-<token>-<partition>-<attempt>-<uuid>: a retried task's killed first attempt is gone
+    retried = [p.name.split("-") for p in (root / "payments").glob(f"part-{target:05d}-*-*-1-*")]
+    assert retried, sorted(p.name for p in (root / "payments").glob(f"part-{target:05d}-*"))
+    for _, batch, token, part, _, _ in retried:
+        assert not list((root / "payments").glob(f"part-{batch}-{token}-{part}-0-*")), (token, part)
+        assert any(name.startswith(f"part-{batch}-{token}-{part}-1-") for name in live), (token, part)
+    stage = root / "_onceflow" / "stage" / "revenue"  # the merge table's staged files are gone
+    assert not [d for d in stage.glob("*") if int(d.name.split("-")[0]) <= target], list(stage.glob("*"))
 
 
 @pytest.mark.parametrize(("mode", "point", "wrong"), [("naive", "after_sink_commit", "duplicated"),

@@ -13,8 +13,9 @@ import psycopg
 import pytest
 
 from onceflow.errors import BatchRejectedError
+from onceflow.sinks import frames
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.postgres import sink as pgsink
+from onceflow.sinks.frames import check_frame
 from onceflow.sinks.postgres.sink import PostgresFramesSink
 from onceflow.tables import Table
 
@@ -26,7 +27,7 @@ SCHEMA = "account STRING, day INT, amount LONG"
 @pytest.fixture(params=["small", "large"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "large":
-        monkeypatch.setattr(pgsink, "SMALL_CHECK_ROWS", 1)
+        monkeypatch.setattr(frames, "SMALL_CHECK_ROWS", 1)
     return str(request.param)
 
 
@@ -67,5 +68,5 @@ def test_key_columns_with_awkward_names_are_checked(spark: Any, path: str) -> No
     frame = spark.createDataFrame([(1, "x", 1), (2, "x", 1), (1, "x", 5)],
                                   "count_all INT, `a.b` STRING, n INT")
     with pytest.raises(BatchRejectedError, match=r"key \{'count_all': 1, 'a.b': 'x', 'count': 2\} appears"):
-        PostgresFramesSink._check("odd", spec, frame)
-    PostgresFramesSink._check("odd", spec, frame.where("n < 5"))  # unique keys: no error
+        check_frame("odd", spec, frame)
+    check_frame("odd", spec, frame.where("n < 5"))  # unique keys: no error

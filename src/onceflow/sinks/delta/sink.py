@@ -25,6 +25,14 @@ Commit protocol of :meth:`DeltaTablesSink.commit_tables` for batch N:
    re-runs N, step 2 skips every table.
 6. **Return** True if any table was written.
 
+A batch whose tables hold more than ``collect_below`` rows (a backlog after downtime) never
+passes through the driver: :meth:`DeltaTablesSink.commit_frames` checks the DataFrames with Spark
+(:func:`onceflow.sinks.frames.check_frame`), skips every table that has N already (step 2, before
+any task runs), and has Spark's tasks write the rest — each table's files committed by the
+driver with the marker in one Delta commit (:mod:`onceflow.sinks.delta.files`, steps 1-4 there);
+the crash points are the same. Smaller batches are collected and take the steps above (one
+Spark job, no files to list).
+
 Delta has no transaction across tables: a crash between two tables' commits leaves the first
 with N and the second without; the re-run of N writes only the second (step 2), so every
 table gets N exactly once — readers may briefly see one table a batch ahead of another.
@@ -46,6 +54,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker, owners
+from onceflow.sinks.delta import files
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_outputs, expected_columns
 
@@ -64,33 +73,22 @@ def _require() -> Any:
     return deltalake
 
 
-def _q(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _merge(column: str, how: str) -> str:
-    """A merged column's value after the batch, in a MERGE (nulls ignored, as SQL's aggregates do)."""
-    old, new = f"t.{_q(column)}", f"s.{_q(column)}"
-    if how == "add":
-        both = f"{old} + {new}"
-    else:
-        both = f"CASE WHEN {new} {'>' if how == 'max' else '<'} {old} THEN {new} ELSE {old} END"
-    return f"CASE WHEN {new} IS NULL THEN {old} WHEN {old} IS NULL THEN {new} ELSE {both} END"
-
-
 class DeltaTablesSink:
     """Delta tables under one root directory (see the module protocol).
 
     Args:
         root: Directory holding one Delta table per table name.
         sink_id: Marker namespace (the app id is ``onceflow:<sink_id>``).
+        collect_below: A batch with fewer rows (all tables) is collected to the driver and
+            committed from Arrow; a larger one is written by Spark's tasks (0: always).
     """
 
     all_or_nothing = False
     """Each table of a batch commits on its own."""
 
-    def __init__(self, root: str | Path, sink_id: str = "default") -> None:
+    def __init__(self, root: str | Path, sink_id: str = "default", collect_below: int = 100_000) -> None:
         self.dl = _require()
+        self.collect_below = collect_below
         if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():
             raise ConfigError(f"sink id {sink_id!r} is invalid: use letters, digits, _ . -")
         self.root = Path(root)
@@ -150,15 +148,7 @@ class DeltaTablesSink:
                 elif spec.mode == "append":
                     dl.write_deltalake(table, rows, mode="append", commit_properties=props)
                 else:
-                    on = " AND ".join(f"t.{_q(k)} = s.{_q(k)}" for k in spec.key)
-                    merged = spec.merged
-                    updates = {_q(c): _merge(c, merged[c]) if c in merged else f"s.{_q(c)}"
-                               for c in rows.column_names if c not in spec.key}
-                    merger = table.merge(rows, predicate=on, source_alias="s", target_alias="t",
-                                         commit_properties=props)
-                    if updates:
-                        merger = merger.when_matched_update(updates=updates)
-                    merger.when_not_matched_insert_all().execute()
+                    files.merge_into(table, rows, spec.key, spec.merged, rows.column_names, props)
                 return True
             except dl.exceptions.CommitFailedError as exc:  # a concurrent commit won: reload, decide again
                 why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
@@ -250,6 +240,48 @@ class DeltaTablesSink:
         wrote = False
         for i, (name, rows) in enumerate(outputs.items()):
             wrote |= self._commit_one(name, specs[name], rows, batch_id, metadata)
+            if i == 0:
+                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return wrote  # 6
+
+    def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int) -> bool:
+        """Write batch ``batch_id``'s DataFrames to every table that does not have it yet.
+
+        Small batches (under ``collect_below`` rows) are collected and go through
+        :meth:`commit_tables`; larger ones are written by Spark's tasks (see the module).
+
+        Raises:
+            BatchRejectedError: A null or repeated key (nothing written).
+            ConfigError: A table lacks a column of the batch, or a value does not fit its type.
+        """
+        from onceflow.sinks.delta.source import write_frame
+        from onceflow.sinks.frames import check_frame
+
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        check_outputs(frames, specs, rows=False)
+        written = {n: f.count() for n, f in frames.items()}  # the caller cached the frames
+        if sum(written.values()) < self.collect_below:
+            return self.commit_tables(batch_id, {n: f.toArrow() for n, f in frames.items()}, specs, stats,
+                                      rows_out)
+        for name, frame in frames.items():
+            check_frame(name, specs[name], frame)
+        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
+        metadata = json.dumps({k: v for k, v in zip(marker.COLUMNS, values, strict=True)
+                               if k != "committed_ms"})
+        wrote = False
+        for i, (name, frame) in enumerate(frames.items()):
+            path = str(self.root / name)
+            if not (self.dl.DeltaTable.is_deltatable(path) and self._committed(self.dl.DeltaTable(path),
+                                                                                  batch_id)):  # 2
+                spec = specs[name]
+                write_frame(frame, files.FilesSpec(
+                    str(self.root), name, self.sink_id, batch_id, key=tuple(spec.key),
+                    merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
+                    metadata=metadata))  # 3, 4
+                wrote = True
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5

@@ -1,0 +1,131 @@
+"""A backlog after downtime: one micro-batch of N rows into a Delta table, beside Spark's own writer.
+
+Input: ``--rows`` rows of ~108 bytes (an id, an account, an amount, a timestamp, a note) as
+Parquet files, made once per size. Each variant reads all of them as one batch, in its own
+child process (so each process's peak memory is its own), with onceflow's session defaults:
+
+* ``spark``: Spark's own Parquet writer of the same stream (``foreachBatch`` writing
+  ``batch.write.parquet``), then one Delta commit of those files with delta-rs — the floor of
+  a Delta append;
+* ``onceflow``: ``onceflow.write_stream(..., onceflow.delta(root), once=True)``, an append
+  table: the batch is over ``collect_below``, so Spark's tasks write the files and the driver
+  commits them with the marker;
+* ``onceflow-collect``: the same with ``collect_below`` above N (the batch collected to the
+  driver as Arrow and committed by delta-rs: the path every batch took before).
+
+Prints per variant: seconds (query start to end), the driver Python's peak RSS (``ru_maxrss``
+of the child), the rows in the table (checked = N); then the ratio spark / onceflow.
+Spark's default ``spark.driver.maxResultSize`` (1g) is kept: the collect variant fails above
+it, as it did for users.
+
+Usage: python benchmarks/bench_backlog.py [--rows 5000000] [--variants spark,onceflow,onceflow-collect]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SCHEMA = "id LONG, account STRING, amount_cents LONG, at TIMESTAMP, note STRING"
+
+
+def make_input(folder: Path, rows: int) -> None:
+    """``rows`` rows as Parquet under ``folder`` (kept between runs of one size)."""
+    if (folder / "_SUCCESS").exists():
+        return
+    from onceflow.spark import session
+
+    spark = session(app_name="backlog-input")
+    (spark.range(rows, numPartitions=max(2, rows // 1_000_000))
+     .selectExpr("id", "concat('acct-', lpad(cast(id % 10007 as string), 6, '0')) AS account",
+                 "(id * 7919) % 100000 AS amount_cents",
+                 "timestamp_seconds(1780000000 + id % 86400) AS at",
+                 "concat('payment note ', cast(id as string), ' for the backlog of the day') AS note")
+     .write.mode("overwrite").parquet(str(folder)))
+    spark.stop()
+
+
+def run(variant: str, source: Path, work: Path) -> dict[str, float | int]:
+    """One variant in this process (the child): seconds, peak RSS, rows written."""
+    import onceflow
+    from onceflow.spark import session
+
+    spark = session(app_name=f"backlog-{variant}")
+    stream = spark.readStream.schema(SCHEMA).parquet(str(source))
+    started = time.perf_counter()
+    if variant == "spark":
+        def write(batch: object, batch_id: int) -> None:
+            batch.write.mode("append").parquet(str(work / "plain"))  # type: ignore[attr-defined]
+
+        stream.writeStream.foreachBatch(write).option("checkpointLocation", str(work / "ck")) \
+            .trigger(availableNow=True).start().awaitTermination()
+        import pyarrow.parquet as pq
+        from deltalake import Schema
+        from deltalake.transaction import AddAction, create_table_with_add_actions
+
+        files = sorted((work / "plain").glob("*.parquet"))
+        adds = [AddAction(f.name, f.stat().st_size, {}, int(f.stat().st_mtime * 1000), True,
+                          json.dumps({"numRecords": pq.ParquetFile(f).metadata.num_rows})) for f in files]
+        schema = Schema.from_arrow(pq.read_schema(files[0]))
+        create_table_with_add_actions(str(work / "plain"), schema, adds, mode="append")
+        table = work / "plain"
+    else:
+        collect = 10**12 if variant == "onceflow-collect" else 100_000
+        onceflow.write_stream(stream, onceflow.delta(work / "lake", collect_below=collect), work / "ck",
+                              {"payments": onceflow.Table()}, once=True).awaitTermination()
+        table = work / "lake" / "payments"
+    seconds = time.perf_counter() - started
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(table)).count()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    spark.stop()
+    return {"seconds": round(seconds, 2), "driver_rss_mb": peak, "rows": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=5_000_000)
+    ap.add_argument("--variants", default="spark,onceflow,onceflow-collect")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--source", help=argparse.SUPPRESS)
+    ap.add_argument("--work", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(run(args.child, Path(args.source), Path(args.work))), flush=True)
+        import os
+
+        os._exit(0)  # delta-rs may abort the interpreter at shutdown (delta-io/delta-rs#2184)
+    source = Path(tempfile.gettempdir()) / f"onceflow-backlog-{args.rows}"
+    make_input(source, args.rows)
+    results = {}
+    for variant in args.variants.split(","):
+        work = Path(tempfile.mkdtemp(prefix=f"onceflow-backlog-{variant}-"))
+        done = subprocess.run([sys.executable, __file__, "--child", variant, "--source", str(source),
+                               "--work", str(work)], capture_output=True, text=True)
+        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+        if done.returncode != 0 or not lines:
+            why = (done.stderr.strip().splitlines() or ["?"])[-1][:300]
+            print(f"{variant:18s} FAILED (exit {done.returncode}): {why}", flush=True)
+            shutil.rmtree(work, ignore_errors=True)
+            continue
+        results[variant] = json.loads(lines[-1])
+        r = results[variant]
+        ok = "" if r["rows"] == args.rows else f"  WRONG: {r['rows']} rows"
+        print(f"{variant:18s} {r['seconds']:8.2f} s   driver Python peak RSS {r['driver_rss_mb']:6d} MB   "
+              f"{r['rows']:,} rows{ok}", flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+    if "spark" in results and "onceflow" in results:
+        print(f"ratio spark / onceflow: {results['spark']['seconds'] / results['onceflow']['seconds']:.2f} "
+              "(target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""``onceflow_delta``: a Spark Python data source writing Delta tables exactly once per batch.
+
+Streaming (the batch id comes from Spark)::
+
+    from onceflow.sinks.delta.source import register
+    register(spark)
+    (df.writeStream.format("onceflow_delta")
+       .option("root", "/lake").option("table", "events").option("sink_id", "events")
+       .option("checkpointLocation", "/ck").start())
+
+Inside ``foreachBatch`` (pass the batch id; each table exactly once)::
+
+    (batch_df.write.format("onceflow_delta").mode("append")
+       .option("root", "/lake").option("table", "totals").option("mode", "merge")
+       .option("key", "account").option("merged", '{"amount": "add"}')
+       .option("batch_id", batch_id).save())
+
+Options: ``root`` and ``table`` (required), ``sink_id`` (default ``default``; the marker is the
+Delta app transaction ``onceflow:<sink_id>``), ``mode`` (``append``, ``upsert`` or ``merge``),
+``key`` (comma-separated), ``merged`` (JSON: column -> ``add``/``max``/``min``), ``batch_id``
+(batch writes), ``metadata`` (the commit's ``onceflow`` metadata, JSON). Tasks write the files,
+the driver commits them with the marker: :mod:`onceflow.sinks.delta.files`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from onceflow.errors import ConfigError, from_spark
+from onceflow.sinks.delta import files
+from onceflow.sinks.delta.files import FilesSpec
+
+NAME = "onceflow_delta"
+
+
+@dataclass
+class DeltaCommitMessage(WriterCommitMessage):
+    """A task's files (:func:`onceflow.sinks.delta.files.write_task`)."""
+
+    written: dict[str, Any]
+
+
+def _written(messages: list[Any]) -> list[dict[str, Any] | None]:
+    return [m.written if isinstance(m, DeltaCommitMessage) else None for m in messages]
+
+
+class _Writer:
+    """What the streaming and the batch writer share: the table's schema read once, on the driver."""
+
+    def __init__(self, spec: FilesSpec, schema: Any) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.rows_schema = to_arrow_schema(schema, timezone="UTC")
+        found = files.table_schema(spec.path)
+        self.spec = replace(spec, schema=files.encode_schema(found)) if found is not None else spec
+        self.commit_schema = found if found is not None else self.rows_schema
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+        """Executor side: one partition's file (step 1)."""
+        return DeltaCommitMessage(files.write_task(self.spec, iterator))
+
+
+class DeltaStreamWriter(_Writer, DataSourceStreamArrowWriter):
+    """Streaming writer: Spark supplies the batch id."""
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        """Driver side: commit the batch (replays are no-ops)."""
+        files.commit(self.spec, batchId, self.commit_schema, _written(messages))
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        """Driver side: nothing to undo (uncommitted files are in no commit)."""
+
+
+class DeltaBatchWriter(_Writer, DataSourceArrowWriter):
+    """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
+
+    def commit(self, messages: list[Any]) -> None:
+        """Driver side: commit the batch (replays are no-ops)."""
+        files.commit(self.spec, self.spec.batch_id, self.commit_schema, _written(messages))
+
+    def abort(self, messages: list[Any]) -> None:
+        """Driver side: nothing to undo (uncommitted files are in no commit)."""
+
+
+class DeltaDataSource(DataSource):
+    """The ``onceflow_delta`` format (write only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return NAME
+
+    def writer(self, schema: Any, overwrite: bool) -> DeltaBatchWriter:
+        """A batch writer; needs the ``batch_id`` option.
+
+        Raises:
+            ConfigError: No ``batch_id``, or overwrite mode.
+        """
+        spec = FilesSpec.from_options(self.options)
+        if spec.batch_id < 0:
+            raise ConfigError("a batch write to onceflow_delta needs option 'batch_id' (the micro-batch id "
+                              "foreachBatch passes): exactly once is defined per batch id")
+        if overwrite:
+            raise ConfigError("onceflow_delta does not overwrite; use mode('append')")
+        return DeltaBatchWriter(spec, schema)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
+        """A streaming writer (batch ids from Spark)."""
+        return DeltaStreamWriter(FilesSpec.from_options(self.options), schema)
+
+
+def register(spark: Any) -> None:
+    """Register ``onceflow_delta`` with a session (idempotent)."""
+    spark.dataSource.register(DeltaDataSource)
+
+
+def write_frame(frame: Any, spec: FilesSpec) -> None:
+    """Write one micro-batch's DataFrame to one Delta table through ``onceflow_delta``, exactly once.
+
+    An onceflow error raised in Spark's Python workers reaches the caller as itself
+    (:func:`onceflow.errors.from_spark`).
+    """
+    register(frame.sparkSession)
+    writer = frame.write.format(NAME).mode("append")
+    for k, v in spec.options().items():
+        writer = writer.option(k, v)
+    try:
+        writer.save()
+    except Exception as exc:
+        raise from_spark(exc) from None

@@ -1,0 +1,113 @@
+"""The Delta sink's task-written path against its collected path, and ``onceflow_delta`` on its own.
+
+Every table mode through both paths of :class:`onceflow.sinks.delta.DeltaTablesSink` — the
+batch collected and committed from Arrow (``collect_below`` above its rows), and written as
+Parquet files by Spark's tasks, committed by the driver (``collect_below=0``) — over batches
+with repeated keys across batches, nulls in merged columns, a replay and an empty batch. The
+two roots must hold the same rows, read back by delta-rs and by pyarrow's Parquet reader of
+the files the Delta log names (readers onceflow's code does not touch), and the same markers.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from onceflow.errors import BatchRejectedError, ConfigError
+from onceflow.sinks.base import BatchStats
+from onceflow.sinks.delta import DeltaTablesSink
+from onceflow.tables import Table
+
+pytestmark = [pytest.mark.spark]
+
+SPECS = {"events": Table(), "latest": Table(key="k"),
+         "totals": Table(key=["k", "day"], add="n", max="hi", min="lo")}
+SCHEMA = "id LONG, k STRING, day DATE, n LONG, hi DOUBLE, lo DOUBLE, at TIMESTAMP, note STRING"
+
+
+def _batch(spark: Any, b: int, n: int) -> dict[str, Any]:
+    rows = [(b * 1000 + i, f"k{i % 5}", dt.date(2026, 1, 1 + i % 3), i if i % 4 else None,
+             float(i * b) if i % 3 else None, float(-i), dt.datetime(2026, 1, 1, 0, 0, i % 60),
+             "é\u00e8 " * (i % 3)) for i in range(n)]
+    events = spark.createDataFrame(rows, SCHEMA).repartition(3)
+    latest = events.groupBy("k").agg({"id": "max"}).withColumnRenamed("max(id)", "id")
+    totals = (events.groupBy("k", "day").agg({"n": "sum", "hi": "max", "lo": "min"})
+              .withColumnRenamed("sum(n)", "n").withColumnRenamed("max(hi)", "hi")
+              .withColumnRenamed("min(lo)", "lo"))
+    return {"events": events.persist(), "latest": latest.persist(), "totals": totals.persist()}
+
+
+def _read(root: Path, name: str) -> list[dict[str, Any]]:
+    table = DeltaTable(str(root / name))
+    by_rs = table.to_pyarrow_table()
+    paths = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    by_files = pa.concat_tables([pq.read_table(root / name / p) for p in paths]) if paths else by_rs
+    assert by_files.num_rows == by_rs.num_rows
+    return sorted(by_rs.to_pylist(), key=lambda r: json.dumps(r, sort_keys=True, default=str))
+
+
+def test_the_task_written_path_equals_the_collected_one(spark: Any, tmp_path: Path) -> None:
+    collected = DeltaTablesSink(tmp_path / "a", sink_id="s")
+    tasks = DeltaTablesSink(tmp_path / "b", sink_id="s", collect_below=0)
+    for sink in (collected, tasks):
+        sink.bind("q")
+    for b, n in [(0, 40), (1, 25), (1, 25), (2, 0), (3, 30)]:  # batch 1 twice (a replay); 2 is empty
+        frames = _batch(spark, b, n)
+        wrote = [sink.commit_frames(b, frames, SPECS, BatchStats(n, 0, 0), n) for sink in (collected, tasks)]
+        assert wrote[0] == wrote[1], b
+    for name in SPECS:
+        assert _read(tmp_path / "a", name) == _read(tmp_path / "b", name), name
+        for root in ("a", "b"):
+            assert DeltaTable(str(tmp_path / root / name)).transaction_version("onceflow:s") == 3
+    assert [m["batch_id"] for m in tasks.batches()] == [0, 1, 2, 3]
+    assert [m["tables"] for m in tasks.batches()] == [m["tables"] for m in collected.batches()]
+    events = DeltaTable(str(tmp_path / "b" / "events"))
+    stats = pa.table(events.get_add_actions(flatten=True)).to_pylist()
+    assert sum(s["num_records"] for s in stats) == 95
+    assert all(s["min.id"] <= s["max.id"] for s in stats)
+    on_disk = {p.name for p in (tmp_path / "b" / "events").glob("*.parquet")}
+    assert on_disk == {s["path"] for s in stats}  # a replay's files deleted, none left over
+    assert not list((tmp_path / "b" / "_onceflow" / "stage" / "totals").glob("*"))
+
+
+def test_values_that_do_not_fit_an_existing_table_are_refused(spark: Any, tmp_path: Path) -> None:
+    sink = DeltaTablesSink(tmp_path / "d", collect_below=0)
+    sink.bind("q")
+    spec = {"t": Table(key="k", add="n")}
+    frame = spark.createDataFrame([("a", 1), ("b", 2)], "k STRING, n INT")
+    assert sink.commit_frames(0, {"t": frame}, spec, BatchStats(2, 0, 0), 2)
+    too_big = spark.createDataFrame([("a", 2**40)], "k STRING, n LONG")
+    with pytest.raises(ConfigError, match=r"column 'n' of the batch \(int64\) does not fit the table's type "
+                                          "int32"):
+        sink.commit_frames(1, {"t": too_big}, spec, BatchStats(1, 0, 0), 1)
+    twice = spark.createDataFrame([("a", 1), ("a", 2)], "k STRING, n INT")
+    with pytest.raises(BatchRejectedError, match=r"key \{'k': 'a', 'count': 2\} appears more than once"):
+        sink.commit_frames(1, {"t": twice}, spec, BatchStats(2, 0, 0), 2)
+    assert sorted(DeltaTable(str(tmp_path / "d" / "t")).to_pyarrow_table().to_pylist(),
+                  key=lambda r: r["k"]) == [{"k": "a", "n": 1}, {"k": "b", "n": 2}]
+
+
+def test_the_format_on_its_own_in_a_streaming_query(spark: Any, tmp_path: Path) -> None:
+    """``writeStream.format("onceflow_delta")``: Spark's batch ids, one commit per batch."""
+    from onceflow.sinks.delta.source import register
+
+    register(spark)
+    src = tmp_path / "in"
+    src.mkdir()
+    for f in range(3):
+        pq.write_table(pa.table({"id": list(range(f * 10, f * 10 + 10))}), src / f"f{f}.parquet")
+    query = (spark.readStream.schema("id LONG").option("maxFilesPerTrigger", 1).parquet(str(src))
+             .writeStream.format("onceflow_delta").option("root", str(tmp_path / "lake"))
+             .option("table", "ids").option("sink_id", "ids")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    table = DeltaTable(str(tmp_path / "lake" / "ids"))
+    assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == list(range(30))
+    assert table.transaction_version("onceflow:ids") == 2
