@@ -112,7 +112,8 @@ def main() -> None:
                                "--work", str(work)], capture_output=True, text=True)
         lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
         if done.returncode != 0 or not lines:
-            why = (done.stderr.strip().splitlines() or ["?"])[-1][:300]
+            lines = done.stderr.strip().splitlines() or ["?"]
+            why = next((x for x in lines if "maxResultSize" in x), lines[-1]).strip()[:300]
             print(f"{variant:18s} FAILED (exit {done.returncode}): {why}", flush=True)
             shutil.rmtree(work, ignore_errors=True)
             continue

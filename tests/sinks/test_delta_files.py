@@ -36,7 +36,8 @@ def _batch(spark: Any, b: int, n: int) -> dict[str, Any]:
     rows = [(b * 1000 + i, f"k{i % 5}", dt.date(2026, 1, 1 + i % 3), i if i % 4 else None,
              float(i * b) if i % 3 else None, float(-i), dt.datetime(2026, 1, 1, 0, 0, i % 60),
              "é\u00e8 " * (i % 3)) for i in range(n)]
-    events = spark.createDataFrame(rows, SCHEMA).repartition(3)
+    events = spark.createDataFrame(rows, SCHEMA)
+    events = events.repartition(3) if n else events  # an empty batch: no partition, no task
     latest = events.groupBy("k").agg({"id": "max"}).withColumnRenamed("max(id)", "id")
     totals = (events.groupBy("k", "day").agg({"n": "sum", "hi": "max", "lo": "min"})
               .withColumnRenamed("sum(n)", "n").withColumnRenamed("max(hi)", "hi")
@@ -62,6 +63,9 @@ def test_the_task_written_path_equals_the_collected_one(spark: Any, tmp_path: Pa
         frames = _batch(spark, b, n)
         wrote = [sink.commit_frames(b, frames, SPECS, BatchStats(n, 0, 0), n) for sink in (collected, tasks)]
         assert wrote[0] == wrote[1], b
+        for root in ("a", "b"):  # every table has the batch's marker, an empty batch's too
+            assert [DeltaTable(str(tmp_path / root / t)).transaction_version("onceflow:s") for t in SPECS] \
+                == [b] * 3, (root, b)
     for name in SPECS:
         assert _read(tmp_path / "a", name) == _read(tmp_path / "b", name), name
         for root in ("a", "b"):

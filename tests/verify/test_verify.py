@@ -195,6 +195,26 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
     assert "5 rows repeat a key of their table" in judge_delta(root, expectation).violations
 
 
+@pytest.mark.long  # make test-long; test_api_crash.py[delta-tasks] runs the task path's points in make test
+def test_delta_tasks_under_task_deaths_and_the_crash_points(tmp_path: Path) -> None:
+    """Every batch written by Spark's tasks: tasks killed after writing their files, before their
+    messages reached the driver, and the driver killed between and after the tables' commits."""
+    faults = "crash_task_after_write,crash_inside_sink_txn,crash_after_sink_commit,kill_random"
+    rc, out, rep = _verify(tmp_path, "--rounds", "4", "--seed", "5", "--events-per-round", "3000",
+                           "--faults", faults, "--sink", "delta-tasks")
+    assert rc == 0, out[-3000:]
+    rounds = rep["rounds"]
+    assert isinstance(rounds, list)
+    assert [r["fault"] for r in rounds if r["fault"] == "crash_task_after_write"], rounds
+    for r in rounds:
+        assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
+        if r["fault"] == "crash_task_after_write":
+            assert r["outcome"].startswith("tasks died at task_after_write") and r["rows_at_risk"] > 0, r
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
+
+
 @pytest.mark.parametrize(("sink", "fault", "violation"), [
     # no batch marker: a replay adds twice (the SQLite naive sink is caught the same way by verify
     # in tests/verify/test_verify_kafka.py, and under the payments example in tests/core/test_api_crash.py)

@@ -18,6 +18,7 @@ CRASH_FAULTS = {
     "crash_apply_pending": "apply_pending",
     "crash_effects_started": "effects_started",
     "crash_effects_sent": "effects_sent",
+    "crash_task_after_write": "task_after_write",
 }
 """Fault name -> crash point: the driver SIGKILLs its JVM and itself there."""
 
@@ -26,6 +27,10 @@ STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
 
 EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
 """Faults at points only the side-effect sinks (``--sink http``, ``http-naive``) have."""
+
+TASK_FAULTS = ("crash_task_after_write",)
+"""Faults of the tasks that write a batch's rows (``--sink delta-tasks``): not the driver. Not on
+a cluster, where Spark retries a failed task (the batch then commits in the same round)."""
 
 NO_TXN_SINKS = ("http", "http-naive")
 """Sinks without a transaction to crash inside (no ``crash_inside_sink_txn``)."""
@@ -37,6 +42,8 @@ def reaches(sink: str, fault: str) -> bool:
         return sink == "sqlite"
     if fault in EFFECT_FAULTS:
         return sink in NO_TXN_SINKS
+    if fault in TASK_FAULTS:
+        return sink == "delta-tasks"
     if fault == "crash_inside_sink_txn":
         return sink not in NO_TXN_SINKS
     if fault == "crash_after_sink_commit":
@@ -89,7 +96,7 @@ def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool 
     kind = cluster_kind(cluster)
     return [f for f in ALL_FAULTS if CLUSTER_FAULTS.get(f, kind) == kind
             and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)
-            and not (pipeline and f in INPUT_FAULTS)]
+            and not (pipeline and f in INPUT_FAULTS) and not (kind and f in TASK_FAULTS)]
 
 
 def cluster_kind(cluster: bool | str) -> str:

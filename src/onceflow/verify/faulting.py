@@ -23,7 +23,7 @@ from typing import Any
 
 from onceflow.verify import spark_log
 from onceflow.verify.driver import Driver, busy_executor, wait_until
-from onceflow.verify.fault_kinds import CLUSTER_FAULTS, CRASH_FAULTS, VERIFY_KILL
+from onceflow.verify.fault_kinds import CLUSTER_FAULTS, CRASH_FAULTS, TASK_FAULTS, VERIFY_KILL
 from onceflow.verify.standalone import StandaloneCluster
 from onceflow.verify.targets import SinkTarget
 
@@ -168,6 +168,10 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
             return
         rec.fault_s = time.monotonic() - t0
         rec.fault_batches = crash_batches(d.output())
+        if fault in TASK_FAULTS:  # the tasks died, not the driver: the batch failed, the query stopped
+            rec.outcome = (f"tasks died at {point}; the query failed" if rec.exit_code == 1
+                           else f"unexpected exit code {rec.exit_code}")
+            return
         expected = 1 if fault == "ambiguous_commit" else -9
         rec.outcome = (f"driver died at {point}" if rec.exit_code == expected
                        else f"unexpected exit code {rec.exit_code}")

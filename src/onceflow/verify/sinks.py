@@ -40,11 +40,11 @@ SQLITE_SINKS = ("sqlite", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
 EFFECT_SINKS = ("http", "http-naive")
-DELTA_SINKS = ("delta", "delta-naive")
+DELTA_SINKS = ("delta", "delta-tasks", "delta-naive")
 KAFKA_SINKS = ("kafka", "kafka-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
-USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta", "delta-naive", "kafka",
-              "kafka-naive")
+USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta", "delta-tasks", "delta-naive",
+              "kafka", "kafka-naive")
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
 REALTIME = "realtime"
@@ -206,7 +206,8 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
             raise ConfigError(f"--sink {kind} writes Delta tables: pass --delta DIR (their root directory)")
         if kind == "delta-naive":
             return NaiveDeltaSink(where.delta, sink_id=sink_id)
-        return DeltaTablesSink(where.delta, sink_id=sink_id)
+        every = kind == "delta-tasks"  # every batch through Spark's tasks
+        return DeltaTablesSink(where.delta, sink_id=sink_id, collect_below=0 if every else 100_000)
     if kind in EFFECT_SINKS:
         if where.db is None or not where.effects_url:
             raise ConfigError(f"--sink {kind} calls a service: pass --effects-url URL and --db PATH for "

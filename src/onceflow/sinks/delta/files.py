@@ -19,8 +19,9 @@ commit attempt of N draws a token (``token``), and:
 3. **Write and mark** in one Delta commit on that snapshot, with ``Transaction(app_id, N)`` and
    the batch's metrics (commit metadata ``onceflow``): ``append`` adds the winning tasks' files
    (delta-rs's transaction API: the rows are never read again); a merge runs delta-rs's MERGE
-   with the staged files as a stream of Arrow batches as its source; a missing table is created
-   by that commit. A concurrent commit makes delta-rs refuse this one: reload, decide again.
+   with the staged files as a stream of Arrow batches as its source (no rows: an empty commit
+   all the same — a MERGE of nothing commits nothing, and the marker would be lost); a missing
+   table is created by that commit. A concurrent commit makes delta-rs refuse this one: reload, decide again.
 4. **Clean up**: the files of losing task attempts of this token (retried or speculative
    tasks, whose messages Spark dropped) and the staging directories of batches up to N.
 
@@ -347,6 +348,9 @@ def _write(dl: Any, spec: FilesSpec, table: Any, schema: pa.Schema, files: list[
         else:
             table.create_write_transaction(adds, mode="append", schema=table.schema(),
                                            commit_properties=props)
+        return
+    if table is not None and not files:  # a MERGE of nothing commits nothing: the marker would be lost
+        table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=props)
         return
     with _staged(schema, files) as source:
         if table is None:

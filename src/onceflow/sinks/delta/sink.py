@@ -273,14 +273,18 @@ class DeltaTablesSink:
                                if k != "committed_ms"})
         wrote = False
         for i, (name, frame) in enumerate(frames.items()):
-            path = str(self.root / name)
-            if not (self.dl.DeltaTable.is_deltatable(path) and self._committed(self.dl.DeltaTable(path),
-                                                                                  batch_id)):  # 2
-                spec = specs[name]
+            path, spec = str(self.root / name), specs[name]
+            if written[name] == 0:  # Spark may run no task, and no commit, for a frame without rows
+                wrote |= self._commit_one(name, spec, frame.toArrow(), batch_id, metadata)
+            elif not (self.dl.DeltaTable.is_deltatable(path) and self._committed(self.dl.DeltaTable(path),
+                                                                                    batch_id)):  # 2
                 write_frame(frame, files.FilesSpec(
                     str(self.root), name, self.sink_id, batch_id, key=tuple(spec.key),
                     merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
                     metadata=metadata))  # 3, 4
+                if not self._committed(self.dl.DeltaTable(path), batch_id):
+                    raise OnceflowError(f"batch {batch_id}: Spark's write of table {name!r} returned without "
+                                        f"the Delta commit of the batch in {path}; the batch runs again")
                 wrote = True
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
