@@ -169,6 +169,10 @@ def session(
         # State store snapshots are written by maintenance only (default every 60 s): a
         # driver restarted more often would replay every delta file since the first batch.
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
+        # A batch an executor-side sink writes (or with several outputs) is cached for the few
+        # jobs of its batch and dropped after: building the cache uncompressed is the cheaper
+        # way (BENCHMARKS.md, "A backlog batch through the Delta sink").
+        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     conf = dict(conf or {})
     if id_store:
