@@ -276,7 +276,7 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                                   "event_time", "on_batch", "check_files", "late", "stable",
                                   "count_rows", "output_mode", "rejects", "retry_for"},
                    "onceflow.write_stream")
-    topics = bool(getattr(sink, "tables_are_topics", False))
+    topics = sink.tables_are_topics
     specs = check_specs(tables or {}, topics)
     if not df.isStreaming:
         raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "

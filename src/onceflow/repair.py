@@ -37,24 +37,9 @@ _VERSION = re.compile(r"^(\d+)(?:_[^.]*)?\.(delta|snapshot|zip|changelog|iddelta
 onceflow's id store, :mod:`onceflow.idstore`: iddelta, idsnap)."""
 
 
-def _sink_args(sink: Any) -> str:
-    """The ``onceflow repair`` options that name ``sink``."""
-    options = (("dsn", "--dsn"), ("ledger_path", "--ledger"), ("root", "--delta"), ("path", "--db"),
-               ("bootstrap", "--kafka"))
-    for attr, option in options:
-        value = getattr(sink, attr, None)
-        if value is not None:
-            if option == "--dsn":
-                from onceflow.sinks.postgres.conn import redact
-
-                value = redact(str(value))
-            return f"{option} {value} --sink-id {sink.sink_id}"
-    return f"--sink-id {getattr(sink, 'sink_id', 'default')} (and the sink's database)"
-
-
 def repair_command(checkpoint: Path, sink: Any) -> str:
     """The ``onceflow repair`` command line for a query's checkpoint and sink (a DSN's secrets left out)."""
-    return f"onceflow repair --checkpoint {checkpoint} {_sink_args(sink)}"
+    return f"onceflow repair --checkpoint {checkpoint} {sink.repair_options()}"
 
 
 
@@ -74,10 +59,9 @@ def check_start(sink: Any, checkpoint: Path, batch_id: int) -> None:
         OutOfStepError: The sink lacks batches the checkpoint committed, or has batches after
             the one Spark runs now.
     """
-    if not getattr(sink, "keeps_markers", True):
+    if not sink.keeps_markers:
         return
-    recent = getattr(sink, "recent_batches", sink.batches)  # only the last matters here
-    have = sorted(int(m["batch_id"]) for m in recent())
+    have = sorted(int(m["batch_id"]) for m in sink.recent_batches())  # only the last matters here
     last = have[-1] if have else None
     committed = ckpt.committed_batches(checkpoint)
     done = committed[-1] if committed else None

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
     from onceflow.tables import Table
 
-__all__ = ["BatchStats", "DriverSink", "ExecutorSink", "Sink", "TablesSink"]
+__all__ = ["BatchStats", "DriverSink", "ExecutorSink", "Sink", "SinkBase", "TablesSink"]
 
 
 class Sink(Protocol):
@@ -71,6 +71,25 @@ class Sink(Protocol):
     attempt, ever sees part of a batch. False where each table commits on its own (Delta,
     executor-side PostgreSQL, HTTP effects): a crash can leave a batch in some tables only, so
     its other tables must be written from the same computation (:mod:`onceflow.stable`)."""
+
+    keeps_markers: bool
+    """Whether the sink keeps a marker per batch it committed (every sink of onceflow's does;
+    verify's negative controls do not): the start-up check that the sink is in step with the
+    checkpoint (:func:`onceflow.repair.check_start`) needs them."""
+
+    tables_are_topics: bool
+    """Whether a table name is a Kafka topic name (``.`` and ``-`` allowed,
+    :func:`onceflow.tables.check_specs`)."""
+
+    def recent_batches(self) -> list[dict[str, Any]]:
+        """The markers of the last committed batches (at least the last one), by batch id.
+
+        What the start-up check reads; a sink whose full history is costly to read (a Kafka
+        marker topic) reads only its end. Runs on the driver; reads only.
+        """
+
+    def repair_options(self) -> str:
+        """The ``onceflow repair`` options that name this sink (a password left out)."""
 
     def bind(self, query_id: str) -> None:
         """Tie the sink to the checkpoint with ``query_id``; recover what an earlier process left.
@@ -111,6 +130,26 @@ class Sink(Protocol):
 
     def close(self) -> None:
         """Release connections. Runs on the driver; idempotent."""
+
+
+class SinkBase:
+    """The defaults every sink of onceflow's declares (see :class:`Sink` for each member)."""
+
+    sink_id: str
+    keeps_markers: bool = True
+    tables_are_topics: bool = False
+
+    def batches(self) -> list[dict[str, Any]]:
+        """The sink's marker rows, by batch id (each sink reads its own)."""
+        raise NotImplementedError
+
+    def recent_batches(self) -> list[dict[str, Any]]:
+        """The markers of the last committed batches: here every marker (:meth:`batches`)."""
+        return self.batches()
+
+    def repair_options(self) -> str:
+        """The ``onceflow repair`` options that name this sink (each sink names its database)."""
+        raise NotImplementedError
 
 
 @runtime_checkable

@@ -61,6 +61,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import kafka_owners, kafka_records, marker
+from onceflow.sinks.base import SinkBase
 from onceflow.sinks.kafka_records import encode
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_outputs
@@ -89,7 +90,7 @@ def _require() -> Any:
     return confluent_kafka
 
 
-class KafkaTopicsSink:
+class KafkaTopicsSink(SinkBase):
     """Topics of one Kafka cluster, each batch in one transaction (see the module protocol).
 
     Args:
@@ -136,6 +137,10 @@ class KafkaTopicsSink:
 
     def __repr__(self) -> str:
         return f"onceflow.kafka({self.bootstrap!r}, sink_id={self.sink_id!r})"
+
+    def repair_options(self) -> str:
+        """``--kafka BOOTSTRAP --sink-id ID``."""
+        return f"--kafka {self.bootstrap} --sink-id {self.sink_id}"
 
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient

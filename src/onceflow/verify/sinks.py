@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from onceflow.errors import ConfigError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks.base import BatchStats, TablesSink
+from onceflow.sinks.base import BatchStats, SinkBase, TablesSink
 from onceflow.sinks.delta import DeltaTablesSink
 from onceflow.sinks.http.sink import HttpEffectsSink
 from onceflow.sinks.postgres.conn import require_psycopg
@@ -108,7 +108,7 @@ class NaiveHttpSink(HttpEffectsSink):
         return True
 
 
-class NaiveKafkaSink:
+class NaiveKafkaSink(SinkBase):
     """``kafka-naive``: every attempt of a batch produces its records, without a transaction or marker."""
 
     all_or_nothing = False
@@ -126,6 +126,10 @@ class NaiveKafkaSink:
         self.sink_id = sink_id
         self._topics = KafkaTopicsSink(bootstrap, sink_id=sink_id)  # only to create missing topics
         self._p = Producer({"bootstrap.servers": bootstrap})
+
+    def repair_options(self) -> str:
+        """``--kafka BOOTSTRAP --sink-id ID`` (as the real sink's)."""
+        return self._topics.repair_options()
 
     def bind(self, query_id: str) -> None:  # noqa: D102
         pass

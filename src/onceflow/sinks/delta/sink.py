@@ -54,6 +54,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker, owners
+from onceflow.sinks.base import SinkBase
 from onceflow.sinks.delta import files
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_outputs, expected_columns
@@ -73,7 +74,7 @@ def _require() -> Any:
     return deltalake
 
 
-class DeltaTablesSink:
+class DeltaTablesSink(SinkBase):
     """Delta tables under one root directory (see the module protocol).
 
     Args:
@@ -97,6 +98,10 @@ class DeltaTablesSink:
 
     def __repr__(self) -> str:
         return f"onceflow.delta({str(self.root)!r}, sink_id={self.sink_id!r})"
+
+    def repair_options(self) -> str:
+        """``--delta ROOT --sink-id ID``."""
+        return f"--delta {self.root} --sink-id {self.sink_id}"
 
     def bind(self, query_id: str) -> None:
         """Tie the sink to the checkpoint with ``query_id`` (a file ``_onceflow/<sink_id>.json``).

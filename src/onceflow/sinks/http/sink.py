@@ -91,7 +91,7 @@ import pyarrow as pa
 from onceflow.errors import ConfigError, EffectsFailedError, UnstableOutputError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import owners
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks.base import BatchStats, SinkBase
 from onceflow.sinks.http.ledger import Effect, Ledger
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.tables import Table, check_json, check_outputs
@@ -148,7 +148,7 @@ class _Retry(Exception):
         self.status, self.detail = status, detail
 
 
-class HttpEffectsSink:
+class HttpEffectsSink(SinkBase):
     """Effects on an HTTP service, each exactly once (or at most once), by idempotency key and ledger.
 
     Args:
@@ -186,6 +186,10 @@ class HttpEffectsSink:
 
     def __repr__(self) -> str:
         return f"onceflow.http({self.url!r}, ledger={str(self.ledger_path)!r}, sink_id={self.sink_id!r})"
+
+    def repair_options(self) -> str:
+        """``--ledger PATH --sink-id ID``."""
+        return f"--ledger {self.ledger_path} --sink-id {self.sink_id}"
 
     @property
     def ledger(self) -> Ledger:

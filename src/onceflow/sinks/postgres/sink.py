@@ -34,6 +34,7 @@ import pyarrow as pa
 from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker
+from onceflow.sinks.base import SinkBase
 from onceflow.sinks.frames import check_frame
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.postgres import sql as pg
@@ -149,7 +150,7 @@ def _refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
                         "the batch was written", row=r.asDict())
 
 
-class PostgresTablesSink:
+class PostgresTablesSink(SinkBase):
     """Tables of any schema in PostgreSQL, written from the driver (see the module protocol).
 
     Args:
@@ -169,6 +170,10 @@ class PostgresTablesSink:
 
     def __repr__(self) -> str:
         return f"onceflow.postgres({pg.redact(self.dsn)!r}, sink_id={self.sink_id!r})"
+
+    def repair_options(self) -> str:
+        """``--dsn DSN --sink-id ID`` (the password left out)."""
+        return f"--dsn {pg.redact(self.dsn)} --sink-id {self.sink_id}"
 
     @property
     def conn(self) -> Any:
@@ -329,7 +334,7 @@ class PostgresTablesSink:
             self._conn = None
 
 
-class PostgresFramesSink:
+class PostgresFramesSink(SinkBase):
     """Tables of any schema in PostgreSQL, written by Spark's executors (large outputs).
 
     Each table of a batch goes through the ``onceflow_postgres`` data source with the
@@ -364,6 +369,10 @@ class PostgresFramesSink:
     def __repr__(self) -> str:
         return (f"onceflow.postgres({pg.redact(self.dsn)!r}, sink_id={self.sink_id!r}, "
                 f"protocol={self.protocol!r})")
+
+    def repair_options(self) -> str:
+        """``--dsn DSN --sink-id ID`` (the password left out)."""
+        return f"--dsn {pg.redact(self.dsn)} --sink-id {self.sink_id}"
 
     def bind(self, query_id: str) -> None:
         """Tie the sink id to the checkpoint; each table's ``<sink_id>.<table>`` is bound by its first write.

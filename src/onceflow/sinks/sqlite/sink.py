@@ -97,6 +97,7 @@ import pyarrow as pa
 from onceflow.errors import BatchRejectedError, ConfigError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks import marker, owners
+from onceflow.sinks.base import SinkBase
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.sqlite.db import HAS_MARKER, bind_query, check_sink_id, connect
 from onceflow.sinks.sqlite.values import (
@@ -184,7 +185,7 @@ def _statements(name: str, spec: Table, columns: list[str]) -> str:
 
 
 
-class SQLiteTablesSink:
+class SQLiteTablesSink(SinkBase):
     """Tables of any schema in one SQLite database (see the module protocol).
 
     Args:
@@ -210,6 +211,10 @@ class SQLiteTablesSink:
 
     def __repr__(self) -> str:
         return f"onceflow.sqlite({str(self.path)!r}, sink_id={self.sink_id!r})"
+
+    def repair_options(self) -> str:
+        """``--db PATH --sink-id ID``."""
+        return f"--db {self.path} --sink-id {self.sink_id}"
 
     @property
     def conn(self) -> sqlite3.Connection:
