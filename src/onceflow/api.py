@@ -129,9 +129,10 @@ def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 10
     """The Delta Lake sink: one Delta table per table name under ``root``.
 
     Each table commits each batch once, with the app transaction ``(onceflow:<sink_id>,
-    batch_id)`` (see :mod:`onceflow.sinks.delta`). A batch of ``collect_below`` rows or more
-    (all tables) is written by Spark's tasks and committed by the driver: no row of it passes
-    through the driver's Python, whatever its size.
+    batch_id)`` (see :mod:`onceflow.sinks.delta`). A batch whose input has ``collect_below`` rows
+    or more (counted before it runs; unknown counts as more), and whose tables then hold that
+    many, is written by Spark's tasks and committed by the driver: no row of it passes through
+    the driver's Python, whatever its size. A smaller one is collected (one Spark job).
 
     Raises:
         ConfigError: deltalake is missing (``pip install 'onceflow[delta]'``).

@@ -72,7 +72,7 @@ from onceflow.errors import (
     UncountableInputError,
 )
 from onceflow.retry import retrying
-from onceflow.sinks.base import BatchStats, ExecutorSink, TablesSink
+from onceflow.sinks.base import BatchStats, CollectingSink, DriverSink, ExecutorSink, TablesSink
 from onceflow.stable import Persisted, StableOutputs
 from onceflow.tables import Table
 
@@ -129,6 +129,8 @@ class _Attempt:
     stats: BatchStats = BatchStats(None, None, 0)
     written: dict[str, int] = field(default_factory=dict)
     """Rows per table the batch writes (counted before the sink's commit)."""
+    executor_side: bool = False
+    """Whether the sink's executor-side path writes this batch (step 4 decides)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ class BatchWriter:
         self.out_specs = {n: t for n, t in options.specs.items() if n not in (options.late, options.rejects)}
         self._with_id = options.per_batch is not None and takes_batch_id(options.per_batch)
         self._executor_side = isinstance(sink, ExecutorSink)
+        self._collecting = sink if isinstance(sink, CollectingSink) else None
         self._qid = ""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
         self._stop = threading.Event()
@@ -289,6 +292,18 @@ class BatchWriter:
             attempt.cached.append(observed.persist())
         return attempt
 
+    def _small(self, a: _Attempt) -> bool:
+        """Whether a sink with both paths collects this batch: its input has under ``collect_below`` rows.
+
+        The input's rows are known before the batch runs: its files' row counts (step 2), or its
+        offsets (Kafka's per partition). Unknown: not small (the executors write it).
+        """
+        if self._collecting is None:
+            return False
+        counted, _ = a.counted.result()
+        rows = counted.rows if counted is not None else a.planned.records()
+        return rows is not None and rows < self._collecting.collect_below
+
     def _recomputable(self) -> bool:
         """Whether a damaged stable copy of N may be computed again: no sink can hold part of the copy.
 
@@ -323,7 +338,8 @@ class BatchWriter:
     def _materialize(self, a: _Attempt) -> None:
         """Step 4: the outputs computed (and persisted once, with ``stable=``), counted, late rows added."""
         produced = dict(a.frames)  # what per_batch returned (count_rows reads these)
-        if self._executor_side:  # the executors write the rows: each frame is computed once
+        a.executor_side = self._executor_side and not self._small(a)
+        if a.executor_side:  # the executors write the rows: each frame is computed once
             a.frames = {n: self._frame(a.df, f).persist() for n, f in a.frames.items()}
             a.cached.extend(a.frames.values())
             a.written = {n: f.count() for n, f in a.frames.items()}
@@ -359,7 +375,7 @@ class BatchWriter:
 
     def _add_output(self, a: _Attempt, name: str, rows: DataFrame) -> int:
         """Add a table onceflow fills (late rows, bad records) to N's outputs; its row count."""
-        if self._executor_side:
+        if a.executor_side:
             a.frames[name] = rows.persist()
             a.cached.append(a.frames[name])
             a.outputs[name] = None
@@ -394,9 +410,12 @@ class BatchWriter:
     def _commit(self, a: _Attempt) -> bool:
         """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""
         def commit() -> bool:
-            if isinstance(self.sink, ExecutorSink):
-                return self.sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out)
-            return self.sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
+            sink = self.sink
+            if a.executor_side and isinstance(sink, ExecutorSink):
+                return sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out,
+                                          written=a.written)
+            assert isinstance(sink, DriverSink)  # a collected batch: an executor-only sink never has one
+            return sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
 
         try:
             committed = retrying(f"batch {a.batch_id}: the sink's commit", self.o.retry_s, commit)

@@ -112,6 +112,23 @@ class InputRange:
                 return True
         return False
 
+    def records(self) -> int | None:
+        """The records between the start and end offsets of every non-file source (None: unknown).
+
+        Each offset's numbers (e.g. Kafka's per partition) are summed, end minus start; without a
+        start (batch 0) the end's numbers, an upper bound. None when a source is a file source or
+        an offset holds no numbers onceflow can read.
+        """
+        total = 0
+        for i, end in enumerate(self.end):
+            start = self.start[i] if self.start is not None and i < len(self.start) else None
+            ends = _numbers(_offset(end))
+            starts = _numbers(_offset(start)) if start is not None else {}
+            if i in self.files or ends is None or starts is None:
+                return None
+            total += sum(max(v - starts.get(k, 0), 0) for k, v in ends.items())
+        return total
+
     def describe(self) -> str:
         """The range in a line a user can check against the source."""
         parts = []
@@ -132,6 +149,23 @@ def _offset(line: str) -> Any:
         return json.loads(line)
     except ValueError:
         return line
+
+
+def _numbers(value: Any, path: str = "") -> dict[str, int] | None:
+    """An offset's integers by their path in it (``{"t": {"0": 5}}`` -> ``{"t/0": 5}``); None: not all."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return {path: value}
+    if isinstance(value, dict):
+        out: dict[str, int] = {}
+        for k, v in value.items():
+            inner = _numbers(v, f"{path}/{k}")
+            if inner is None:
+                return None
+            out.update(inner)
+        return out
+    return None
 
 
 def _positive(value: Any) -> bool:

@@ -75,6 +75,11 @@ def test_kafka_offsets_are_start_and_end(tmp_path: Path) -> None:
     assert not other.same_input(r)
     with pytest.raises(Exception, match="input range onceflow cannot read"):
         ranges.InputRange.from_json(1, '{"v":1}')
+    # the records of a batch before it runs (a sink with two paths picks one by them)
+    assert r.records() == 2 + 5
+    assert ranges.read(tmp_path, 0).records() == 14  # batch 0: the end's numbers, an upper bound
+    assert ranges.InputRange(1, 0, 0, ('{"orders":{"0":"x"}}',), None).records() is None
+    assert ranges.InputRange(1, 0, 0, ('{"logOffset":3}',), ('{"logOffset":1}',), {0: []}).records() is None
 
 
 def test_a_range_written_back_reads_the_same_and_compacts_where_spark_would(tmp_path: Path) -> None:

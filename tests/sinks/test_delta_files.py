@@ -115,3 +115,24 @@ def test_the_format_on_its_own_in_a_streaming_query(spark: Any, tmp_path: Path) 
     table = DeltaTable(str(tmp_path / "lake" / "ids"))
     assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == list(range(30))
     assert table.transaction_version("onceflow:ids") == 2
+
+
+def test_write_stream_picks_the_path_by_the_batch_input_rows(spark: Any, tmp_path: Path) -> None:
+    """Counted from the batch's files before it runs: under ``collect_below`` collected, else tasks."""
+    import re
+
+    import onceflow
+
+    src = tmp_path / "in"
+    src.mkdir()
+    pq.write_table(pa.table({"id": list(range(300)), "v": [f"v{i}" for i in range(300)]}), src / "a.parquet")
+    tasks_file = re.compile(r"^part-00000-[0-9a-f]{12}-\d{5}-\d+-[0-9a-f]{8}\.snappy\.parquet$")
+    for collect_below, by_tasks in [(200, True), (1_000, False)]:
+        root = tmp_path / f"lake{collect_below}"
+        stream = spark.readStream.schema("id LONG, v STRING").parquet(str(src))
+        onceflow.write_stream(stream, onceflow.delta(root, collect_below=collect_below),
+                              tmp_path / f"ck{collect_below}", {"t": Table()}, once=True).awaitTermination()
+        table = DeltaTable(str(root / "t"))
+        assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == list(range(300))
+        names = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        assert names and all(bool(tasks_file.match(n)) == by_tasks for n in names), (collect_below, names)

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
     from onceflow.tables import Table
 
-__all__ = ["BatchStats", "DriverSink", "ExecutorSink", "Sink", "SinkBase", "TablesSink"]
+__all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "Sink", "SinkBase", "TablesSink"]
 
 
 class Sink(Protocol):
@@ -182,17 +182,31 @@ class ExecutorSink(Sink, Protocol):
     """A sink whose rows go from Spark's executors straight to the database."""
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, DataFrame], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
         """Steps 1-6 for batch ``batch_id``, each table by its own marker ``<sink_id>.<table>``.
 
         Runs on the driver, inside Spark's ``foreachBatch``; the row writes of step 3 run on the
         executors, one task per partition, each task any number of times (Spark retries tasks).
         Called once per attempt of the batch and idempotent per ``batch_id`` and table.
-        ``frames`` are cached by the caller: the checks of step 1 and the write read them once.
+        ``frames`` are cached by the caller: the checks of step 1 and the write read them once;
+        ``written`` is their row counts when the caller has them (else the sink counts).
 
         Returns:
             True if the batch's first table was committed by this call (False: a replay).
         """
+
+
+@runtime_checkable
+class CollectingSink(DriverSink, ExecutorSink, Protocol):
+    """A sink with both paths (Delta): a small batch collected, a large one written by the tasks.
+
+    :func:`onceflow.write_stream` takes the collected path (one Spark job, no cache) when the
+    batch's input has fewer than ``collect_below`` rows — counted before the batch runs, from its
+    files or its offsets — and the executor-side path otherwise, or when the input's size is
+    unknown.
+    """
+
+    collect_below: int
 
 
 TablesSink = DriverSink | ExecutorSink

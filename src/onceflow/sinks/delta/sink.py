@@ -25,8 +25,10 @@ Commit protocol of :meth:`DeltaTablesSink.commit_tables` for batch N:
    re-runs N, step 2 skips every table.
 6. **Return** True if any table was written.
 
-A batch whose tables hold more than ``collect_below`` rows (a backlog after downtime) never
-passes through the driver: :meth:`DeltaTablesSink.commit_frames` checks the DataFrames with Spark
+A batch whose input has ``collect_below`` rows or more (counted before it runs, by
+:func:`onceflow.write_stream`: the sink is a :class:`onceflow.sinks.base.CollectingSink`) and
+whose tables hold as many (a backlog after downtime) never passes through the driver:
+:meth:`DeltaTablesSink.commit_frames` checks the DataFrames with Spark
 (:func:`onceflow.sinks.frames.check_frame`), skips every table that has N already (step 2, before
 any task runs), and has Spark's tasks write the rest — each table's files committed by the
 driver with the marker in one Delta commit (:mod:`onceflow.sinks.delta.files`, steps 1-4 there);
@@ -252,7 +254,7 @@ class DeltaTablesSink(SinkBase):
         return wrote  # 6
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
         """Write batch ``batch_id``'s DataFrames to every table that does not have it yet.
 
         Small batches (under ``collect_below`` rows) are collected and go through
@@ -267,19 +269,19 @@ class DeltaTablesSink(SinkBase):
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(frames, specs, rows=False)
-        written = {n: f.count() for n, f in frames.items()}  # the caller cached the frames
-        if sum(written.values()) < self.collect_below:
+        counts = dict(written) if written is not None else {n: f.count() for n, f in frames.items()}
+        if sum(counts.values()) < self.collect_below:
             return self.commit_tables(batch_id, {n: f.toArrow() for n, f in frames.items()}, specs, stats,
                                       rows_out)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
-        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
+        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, counts)
         metadata = json.dumps({k: v for k, v in zip(marker.COLUMNS, values, strict=True)
                                if k != "committed_ms"})
         wrote = False
         for i, (name, frame) in enumerate(frames.items()):
             path, spec = str(self.root / name), specs[name]
-            if written[name] == 0:  # Spark may run no task, and no commit, for a frame without rows
+            if counts[name] == 0:  # Spark may run no task, and no commit, for a frame without rows
                 wrote |= self._commit_one(name, spec, frame.toArrow(), batch_id, metadata)
             elif not (self.dl.DeltaTable.is_deltatable(path) and self._committed(self.dl.DeltaTable(path),
                                                                                     batch_id)):  # 2

@@ -385,7 +385,7 @@ class PostgresFramesSink(SinkBase):
         self.query_id = query_id
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
         """Write each table's DataFrame from the executors, each exactly once.
 
         Returns:
