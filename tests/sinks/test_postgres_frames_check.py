@@ -12,12 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from onceflow import tables
 from onceflow.errors import BatchRejectedError
-from onceflow.sinks import frames
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.frames import check_frame
 from onceflow.sinks.postgres.sink import PostgresFramesSink
-from onceflow.tables import Table
+from onceflow.tables import Table, check_frame
 
 SPECS = {"totals": Table(key=["account", "day"], add=["amount"])}
 STATS = BatchStats(3, 0, 0)
@@ -27,7 +26,7 @@ SCHEMA = "account STRING, day INT, amount LONG"
 @pytest.fixture(params=["small", "large"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "large":
-        monkeypatch.setattr(frames, "SMALL_CHECK_ROWS", 1)
+        monkeypatch.setattr(tables, "SMALL_CHECK_ROWS", 1)
     return str(request.param)
 
 

@@ -29,7 +29,7 @@ A batch whose input has ``collect_below`` rows or more (counted before it runs, 
 :func:`onceflow.write_stream`: the sink is a :class:`onceflow.sinks.base.CollectingSink`) and
 whose tables hold as many (a backlog after downtime) never passes through the driver:
 :meth:`DeltaTablesSink.commit_frames` checks the DataFrames with Spark
-(:func:`onceflow.sinks.frames.check_frame`), skips every table that has N already (step 2, before
+(:func:`onceflow.tables.check_frame`), skips every table that has N already (step 2, before
 any task runs), and has Spark's tasks write the rest — each table's files committed by the
 driver with the marker in one Delta commit (:mod:`onceflow.sinks.delta.files`, steps 1-4 there);
 the crash points are the same. Smaller batches are collected and take the steps above (one
@@ -59,7 +59,7 @@ from onceflow.sinks import marker, owners
 from onceflow.sinks.base import SinkBase
 from onceflow.sinks.delta import files
 from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table, check_existing, check_outputs, expected_columns
+from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
 
 RETRIES = 5
 
@@ -265,7 +265,6 @@ class DeltaTablesSink(SinkBase):
             ConfigError: A table lacks a column of the batch, or a value does not fit its type.
         """
         from onceflow.sinks.delta.source import write_frame
-        from onceflow.sinks.frames import check_frame
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(frames, specs, rows=False)

@@ -35,11 +35,10 @@ from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker
 from onceflow.sinks.base import SinkBase
-from onceflow.sinks.frames import check_frame
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
-from onceflow.tables import Table, check_existing, check_outputs, row_name
+from onceflow.tables import Table, check_existing, check_frame, check_outputs, row_name
 
 _MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
 
