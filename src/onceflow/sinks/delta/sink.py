@@ -61,10 +61,10 @@ from onceflow.sinks.delta import files
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
 
-RETRIES = 5
+RETRIES = files.RETRIES
+"""Commits tried per table when a concurrent writer wins (step 3): the task-written path's number."""
 
 _log = logging.getLogger("onceflow.retry")
-"""Commits tried per table when a concurrent writer wins (step 3)."""
 
 
 def _require() -> Any:
