@@ -1,4 +1,4 @@
-"""A backlog after downtime: one micro-batch of N rows into a Delta table, beside Spark's own writer.
+"""A backlog after downtime: one micro-batch of N rows into Delta or SQLite, beside Spark's own writer.
 
 Input: ``--rows`` rows of ~108 bytes (an id, an account, an amount, a timestamp, a note) as
 Parquet files, made once per size. Each variant reads all of them as one batch, in its own
@@ -11,20 +11,37 @@ child process (so each process's peak memory is its own), with onceflow's sessio
   table: the batch is over ``collect_below``, so Spark's tasks write the files and the driver
   commits them with the marker;
 * ``onceflow-collect``: the same with ``collect_below`` above N (the batch collected to the
-  driver as Arrow and committed by delta-rs: the path every batch took before).
+  driver as Arrow and committed by delta-rs: the path every batch took before);
+* ``sqlite``: ``onceflow.write_stream`` into ``onceflow.sqlite(db)``, an append table: the tasks
+  convert and write scratch SQLite files, the driver copies them in with the marker;
+* ``sqlite-collect``: the same with ``collect_below`` above N (the batch collected as Arrow and
+  inserted by the driver);
+* ``spark-jdbc``: Spark's own JDBC writer of the same stream into a PostgreSQL table
+  (``foreachBatch`` + ``batch.write.jdbc``, at least once) — the reference of the PostgreSQL rows;
+* ``postgres``: ``onceflow.postgres(dsn)`` (driver protocol): the tasks stage the rows, the driver
+  moves them with the marker in one transaction;
+* ``postgres-collect``: the same with ``collect_below`` above N (collected and ``COPY``'d from the
+  driver).
+
+The PostgreSQL variants need ``$ONCEFLOW_PG_DSN`` (a database the run may write tables into) and
+``onceflow jars fetch postgres-jdbc``.
 
 Prints per variant: seconds (query start to end), the driver Python's peak RSS (``ru_maxrss``
-of the child), the rows in the table (checked = N); then the ratio spark / onceflow.
+of the child), the rows in the table (checked = N); then the ratios spark / onceflow (Delta,
+target >= 0.9), sqlite / spark (target <= 1.5) and spark-jdbc / postgres (Spark's JDBC writer's
+time over onceflow's: >= 1 is faster than Spark's).
 Spark's default ``spark.driver.maxResultSize`` (1g) is kept: the collect variant fails above
 it, as it did for users.
 
-Usage: python benchmarks/bench_backlog.py [--rows 5000000] [--variants spark,onceflow,onceflow-collect]
+Usage: python benchmarks/bench_backlog.py [--rows 5000000]
+       [--variants spark,onceflow,onceflow-collect,sqlite,sqlite-collect,spark-jdbc,postgres,postgres-collect]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -57,7 +74,12 @@ def run(variant: str, source: Path, work: Path) -> dict[str, float | int]:
     import onceflow
     from onceflow.spark import session
 
-    spark = session(app_name=f"backlog-{variant}")
+    conf = {}
+    if variant == "spark-jdbc":
+        from onceflow.jars import require, with_jars
+
+        conf = with_jars(conf, require("postgres-jdbc"))
+    spark = session(app_name=f"backlog-{variant}", conf=conf)
     stream = spark.readStream.schema(SCHEMA).parquet(str(source))
     started = time.perf_counter()
     if variant == "spark":
@@ -76,15 +98,56 @@ def run(variant: str, source: Path, work: Path) -> dict[str, float | int]:
         schema = Schema.from_arrow(pq.read_schema(files[0]))
         create_table_with_add_actions(str(work / "plain"), schema, adds, mode="append")
         table = work / "plain"
+    elif variant == "spark-jdbc":
+        from onceflow.realtime import jdbc_target
+
+        url, user, password = jdbc_target(os.environ["ONCEFLOW_PG_DSN"])
+        props = {"user": user or "", "password": password or "", "driver": "org.postgresql.Driver"}
+
+        def jdbc(batch: object, batch_id: int) -> None:
+            batch.write.jdbc(url, "backlog_jdbc", mode="append", properties=props)  # type: ignore[attr-defined]
+
+        stream.writeStream.foreachBatch(jdbc).option("checkpointLocation", str(work / "ck")) \
+            .trigger(availableNow=True).start().awaitTermination()
+        table = work / "backlog_jdbc"
+    elif variant.startswith("postgres"):
+        collect = 10**12 if variant == "postgres-collect" else 100_000
+        onceflow.write_stream(stream, onceflow.postgres(sink_id=work.name.replace("-", "_")[-40:],
+                                                        collect_below=collect),
+                              work / "ck", {f"backlog_{variant.replace('-', '_')}": onceflow.Table()},
+                              once=True).awaitTermination()
+        table = work / f"backlog_{variant.replace('-', '_')}"
+    elif variant.startswith("sqlite"):
+        collect = 10**12 if variant == "sqlite-collect" else 100_000
+        onceflow.write_stream(stream, onceflow.sqlite(work / "app.db", collect_below=collect), work / "ck",
+                              {"payments": onceflow.Table()}, once=True).awaitTermination()
+        table = work / "app.db"
     else:
         collect = 10**12 if variant == "onceflow-collect" else 100_000
         onceflow.write_stream(stream, onceflow.delta(work / "lake", collect_below=collect), work / "ck",
                               {"payments": onceflow.Table()}, once=True).awaitTermination()
         table = work / "lake" / "payments"
     seconds = time.perf_counter() - started
-    from deltalake import DeltaTable
+    if variant.startswith("sqlite"):
+        import sqlite3
 
-    rows = DeltaTable(str(table)).count()
+        with sqlite3.connect(table) as conn:
+            rows = conn.execute("SELECT count(*) FROM payments").fetchone()[0]
+    elif variant.startswith(("postgres", "spark-jdbc")):
+        import psycopg
+
+        with psycopg.connect(os.environ["ONCEFLOW_PG_DSN"], autocommit=True) as conn:
+            rows = conn.execute(f"SELECT count(*) FROM {table.name}").fetchone()[0]  # type: ignore[index]
+            conn.execute(f"DROP TABLE {table.name}")  # the next run starts from nothing (no owner either)
+            conn.execute(f"DROP TABLE IF EXISTS {table.name}_onceflow_stage")
+            if variant != "spark-jdbc":
+                from onceflow.sinks.owners import TABLE
+
+                conn.execute(f"DELETE FROM {TABLE} WHERE table_name = %s", (table.name,))
+    else:
+        from deltalake import DeltaTable
+
+        rows = DeltaTable(str(table)).count()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     spark.stop()
     return {"seconds": round(seconds, 2), "driver_rss_mb": peak, "rows": rows}
@@ -126,6 +189,12 @@ def main() -> None:
     if "spark" in results and "onceflow" in results:
         print(f"ratio spark / onceflow: {results['spark']['seconds'] / results['onceflow']['seconds']:.2f} "
               "(target >= 0.9)")
+    if "spark-jdbc" in results and "postgres" in results:
+        print(f"ratio spark-jdbc / postgres: "
+              f"{results['spark-jdbc']['seconds'] / results['postgres']['seconds']:.2f}")
+    if "spark" in results and "sqlite" in results:
+        print(f"ratio sqlite / spark: {results['sqlite']['seconds'] / results['spark']['seconds']:.2f} "
+              "(target <= 1.5)")
 
 
 if __name__ == "__main__":

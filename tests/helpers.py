@@ -107,3 +107,16 @@ def same_sorted(got: list[Any], expected: list[Any], what: str) -> None:
         raise AssertionError(f"{what}: {len(got)} read, {len(expected)} expected; {len(got) - len(set(got))} "
                              f"repeated, {len(extra)} unexpected (e.g. {extra[:3]}), {len(missing)} missing "
                              f"(e.g. {missing[:3]})")
+
+
+def table_frames(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> dict[str, Any]:
+    """One batch as three tables' DataFrames (persisted): ``events`` (the rows, 3 partitions),
+    ``latest`` (max ``id`` per ``k``) and ``totals`` (per ``k``, ``day``: sum of ``n``, max ``hi``,
+    min ``lo``) — the append, upsert and merge tables the sinks' tasks-path tests write."""
+    events = spark.createDataFrame(rows, schema)
+    events = events.repartition(3) if rows else events  # an empty batch: no partition, no task
+    latest = events.groupBy("k").agg({"id": "max"}).withColumnRenamed("max(id)", "id")
+    totals = (events.groupBy("k", "day").agg({"n": "sum", "hi": "max", "lo": "min"})
+              .withColumnRenamed("sum(n)", "n").withColumnRenamed("max(hi)", "hi")
+              .withColumnRenamed("min(lo)", "lo"))
+    return {"events": events.persist(), "latest": latest.persist(), "totals": totals.persist()}

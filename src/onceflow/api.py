@@ -94,25 +94,33 @@ def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str
     return out
 
 
-def sqlite(path: str | Path, sink_id: str = "default") -> SQLiteTablesSink:
+def sqlite(path: str | Path, sink_id: str = "default", *, collect_below: int = 100_000) -> SQLiteTablesSink:
     """The embedded SQLite sink (see :mod:`onceflow.sinks.sqlite.sink`).
 
     Args:
         path: Database file.
         sink_id: Marker namespace; two queries writing to one database need different ids.
+        collect_below: A batch whose input has fewer rows is collected to the driver as Arrow
+            (one Spark job); a larger one (a backlog) is converted and written to scratch files
+            beside the database by Spark's tasks, then copied into the tables by SQLite, so the
+            driver never holds the batch (:mod:`onceflow.sinks.sqlite.tasks`).
     """
-    return SQLiteTablesSink(path, sink_id=sink_id)
+    return SQLiteTablesSink(path, sink_id=sink_id, collect_below=collect_below)
 
 
-def postgres(dsn: str | None = None, sink_id: str = "default", protocol: str = "driver") -> TablesSink:
+def postgres(dsn: str | None = None, sink_id: str = "default", protocol: str = "driver", *,
+             collect_below: int = 100_000) -> TablesSink:
     """The PostgreSQL sink (see :mod:`onceflow.sinks.postgres.sink`).
 
     Args:
         dsn: Connection string; ``$ONCEFLOW_PG_DSN`` when None (keeps a password out of code).
         sink_id: Marker namespace; two queries writing to one database need different ids.
-        protocol: ``driver`` (the batch's rows through the driver, every table and the marker in
-            one transaction: small outputs), or ``staged`` / ``2pc`` (written by Spark's executors,
-            each table exactly once by its own marker: large outputs).
+        protocol: ``driver`` (every table and the marker in one transaction: a batch under
+            ``collect_below`` rows through the driver, a larger one staged by Spark's tasks and
+            moved by the driver), or ``staged`` / ``2pc`` (written by Spark's executors, each
+            table exactly once by its own marker).
+        collect_below: ``driver`` only: the input rows from which a batch is staged by the tasks
+            instead of collected (a backlog after downtime never sits in the driver's memory).
 
     Raises:
         ConfigError: psycopg is missing (``pip install 'onceflow[postgres]'``), no DSN, or an
@@ -121,7 +129,7 @@ def postgres(dsn: str | None = None, sink_id: str = "default", protocol: str = "
     from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
 
     if protocol == "driver":
-        return PostgresTablesSink(dsn, sink_id=sink_id)
+        return PostgresTablesSink(dsn, sink_id=sink_id, collect_below=collect_below)
     return PostgresFramesSink(dsn, sink_id=sink_id, protocol=protocol)
 
 

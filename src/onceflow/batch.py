@@ -79,6 +79,11 @@ from onceflow.tables import Table
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+BYTES_PER_ROW = 100
+"""Input bytes taken as one row where a file's rows cannot be counted without reading it (JSON,
+CSV): a batch of text files under ``collect_below`` times this many bytes is collected."""
+
+
 def _quiet(df: DataFrame) -> None:
     """Keep the stop a user asked for out of the logs (Spark logs a query ended by an exception)."""
     import logging
@@ -295,13 +300,20 @@ class BatchWriter:
     def _small(self, a: _Attempt) -> bool:
         """Whether a sink with both paths collects this batch: its input has under ``collect_below`` rows.
 
-        The input's rows are known before the batch runs: its files' row counts (step 2), or its
-        offsets (Kafka's per partition). Unknown: not small (the executors write it).
+        The input's rows are known before the batch runs: its files' row counts (step 2), its
+        offsets (Kafka's per partition), or, for files whose rows cannot be counted without
+        reading them (JSON, CSV), estimated from their bytes (:data:`BYTES_PER_ROW`). Unknown:
+        not small (the executors write it).
         """
         if self._collecting is None:
             return False
-        counted, _ = a.counted.result()
-        rows = counted.rows if counted is not None else a.planned.records()
+        counted, batch = a.counted.result()
+        if counted is not None:
+            rows: int | None = counted.rows
+        elif batch is not None and all(f.is_file() for f in batch.files):  # (not on a remote store)
+            rows = sum(f.stat().st_size for f in batch.files) // BYTES_PER_ROW
+        else:
+            rows = a.planned.records()
         return rows is not None and rows < self._collecting.collect_below
 
     def _recomputable(self) -> bool:

@@ -82,7 +82,7 @@ def _driver(tmp: Path, name: str, mode: str = "exactly_once", crash_at: str | No
     pytest.param("sqlite", marks=pytest.mark.long), pytest.param("postgres", marks=pytest.mark.long),
     pytest.param("postgres-staged", marks=pytest.mark.long),
     pytest.param("postgres-2pc", marks=pytest.mark.long), pytest.param("delta", marks=pytest.mark.long),
-    "delta-tasks"])
+    pytest.param("delta-tasks", marks=pytest.mark.long), "sqlite-tasks", "postgres-tasks"])
 def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_path: Path, backend: str,
                                                               request: pytest.FixtureRequest) -> None:
     dsn = request.getfixturevalue("pg_dsn") if backend.startswith("postgres") else None
@@ -133,6 +133,8 @@ def test_every_crash_point_and_random_kills_leave_exact_tables(spark: Any, tmp_p
             assert (committed, marked) == expect, (point, target)
         if backend == "delta-tasks":
             _task_killed_after_writing(tmp_path, db)
+        if backend in ("sqlite-tasks", "postgres-tasks"):
+            _task_killed_then_retried(tmp_path, db, backend, dsn)
     finally:
         stop.set()
         feeder.join(timeout=60)
@@ -169,6 +171,27 @@ def _task_killed_after_writing(tmp: Path, root: Path) -> None:
         assert any(name.startswith(f"part-{batch}-{token}-{part}-1-") for name in live), (token, part)
     stage = root / "_onceflow" / "stage" / "revenue"  # the merge table's staged files are gone
     assert not [d for d in stage.glob("*") if int(d.name.split("-")[0]) <= target], list(stage.glob("*"))
+
+
+def _task_killed_then_retried(tmp: Path, db: Path, backend: str, dsn: str | None) -> None:
+    """Each task's first attempt wrote (a scratch file, staged rows) and died; the retries count once."""
+    target = max(_markers(db, dsn)) + 1
+    d = _driver(tmp, "task", crash_at=f"task_after_write@{target}", dsn=dsn, backend=backend)
+    wait_until(lambda: target in _markers(db, dsn), 180, f"batch {target} committed after its tasks died")
+    d.kill()
+    assert f"crash point task_after_write at batch {target}" in d.output(), d.output()[-3000:]
+    if dsn is None:  # the attempt's scratch files, the killed attempts' too, are gone
+        from onceflow.sinks.sqlite.tasks import stage_root
+
+        left = [p for p in stage_root(db, "default").glob("*") if int(p.name.split("-")[0]) <= target]
+        assert not left, left
+        return
+    import psycopg
+
+    with psycopg.connect(dsn) as c:  # the staged rows of the batch, the killed attempts' too, are gone
+        for table in ("revenue", "payments"):
+            assert c.execute(f"SELECT count(*) FROM {table}_onceflow_stage WHERE _of_batch <= %s",
+                             (target,)).fetchone()[0] == 0, table
 
 
 @pytest.mark.parametrize(("mode", "point", "wrong"), [("naive", "after_sink_commit", "duplicated"),

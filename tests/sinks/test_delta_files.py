@@ -24,6 +24,7 @@ from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.delta import DeltaTablesSink
 from onceflow.tables import Table
+from tests.helpers import table_frames
 
 pytestmark = [pytest.mark.spark]
 
@@ -36,13 +37,7 @@ def _batch(spark: Any, b: int, n: int) -> dict[str, Any]:
     rows = [(b * 1000 + i, f"k{i % 5}", dt.date(2026, 1, 1 + i % 3), i if i % 4 else None,
              float(i * b) if i % 3 else None, float(-i), dt.datetime(2026, 1, 1, 0, 0, i % 60),
              "é\u00e8 " * (i % 3)) for i in range(n)]
-    events = spark.createDataFrame(rows, SCHEMA)
-    events = events.repartition(3) if n else events  # an empty batch: no partition, no task
-    latest = events.groupBy("k").agg({"id": "max"}).withColumnRenamed("max(id)", "id")
-    totals = (events.groupBy("k", "day").agg({"n": "sum", "hi": "max", "lo": "min"})
-              .withColumnRenamed("sum(n)", "n").withColumnRenamed("max(hi)", "hi")
-              .withColumnRenamed("min(lo)", "lo"))
-    return {"events": events.persist(), "latest": latest.persist(), "totals": totals.persist()}
+    return table_frames(spark, rows, SCHEMA)
 
 
 def _read(root: Path, name: str) -> list[dict[str, Any]]:
@@ -117,19 +112,27 @@ def test_the_format_on_its_own_in_a_streaming_query(spark: Any, tmp_path: Path) 
     assert table.transaction_version("onceflow:ids") == 2
 
 
-def test_write_stream_picks_the_path_by_the_batch_input_rows(spark: Any, tmp_path: Path) -> None:
-    """Counted from the batch's files before it runs: under ``collect_below`` collected, else tasks."""
+@pytest.mark.parametrize("fmt", ["parquet", "json"])
+def test_write_stream_picks_the_path_by_the_batch_input_rows(spark: Any, tmp_path: Path, fmt: str) -> None:
+    """Counted before the batch runs (Parquet: the files' rows; JSON: their bytes / BYTES_PER_ROW)."""
     import re
 
     import onceflow
+    from onceflow.batch import BYTES_PER_ROW
 
     src = tmp_path / "in"
     src.mkdir()
-    pq.write_table(pa.table({"id": list(range(300)), "v": [f"v{i}" for i in range(300)]}), src / "a.parquet")
+    rows = pa.table({"id": list(range(300)), "v": [f"v{i}" for i in range(300)]})
+    if fmt == "parquet":
+        pq.write_table(rows, src / "a.parquet")
+        counted = 300
+    else:
+        (src / "a.json").write_text("".join(json.dumps(r) + "\n" for r in rows.to_pylist()))
+        counted = (src / "a.json").stat().st_size // BYTES_PER_ROW
     tasks_file = re.compile(r"^part-00000-[0-9a-f]{12}-\d{5}-\d+-[0-9a-f]{8}\.snappy\.parquet$")
-    for collect_below, by_tasks in [(200, True), (1_000, False)]:
+    for collect_below, by_tasks in [(counted, True), (counted + 1, False)]:
         root = tmp_path / f"lake{collect_below}"
-        stream = spark.readStream.schema("id LONG, v STRING").parquet(str(src))
+        stream = getattr(spark.readStream.schema("id LONG, v STRING"), fmt)(str(src))
         onceflow.write_stream(stream, onceflow.delta(root, collect_below=collect_below),
                               tmp_path / f"ck{collect_below}", {"t": Table()}, once=True).awaitTermination()
         table = DeltaTable(str(root / "t"))

@@ -135,6 +135,7 @@ def test_a_kafka_pipeline_under_crashes(orders_sample: Path, tmp_path: Path) -> 
     assert rc == 1 and rep["verdict"]["tables"]["customers"]["duplicated_events"] > 0, out
 
 
+@pytest.mark.long  # make test-long (make test's 30 minutes); the same judging on files runs in make test
 def test_an_input_contract_on_kafka_records_and_its_rejects_are_judged(tmp_path: Path) -> None:
     """read_kafka + expect(json="value") + deduplicate + rejects= (the guide's shape), verify producing."""
     sample_dir = tmp_path / "sample"

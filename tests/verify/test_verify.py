@@ -195,7 +195,7 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
     assert "5 rows repeat a key of their table" in judge_delta(root, expectation).violations
 
 
-@pytest.mark.long  # make test-long; test_api_crash.py[delta-tasks] runs the task path's points in make test
+@pytest.mark.long  # make test-long; the task points of SQLite and PostgreSQL: test_api_crash.py
 def test_delta_tasks_under_task_deaths_and_the_crash_points(tmp_path: Path) -> None:
     """Every batch written by Spark's tasks: tasks killed after writing their files, before their
     messages reached the driver, and the driver killed between and after the tables' commits."""

@@ -191,8 +191,10 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
               help="Batches of checkpoint history Spark keeps (spark.sql.streaming.minBatchesToRetain, "
                    "default 100). 'onceflow verify' audits from the first batch, so it retains all.")
 @click.option("--sink", "sink_kind", type=click.Choice([*SINKS, REALTIME]), default=None,
-              help="Where results go: sqlite (default of user_counts); postgres (driver-side "
-                   "transaction); postgres-staged (default of billing) / postgres-2pc (written by "
+              help="Where results go: sqlite (default of user_counts; sqlite-tasks: every batch converted "
+                   "by Spark's tasks, as a large batch is); postgres (driver-side "
+                   "transaction; postgres-tasks: every batch staged by Spark's tasks); "
+                   "postgres-staged (default of billing) / postgres-2pc (written by "
                    "the executors); http (each row one call to --effects-url, ledger in --db); "
                    "delta (Delta tables under --delta, the marker a Delta app transaction; delta-tasks: "
                    "every batch's files written by Spark's tasks); "

@@ -46,6 +46,7 @@ of an :class:`ExecutorSink` run on executors (inside the DataSource it starts).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -57,7 +58,8 @@ if TYPE_CHECKING:
 
     from onceflow.tables import Table
 
-__all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "Sink", "SinkBase", "TablesSink"]
+__all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "RunningTask", "Sink", "SinkBase",
+           "TablesSink", "check_batch_write", "collected", "running_task", "save_frame"]
 
 
 class Sink(Protocol):
@@ -139,6 +141,20 @@ class SinkBase:
     keeps_markers: bool = True
     tables_are_topics: bool = False
 
+    def _counted(self, batch_id: int, frames: Mapping[str, DataFrame], specs: Mapping[str, Table],
+                 written: Mapping[str, int] | None) -> dict[str, int]:
+        """Step 1's start for a batch given as DataFrames: the crash point, the specs' columns, the rows.
+
+        Raises:
+            BatchRejectedError: A table's spec names a column its frame lacks.
+        """
+        from onceflow.faults import CrashPoint, maybe_crash
+        from onceflow.tables import check_outputs
+
+        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        check_outputs(frames, specs, rows=False)
+        return dict(written) if written is not None else {n: f.count() for n, f in frames.items()}
+
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows, by batch id (each sink reads its own)."""
         raise NotImplementedError
@@ -211,3 +227,70 @@ class CollectingSink(DriverSink, ExecutorSink, Protocol):
 
 TablesSink = DriverSink | ExecutorSink
 """Any sink :func:`onceflow.write_stream` takes."""
+
+
+def collected(frames: Mapping[str, DataFrame]) -> dict[str, pa.Table]:
+    """A small batch's DataFrames as Arrow tables on the driver (the collected path)."""
+    return {n: f.toArrow() for n, f in frames.items()}
+
+
+def check_batch_write(fmt: str, batch_id: int, overwrite: bool) -> None:
+    """A batch write to one of onceflow's formats names its micro-batch and appends.
+
+    Raises:
+        ConfigError: No ``batch_id`` option, or overwrite mode.
+    """
+    from onceflow.errors import ConfigError
+
+    if batch_id < 0:
+        raise ConfigError(f"a batch write to {fmt} needs option 'batch_id' (the micro-batch id foreachBatch "
+                          "passes): exactly once is defined per batch id")
+    if overwrite:
+        raise ConfigError(f"{fmt} does not overwrite; use mode('append')")
+
+
+def save_frame(frame: DataFrame, source: Any, options: Mapping[str, Any]) -> None:
+    """``frame`` written through the data source class ``source`` (registered here) with ``options``.
+
+    An onceflow error raised in Spark's Python workers reaches the caller as itself
+    (:func:`onceflow.errors.from_spark`).
+    """
+    from onceflow.errors import from_spark
+
+    frame.sparkSession.dataSource.register(source)
+    writer = frame.write.format(source.name()).mode("append")
+    for k, v in options.items():
+        writer = writer.option(k, v)
+    try:
+        writer.save()
+    except Exception as exc:
+        raise from_spark(exc) from None
+
+
+@dataclass(frozen=True)
+class RunningTask:
+    """The Spark task a sink's row writer runs in (on an executor).
+
+    Attributes:
+        batch_id: The streaming micro-batch (-1: not a streaming write, or not in a task).
+        partition: The task's partition.
+        attempt: Spark's attempt number (retries and speculative copies count up).
+        query_id: The streaming query's id ("" outside one).
+    """
+
+    batch_id: int
+    partition: int
+    attempt: int
+    query_id: str
+
+
+def running_task() -> RunningTask:
+    """The running Spark task (batch -1, partition 0, attempt 0 outside a task)."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    if tc is None:
+        return RunningTask(-1, 0, 0, "")
+    raw = tc.getLocalProperty("streaming.sql.batchId")
+    return RunningTask(int(raw) if raw else -1, tc.partitionId(), tc.attemptNumber(),
+                       tc.getLocalProperty("sql.streaming.queryId") or "")

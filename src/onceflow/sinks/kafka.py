@@ -382,9 +382,8 @@ class KafkaTopicsSink(SinkBase):
         consumer = self.ck.Consumer({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
                                      "enable.auto.commit": False, "isolation.level": "read_committed"})
         try:
-            tp = self.ck.TopicPartition(self.marker_topic, 0)
             try:  # read_committed: the high mark is the last stable offset (open transactions excluded)
-                low, high = consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S, cached=False)
+                low, high = kafka_records.watermarks(consumer, self.marker_topic, _TIMEOUT_S)
             except self.ck.KafkaException:
                 return []  # no marker topic yet
             start = low if tail is None else max(low, high - tail)

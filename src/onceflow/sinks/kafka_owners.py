@@ -102,8 +102,7 @@ class Registry:
                                      "enable.auto.commit": False, "isolation.level": "read_committed"})
         claims: Claims = {}
         try:
-            tp = self.ck.TopicPartition(self.topic, 0)
-            low, high = consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S, cached=False)
+            low, high = kafka_records.watermarks(consumer, self.topic, _TIMEOUT_S)
             if upto is not None:
                 high = min(high, upto)
             if high <= low:

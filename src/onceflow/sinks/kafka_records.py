@@ -169,6 +169,33 @@ def encode(rows: pa.Table, spec: Table) -> tuple[list[bytes | None], list[bytes 
     return keys, values
 
 
+def watermarks(consumer: Any, topic: str, timeout_s: float = 60.0) -> tuple[int, int]:
+    """The low and high offsets of ``topic``'s partition 0, waiting out a leader not elected yet.
+
+    A topic just created has no leader for a moment (``NOT_LEADER_FOR_PARTITION``,
+    ``LEADER_NOT_AVAILABLE``): those two are retried until ``timeout_s``.
+
+    Raises:
+        KafkaException: Another error (e.g. ``UNKNOWN_TOPIC_OR_PART``: no such topic), or the
+            retriable one still there after ``timeout_s``.
+    """
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    waiting = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            tp = TopicPartition(topic, 0)
+            low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            again = err is not None and err.code() in waiting
+            if not again or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def read_span(consumer: Any, topic: str, start: int, high: int, what: str,
               timeout_s: float = 60.0) -> Iterator[Any]:
     """The records at offsets ``[start, high)`` of ``topic``'s partition 0, read by ``consumer``.

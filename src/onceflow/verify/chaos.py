@@ -81,7 +81,8 @@ from onceflow.verify.standalone import StandaloneCluster
 from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget
 from onceflow.verify.verdict import Verdict
 
-KEEP_MARKERS = ("sqlite", "postgres", "delta", "delta-tasks", "lossy", "kafka")
+KEEP_MARKERS = ("sqlite", "sqlite-tasks", "postgres", "postgres-tasks", "delta", "delta-tasks", "lossy",
+                "kafka")
 """Sinks whose markers verify checks against Spark's commit log (the naive ones never read theirs)."""
 
 

@@ -36,15 +36,15 @@ __all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID"
            "NaiveDeltaSink", "NaiveHttpSink", "NaiveKafkaSink", "NaivePostgresSink", "NaiveSQLiteSink",
            "SinkOptions", "make_sink", "marker_id"]
 
-SQLITE_SINKS = ("sqlite", "naive", "lossy")
+SQLITE_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
-POSTGRES_SINKS = ("postgres", *EXECUTOR_SINKS, "postgres-naive")
+POSTGRES_SINKS = ("postgres", "postgres-tasks", *EXECUTOR_SINKS, "postgres-naive")
 EFFECT_SINKS = ("http", "http-naive")
 DELTA_SINKS = ("delta", "delta-tasks", "delta-naive")
 KAFKA_SINKS = ("kafka", "kafka-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
-USER_SINKS = ("sqlite", "naive", "lossy", "postgres", "postgres-naive", "delta", "delta-tasks", "delta-naive",
-              "kafka", "kafka-naive")
+USER_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy", "postgres", "postgres-tasks", "postgres-naive",
+              "delta", "delta-tasks", "delta-naive", "kafka", "kafka-naive")
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
 REALTIME = "realtime"
@@ -225,10 +225,12 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
             return NaiveSQLiteSink(where.db, sink_id=sink_id)
         if kind == "lossy":
             return LossySQLiteSink(where.db, sink_id=sink_id)
-        return SQLiteTablesSink(where.db, sink_id=sink_id)
+        every = kind == "sqlite-tasks"  # every batch through Spark's tasks
+        return SQLiteTablesSink(where.db, sink_id=sink_id, collect_below=0 if every else 100_000)
     require_psycopg()
-    if kind == "postgres":
-        return PostgresTablesSink(where.pg_dsn, sink_id=sink_id)
+    if kind in ("postgres", "postgres-tasks"):  # -tasks: every batch staged by Spark's tasks
+        return PostgresTablesSink(where.pg_dsn, sink_id=sink_id, collect_below=0 if kind == "postgres-tasks"
+                                  else 100_000)
     if kind == "postgres-naive":
         return NaivePostgresSink(where.pg_dsn, sink_id=sink_id)
     if kind in EXECUTOR_SINKS:

@@ -47,6 +47,7 @@ import pyarrow as pa
 
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
+from onceflow.sinks.base import running_task
 
 _log = logging.getLogger("onceflow.retry")
 RETRIES = 5
@@ -147,17 +148,6 @@ def table_schema(path: Path) -> pa.Schema | None:
     return pa.schema(DeltaTable(str(path)).schema().to_arrow())
 
 
-def _task() -> tuple[int, int, int]:
-    """(batch id or -1, partition, attempt) of the running Spark task."""
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    if tc is None:
-        return -1, 0, 0
-    raw = tc.getLocalProperty("streaming.sql.batchId")
-    return int(raw) if raw else -1, tc.partitionId(), tc.attemptNumber()
-
-
 def _fit(batch: pa.RecordBatch, target: pa.Schema | None, table: str) -> pa.RecordBatch:
     """``batch`` cast safely to the table's schema (its columns, its order, its types).
 
@@ -226,10 +216,11 @@ def write_task(spec: FilesSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, 
     """
     import pyarrow.parquet as pq
 
-    running, partition, attempt = _task()
-    batch_id = spec.batch_id if spec.batch_id >= 0 else running
+    task = running_task()
+    batch_id = spec.batch_id if spec.batch_id >= 0 else task.batch_id
     target = spec.arrow_schema()
-    name = f"part-{batch_id:05d}-{spec.token}-{partition:05d}-{attempt}-{uuid.uuid4().hex[:8]}.snappy.parquet"
+    unique = f"{task.partition:05d}-{task.attempt}-{uuid.uuid4().hex[:8]}"
+    name = f"part-{batch_id:05d}-{spec.token}-{unique}.snappy.parquet"
     folder = spec.path if spec.mode == "append" else spec.stage(batch_id)
     writer, stats = None, _Stats()
     try:
@@ -247,7 +238,7 @@ def write_task(spec: FilesSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, 
             writer.close()
     if writer is None:
         return {"files": [], "rows": 0}
-    faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, attempt)
+    faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     where = name if spec.mode == "append" else str(folder / name)
     st = os.stat(folder / name)
     written = {"path": where, "size": st.st_size, "mtime_ms": int(st.st_mtime * 1000), "rows": stats.rows,

@@ -56,7 +56,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker, owners
-from onceflow.sinks.base import SinkBase
+from onceflow.sinks.base import SinkBase, collected
 from onceflow.sinks.delta import files
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
@@ -266,12 +266,9 @@ class DeltaTablesSink(SinkBase):
         """
         from onceflow.sinks.delta.source import write_frame
 
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
-        check_outputs(frames, specs, rows=False)
-        counts = dict(written) if written is not None else {n: f.count() for n, f in frames.items()}
+        counts = self._counted(batch_id, frames, specs, written)  # 1
         if sum(counts.values()) < self.collect_below:
-            return self.commit_tables(batch_id, {n: f.toArrow() for n, f in frames.items()}, specs, stats,
-                                      rows_out)
+            return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
         values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, counts)

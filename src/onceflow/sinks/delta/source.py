@@ -36,7 +36,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from onceflow.errors import ConfigError, from_spark
+from onceflow.sinks.base import check_batch_write, save_frame
 from onceflow.sinks.delta import files
 from onceflow.sinks.delta.files import FilesSpec
 
@@ -107,11 +107,7 @@ class DeltaDataSource(DataSource):
             ConfigError: No ``batch_id``, or overwrite mode.
         """
         spec = FilesSpec.from_options(self.options)
-        if spec.batch_id < 0:
-            raise ConfigError("a batch write to onceflow_delta needs option 'batch_id' (the micro-batch id "
-                              "foreachBatch passes): exactly once is defined per batch id")
-        if overwrite:
-            raise ConfigError("onceflow_delta does not overwrite; use mode('append')")
+        check_batch_write(NAME, spec.batch_id, overwrite)
         return DeltaBatchWriter(spec, schema)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
@@ -125,16 +121,5 @@ def register(spark: Any) -> None:
 
 
 def write_frame(frame: Any, spec: FilesSpec) -> None:
-    """Write one micro-batch's DataFrame to one Delta table through ``onceflow_delta``, exactly once.
-
-    An onceflow error raised in Spark's Python workers reaches the caller as itself
-    (:func:`onceflow.errors.from_spark`).
-    """
-    register(frame.sparkSession)
-    writer = frame.write.format(NAME).mode("append")
-    for k, v in spec.options().items():
-        writer = writer.option(k, v)
-    try:
-        writer.save()
-    except Exception as exc:
-        raise from_spark(exc) from None
+    """Write one micro-batch's DataFrame to one Delta table through ``onceflow_delta``, exactly once."""
+    save_frame(frame, DeltaDataSource, spec.options())

@@ -35,6 +35,7 @@ from pyspark.sql.datasource import (
 )
 
 from onceflow.errors import ConfigError, from_spark
+from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres import writer as pg_writer
 from onceflow.sinks.postgres.writer import TargetSpec
 
@@ -81,7 +82,10 @@ class PgBatchWriter(_Writer, DataSourceArrowWriter):
     """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
 
     def commit(self, messages: list[Any]) -> None:
-        """Driver side: commit the batch (replays are no-ops)."""
+        """Driver side: commit the batch (replays are no-ops); ``stage``: record its tasks for the sink."""
+        if self.spec.protocol == "stage":
+            stage.record_winners(self.spec, self.spec.batch_id, _payloads(messages))
+            return
         pg_writer.commit(self.spec, self.spec.batch_id, _payloads(messages))
 
     def abort(self, messages: list[Any]) -> None:
@@ -114,8 +118,15 @@ class PostgresDataSource(DataSource):
         return PgBatchWriter(spec)
 
     def streamWriter(self, schema: Any, overwrite: bool) -> PgStreamWriter:  # noqa: N802
-        """A streaming writer (batch ids from Spark)."""
-        return PgStreamWriter(TargetSpec.from_options(self.options, schema))
+        """A streaming writer (batch ids from Spark).
+
+        Raises:
+            ConfigError: Protocol ``stage`` (the driver sink's own, for batch writes only).
+        """
+        spec = TargetSpec.from_options(self.options, schema)
+        if spec.protocol == "stage":
+            raise ConfigError("option 'protocol' must be 'staged' or '2pc' for a streaming write")
+        return PgStreamWriter(spec)
 
 
 def register(spark: Any) -> None:

@@ -21,6 +21,23 @@ from the driver to the server with ``COPY``. Commit protocol of
 5. Commit (the server's ``synchronous_commit`` must stay on). Crash point
    ``after_sink_commit`` and the ``ambiguous_commit`` fault: Spark re-runs N, step 2 skips it.
 6. Return True; Spark writes ``commits/N``.
+
+A batch whose input has ``collect_below`` rows or more (a backlog; :func:`onceflow.write_stream`
+decides before the batch runs) never passes through the driver, in the same one transaction
+(:meth:`PostgresTablesSink.commit_frames`):
+
+T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.tables.check_frame`:
+    a missing column, a null key, a key twice).
+T2. If the marker exists, return False (a replay runs no task). Tables that do not exist are
+    created as step 3 would (each in a transaction of its own: an empty table).
+T3. Spark's tasks ``COPY`` each table's rows into its unlogged staging table and the driver
+    records the attempts Spark kept (:mod:`onceflow.sinks.postgres.stage`, steps 1-2). A NUL in a
+    string fails a task's ``COPY``: the batch is refused naming the row.
+T4. One transaction, the sink's lock: if the marker exists, delete what N staged and return
+    False. Per table: the kept rows counted and moved by the table's mode (a savepoint: a
+    constraint they break, or an ``add`` past bigint, refuses the batch naming the table and
+    the key). Insert the marker; delete the staged rows. Crash point ``inside_sink_txn``.
+T5. Commit. Crash point ``after_sink_commit`` (and ``ambiguous_commit``); return True.
 """
 
 from __future__ import annotations
@@ -34,10 +51,12 @@ import pyarrow as pa
 from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker
-from onceflow.sinks.base import SinkBase
+from onceflow.sinks.base import SinkBase, collected
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.postgres import sql as pg
+from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres.conn import require_psycopg
+from onceflow.sinks.postgres.writer import TargetSpec
 from onceflow.tables import Table, check_existing, check_frame, check_outputs, row_name
 
 _MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
@@ -149,21 +168,34 @@ def _refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
                         "the batch was written", row=r.asDict())
 
 
+def _stage_options(dsn: str, sink_id: str, name: str, spec: Table, batch_id: int) -> dict[str, Any]:
+    """The ``onceflow_postgres`` options of one table's T3 (protocol ``stage``, the sink's marker)."""
+    mode = "append" if spec.mode == "append" else "upsert"
+    return {"dsn": dsn, "table": name, "sink_id": sink_id, "mode": mode, "key": ",".join(spec.key),
+            "add": ",".join(spec.add), "max": ",".join(spec.max), "min": ",".join(spec.min),
+            "protocol": "stage", "batch_id": batch_id, "query_id": "", "metrics": "{}"}
+
+
 class PostgresTablesSink(SinkBase):
     """Tables of any schema in PostgreSQL, written from the driver (see the module protocol).
 
     Args:
         dsn: Connection string (else ``$ONCEFLOW_PG_DSN``).
         sink_id: Marker namespace: two queries writing to one database need different ids.
+        collect_below: A batch with fewer rows (all tables) is collected to the driver; a larger
+            one is staged by Spark's tasks and moved by the driver (T1-T5), in one transaction
+            all the same.
     """
 
     all_or_nothing = True
     """Every table of a batch commits in one transaction."""
 
-    def __init__(self, dsn: str | None = None, sink_id: str = "default") -> None:
+    def __init__(self, dsn: str | None = None, sink_id: str = "default",
+                 collect_below: int = 100_000) -> None:
         require_psycopg()
         self.dsn = pg.resolve_dsn(dsn)
         self.sink_id = pg.check_sink_id(sink_id)
+        self.collect_below = collect_below
         self._conn: Any = None
         self._checked: dict[str, tuple[Table, tuple[str, ...]]] = {}
 
@@ -314,6 +346,78 @@ class PostgresTablesSink(SinkBase):
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 6
+
+    def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+        """Write batch ``batch_id`` given as DataFrames (T1-T5; a small batch collected: steps 1-6).
+
+        Raises:
+            BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
+            ConfigError: An existing table does not fit (nothing written).
+            PostgresError: The server failed the transaction (nothing written).
+        """
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from onceflow.sinks.postgres.datasource import write_frame
+
+        counts = self._counted(batch_id, frames, specs, written)  # T1
+        if sum(counts.values()) < self.collect_below:
+            return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
+        for name, frame in frames.items():
+            check_frame(name, specs[name], frame)
+        if self._committed(self.conn, batch_id):  # T2
+            return False
+        for name, frame in frames.items():
+            with self.conn.transaction():
+                self._fit(self.conn, name, specs[name], to_arrow_schema(frame.schema, timezone="UTC"))
+        options = {n: _stage_options(self.dsn, self.sink_id, n, specs[n], batch_id) for n in frames}
+        for name, frame in frames.items():  # T3
+            if counts[name]:
+                try:
+                    write_frame(frame, **options[name])
+                except Exception as exc:
+                    if "0x00" in str(exc):  # a task's COPY met a NUL: named here, on the error path only
+                        _refuse_nul(name, specs[name], frame)
+                    raise
+        targets = {n: TargetSpec.from_options(o, frames[n].schema) for n, o in options.items()}
+        return self._move(batch_id, targets, counts, frames, specs, stats, rows_out)
+
+    def _move(self, batch_id: int, targets: Mapping[str, TargetSpec], counts: Mapping[str, int],
+              frames: Mapping[str, Any], specs: Mapping[str, Table], stats: BatchStats,
+              rows_out: int) -> bool:
+        """T4-T5: every table's staged rows and the marker, in one transaction."""
+        psycopg = require_psycopg()
+        conn, overflow = self.conn, None
+        try:
+            with conn.transaction():  # T4
+                pg.lock_sink(conn, self.sink_id)
+                if self._committed(conn, batch_id):
+                    stage.forget(conn, targets.values(), self.sink_id, batch_id)
+                    return False
+                written = {}
+                for name, target in targets.items():
+                    try:
+                        with conn.transaction():  # a savepoint: the error names the table
+                            written[name] = stage.move(conn, target, batch_id) if counts[name] else 0
+                    except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+                        if isinstance(exc, psycopg.errors.NumericValueOutOfRange):
+                            overflow = name
+                        raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the "
+                                                 f"table ({str(exc).strip()}); nothing of the batch was "
+                                                 "written") from None
+                conn.execute(_MARKER, marker.marker_row(self.sink_id, batch_id, stats, rows_out, written))
+                stage.forget(conn, targets.values(), self.sink_id, batch_id)
+                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        except BatchRejectedError:
+            if overflow is not None:  # which key left bigint (reads the batch again, on this path only)
+                _refuse_overflow(self.dsn, overflow, specs[overflow], frames[overflow])
+            raise
+        except psycopg.Error as exc:
+            raise PostgresError(f"batch {batch_id} of sink {self.sink_id!r} failed in PostgreSQL: "
+                                f"{pg.scrub(str(exc), self.dsn).strip()}") from None
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # T5
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return True
 
     def _committed(self, conn: Any, batch_id: int) -> bool:
         """Step 2's check, inside the transaction: whether the marker of ``batch_id`` is there."""

@@ -45,6 +45,9 @@ ALTER TABLE onceflow_batches ADD COLUMN IF NOT EXISTS input_range text;
 CREATE TABLE IF NOT EXISTS onceflow_decisions(
     sink_id text NOT NULL, batch_id bigint NOT NULL, gids text[] NOT NULL,
     decided_ms bigint NOT NULL, PRIMARY KEY(sink_id, batch_id));
+CREATE TABLE IF NOT EXISTS onceflow_stage_winners(
+    sink_id text NOT NULL, batch_id bigint NOT NULL, tbl text NOT NULL, tokens text[] NOT NULL,
+    rows bigint NOT NULL, skipped boolean NOT NULL, PRIMARY KEY(sink_id, batch_id, tbl));
 """
 
 

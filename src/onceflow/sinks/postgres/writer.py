@@ -65,7 +65,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onceflow.errors import ConfigError, PostgresError, refuse_unknown
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint, maybe_crash, maybe_kill_task
+from onceflow.sinks.base import running_task
 from onceflow.sinks.postgres import sql as pg
 from onceflow.tables import merges
 
@@ -158,7 +159,7 @@ class TargetSpec:
         if mode not in ("append", "upsert"):
             raise ConfigError(f"option 'mode' must be 'append' or 'upsert', got {mode!r}")
         protocol = opts.get("protocol", "staged")
-        if protocol not in ("staged", "2pc"):
+        if protocol not in ("staged", "2pc", "stage"):  # stage: the driver sink's tasks path
             raise ConfigError(f"option 'protocol' must be 'staged' or '2pc', got {protocol!r}")
         key = _names(opts.get("key", ""))
         add = _names(opts.get("add", ""))
@@ -278,18 +279,6 @@ def ensure_tables(spec: TargetSpec) -> None:
                               "write to another table")
 
 
-def _task_context() -> tuple[int, int, int, str]:
-    """(batch id or -1, partition, attempt, query id) of the running Spark task."""
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    if tc is None:
-        return -1, 0, 0, ""
-    raw = tc.getLocalProperty("streaming.sql.batchId")
-    return (int(raw) if raw else -1, tc.partitionId(), tc.attemptNumber(),
-            tc.getLocalProperty("sql.streaming.queryId") or "")
-
-
 def write_task(spec: TargetSpec, batches: Iterable[Any]) -> TaskMessage:
     """Executor side, step 1 of either protocol: write one partition.
 
@@ -302,14 +291,14 @@ def write_task(spec: TargetSpec, batches: Iterable[Any]) -> TaskMessage:
     """
     import pyarrow as pa
 
-    stream_batch, partition, attempt, query_id = _task_context()
-    batch_id = spec.batch_id if spec.batch_id >= 0 else stream_batch
+    task = running_task()
+    batch_id = spec.batch_id if spec.batch_id >= 0 else task.batch_id
     token = uuid.uuid4().hex[:16]
     conn = pg.connect(spec.dsn)
     try:
         if pg.has_marker(conn, spec.sink_id, batch_id):
-            return TaskMessage(token, partition, attempt, 0, skipped=True, query_id=query_id)
-        if spec.protocol == "staged":
+            return TaskMessage(token, task.partition, task.attempt, 0, skipped=True, query_id=task.query_id)
+        if spec.protocol in ("staged", "stage"):
             rows = 0
             with conn.transaction():
                 for rb in batches:
@@ -319,9 +308,11 @@ def write_task(spec: TargetSpec, batches: Iterable[Any]) -> TaskMessage:
                         names=["_of_batch", "_of_token", *spec.columns])
                     rows += pg.copy_arrow(conn, spec.stage, ["_of_batch", "_of_token", *spec.columns],
                                           tagged)
-            return TaskMessage(token, partition, attempt, rows, query_id=query_id)
-        gid = f"{GID_PREFIX}:{spec.sink_id}:{batch_id}:{partition}:{attempt}:{token}"
-        _rollback_stale(conn, spec, batch_id, partition)
+            if rows:
+                maybe_kill_task(CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+            return TaskMessage(token, task.partition, task.attempt, rows, query_id=task.query_id)
+        gid = f"{GID_PREFIX}:{spec.sink_id}:{batch_id}:{task.partition}:{task.attempt}:{token}"
+        _rollback_stale(conn, spec, batch_id, task.partition)
         conn.execute("SET lock_timeout = '120s'")
         conn.autocommit = False
         rows = 0
@@ -335,11 +326,11 @@ def write_task(spec: TargetSpec, batches: Iterable[Any]) -> TaskMessage:
                 names=["_of_batch", "_of_token", *spec.columns])
             rows += pg.copy_arrow(conn, spec.stage, ["_of_batch", "_of_token", *spec.columns], tagged)
         if spec.mode == "upsert" or spec.key:
-            conn.execute(_merge_sql(spec), (batch_id, [token]))
+            conn.execute(merge_sql(spec), (batch_id, [token]))
             conn.execute(_delete_staged_sql(spec, "_of_token = ANY(%s)"), ([token],))
         conn.execute(_prepare_sql(gid))
         conn.autocommit = True
-        return TaskMessage(token, partition, attempt, rows, gid=gid, query_id=query_id)
+        return TaskMessage(token, task.partition, task.attempt, rows, gid=gid, query_id=task.query_id)
     finally:
         conn.close()
 
@@ -374,7 +365,7 @@ def _rollback_stale(conn: Any, spec: TargetSpec, batch_id: int, partition: int) 
         _finish_prepared(conn, gid, commit=False)
 
 
-def _merge_sql(spec: TargetSpec) -> Any:
+def merge_sql(spec: TargetSpec) -> Any:
     """INSERT … SELECT of a batch's staged rows of the given tokens (params: batch, tokens)."""
     from psycopg import sql
 
@@ -461,7 +452,7 @@ def _commit_staged(conn: Any, spec: TargetSpec, batch_id: int, tasks: list[TaskM
                 f"batch {batch_id} of sink {spec.sink_id}: {staged} staged rows found, tasks wrote "
                 f"{expected} (server restart?); the batch will be re-run")
         if winners:
-            conn.execute(_merge_sql(spec), (batch_id, winners))  # 4
+            conn.execute(merge_sql(spec), (batch_id, winners))  # 4
         pg.insert_marker(conn, spec.sink_id, batch_id, _metrics(spec, expected))
         conn.execute(_delete_staged_sql(spec, "_of_batch <= %s"), (batch_id,))
         maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)

@@ -16,13 +16,19 @@ onceflow's own tables (the user's tables are created by the sink, see
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, StorageError
 from onceflow.sinks import marker
+from onceflow.sinks.marker import BatchStats
+from onceflow.tables import Table
 
 META_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS onceflow_sinks(
@@ -178,3 +184,40 @@ def read_batches(path: str | Path, sink_id: str) -> list[dict[str, int]]:
     finally:
         conn.close()
     return [dict(r) for r in rows]
+
+
+def encode_staged(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: BatchStats,
+            rows_out: int) -> tuple[str, bytes]:
+    """A batch as a staged row (S3): metadata JSON and the tables as LZ4 Arrow IPC streams."""
+    data = io.BytesIO()
+    parts = []
+    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    for name, rows in outputs.items():
+        start = data.tell()
+        with pa.ipc.new_stream(data, rows.schema, options=options) as writer:
+            writer.write_table(rows)
+        spec = specs[name]
+        parts.append({"name": name, **spec.describe(), "bytes": data.tell() - start})
+    meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
+            "late_watermark_ms": stats.late_watermark_ms, "duplicates": stats.duplicates,
+            "rejected": stats.rejected, "input_range": stats.input_range, "rows_out": rows_out}
+    return json.dumps(meta), data.getvalue()
+
+
+def decode_staged(meta_json: str,
+                  data: bytes) -> tuple[dict[str, pa.Table], dict[str, Table], BatchStats, int]:
+    """A staged row back as the arguments of :meth:`SQLiteTablesSink.commit_tables`."""
+    meta = json.loads(meta_json)
+    outputs, specs, offset = {}, {}, 0
+    view = memoryview(data)
+    for part in meta["tables"]:
+        chunk = view[offset:offset + part["bytes"]]
+        offset += part["bytes"]
+        outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
+        specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"],
+                                    max=part.get("max") or None, min=part.get("min") or None,
+                                    shared=bool(part.get("shared")))
+    stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"],
+                       meta.get("duplicates"), meta.get("rejected"),  # absent: staged by an older onceflow
+                       meta.get("input_range"))
+    return outputs, specs, stats, int(meta["rows_out"])

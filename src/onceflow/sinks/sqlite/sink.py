@@ -69,6 +69,27 @@ a :class:`onceflow.OnceQuery` ends, and by ``close``) waits until every accepted
 What can still stop an apply is the machine (a full disk, a lock held past 60 s) or someone
 changing a table between S2 and S5: the batch then stays staged and a restart applies it.
 
+**Tasks** — a batch whose input has ``collect_below`` rows or more (a backlog), given as
+DataFrames (:meth:`SQLiteTablesSink.commit_frames`; :func:`onceflow.write_stream` decides by the
+input's rows before the batch runs): the driver never holds the batch, the tasks convert it.
+
+T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.tables.check_frame`:
+    a missing column, a null key, a key twice) without collecting the rows. Wait for the apply of
+    the previous batch (S1).
+T2. If the marker ``(sink_id, N)`` exists, return False: a replay runs no task.
+T3. Spark's tasks check and convert each table's rows and write them to scratch SQLite files
+    beside the database (:mod:`onceflow.sinks.sqlite.tasks`, steps 1-2: a value SQLite would
+    change fails the task naming it; of a retried or speculative task only the attempt Spark
+    kept counts; crash point ``task_after_write`` kills a task's first attempt after its file).
+T4. One transaction: if the marker exists, roll back and return False. Create or check the
+    tables as step 3 does; attach each file and copy it with SQLite's ``INSERT ... SELECT`` (in key
+    order; an integer ``add`` sum that could leave 64 bits checked exactly by a join first), its
+    row count checked against its task's; a constraint the rows break rolls back and raises
+    :class:`BatchRejectedError`. Insert the marker. Crash point ``inside_sink_txn``.
+T5. Commit durably. Crash point ``after_sink_commit`` (and ``ambiguous_commit``); return True.
+T6. Remove the attempt's scratch files, whatever happened (``bind`` removes those of a killed
+    process).
+
 Types: integers and booleans are ``INTEGER``, floats and decimals ``REAL``, strings
 ``TEXT``, binary ``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``, which
 sorts and compares correctly and SQLite's date functions read), dates ``TEXT``
@@ -83,10 +104,10 @@ input rows, late drops, the rows its DataFrame had (``events_counted``), duplica
 
 from __future__ import annotations
 
-import io
-import json
+import shutil
 import sqlite3
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -94,95 +115,34 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.errors import BatchRejectedError, ConfigError, SinkApplyError
+from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks import marker, owners
-from onceflow.sinks.base import SinkBase
+from onceflow.sinks.base import SinkBase, collected
 from onceflow.sinks.marker import BatchStats
-from onceflow.sinks.sqlite.db import HAS_MARKER, bind_query, check_sink_id, connect
+from onceflow.sinks.sqlite import tasks
+from onceflow.sinks.sqlite.db import (
+    HAS_MARKER,
+    bind_query,
+    check_sink_id,
+    connect,
+    decode_staged,
+    encode_staged,
+)
 from onceflow.sinks.sqlite.values import (
     AddBounds,
     check_types,
     check_values,
+    ddl,
     declared_types,
+    insert_sql,
     quote,
-    sql_type,
     stored,
 )
-from onceflow.tables import Table, check_existing, check_outputs, expected_columns
+from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
 
 _MARKER = marker.insert_sql("?", verb="INSERT OR REPLACE")
 _UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
-
-
-def _ddl(name: str, spec: Table, schema: pa.Schema, strict: bool = True) -> str:
-    """The ``CREATE TABLE`` text onceflow creates a table with (as SQLite stores it).
-
-    ``STRICT`` (onceflow since value checks; without it: the text of an older onceflow's
-    tables, which :func:`onceflow.sinks.sqlite.values.check_types` guards instead).
-    """
-    body = ", ".join(f"{quote(c)} {sql_type(schema.field(c).type)}" for c in schema.names)
-    key = f", PRIMARY KEY({', '.join(quote(k) for k in spec.key)})" if spec.key else ""
-    options = [" WITHOUT ROWID"] if spec.key else []  # one B-tree keyed by the key: faster upserts
-    options += [" STRICT"] if strict else []  # SQLite refuses a value of another type
-    return f"CREATE TABLE {quote(name)}({body}{key}){','.join(options)}"
-
-
-def _encode(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: BatchStats,
-            rows_out: int) -> tuple[str, bytes]:
-    """A batch as a staged row (S3): metadata JSON and the tables as LZ4 Arrow IPC streams."""
-    data = io.BytesIO()
-    parts = []
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
-    for name, rows in outputs.items():
-        start = data.tell()
-        with pa.ipc.new_stream(data, rows.schema, options=options) as writer:
-            writer.write_table(rows)
-        spec = specs[name]
-        parts.append({"name": name, **spec.describe(), "bytes": data.tell() - start})
-    meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
-            "late_watermark_ms": stats.late_watermark_ms, "duplicates": stats.duplicates,
-            "rejected": stats.rejected, "input_range": stats.input_range, "rows_out": rows_out}
-    return json.dumps(meta), data.getvalue()
-
-
-def _decode(meta_json: str, data: bytes) -> tuple[dict[str, pa.Table], dict[str, Table], BatchStats, int]:
-    """A staged row back as the arguments of :meth:`SQLiteTablesSink.commit_tables`."""
-    meta = json.loads(meta_json)
-    outputs, specs, offset = {}, {}, 0
-    view = memoryview(data)
-    for part in meta["tables"]:
-        chunk = view[offset:offset + part["bytes"]]
-        offset += part["bytes"]
-        outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
-        specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"],
-                                    max=part.get("max") or None, min=part.get("min") or None,
-                                    shared=bool(part.get("shared")))
-    stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"],
-                       meta.get("duplicates"), meta.get("rejected"),  # absent: staged by an older onceflow
-                       meta.get("input_range"))
-    return outputs, specs, stats, int(meta["rows_out"])
-
-
-def _merge(column: str, how: str) -> str:
-    """The stored value of a merged column after a batch (nulls ignored, as SQL's aggregates do)."""
-    old, new = quote(column), f"excluded.{quote(column)}"
-    both = f"{old} + {new}" if how == "add" else f"{how}({old}, {new})"  # scalar max()/min() in SQLite
-    return f"coalesce({both}, {old}, {new})"
-
-
-def _statements(name: str, spec: Table, columns: list[str]) -> str:
-    cols = ", ".join(quote(c) for c in columns)
-    insert = f"INSERT INTO {quote(name)}({cols}) VALUES ({', '.join('?' * len(columns))})"
-    if spec.mode == "append":
-        return insert
-    rest = [c for c in columns if c not in spec.key]
-    merged = spec.merged
-    sets = [f"{quote(c)} = {_merge(c, merged[c])}" if c in merged else f"{quote(c)} = excluded.{quote(c)}"
-            for c in rest]
-    conflict = f" ON CONFLICT({', '.join(quote(k) for k in spec.key)})"
-    return insert + (conflict + " DO UPDATE SET " + ", ".join(sets) if sets else conflict + " DO NOTHING")
-
 
 
 class SQLiteTablesSink(SinkBase):
@@ -192,16 +152,21 @@ class SQLiteTablesSink(SinkBase):
         path: Database file (created with its directory if missing).
         sink_id: Marker namespace: two queries writing to one database need different ids.
         staged: Allow the staged path; False writes every batch on the direct path.
+        collect_below: A batch with fewer rows (all tables) is collected to the driver as Arrow;
+            a larger one is converted and written to scratch files by Spark's tasks and copied
+            into the tables by SQLite (the tasks path, :mod:`onceflow.sinks.sqlite.tasks`).
     """
 
     all_or_nothing = True
     """Every table of a batch commits in one transaction."""
 
-    def __init__(self, path: str | Path, sink_id: str = "default", staged: bool = True) -> None:
+    def __init__(self, path: str | Path, sink_id: str = "default", staged: bool = True,
+                 collect_below: int = 100_000) -> None:
         check_sink_id(sink_id)
         self.path = Path(path)
         self.sink_id = sink_id
         self.staged = staged
+        self.collect_below = collect_below
         self._conn: sqlite3.Connection | None = None
         self._checked: dict[str, tuple[Table, tuple[str, ...]]] = {}
         self._applier: ThreadPoolExecutor | None = None
@@ -237,6 +202,7 @@ class SQLiteTablesSink(SinkBase):
         self.flush()
         bind_query(self.conn, self.path, self.sink_id, query_id)
         self._recover()
+        shutil.rmtree(tasks.stage_root(self.path, self.sink_id), ignore_errors=True)  # a dead process's files
 
     def _fit(self, name: str, spec: Table, schema: pa.Schema) -> None:
         """Step 3's table check: create the table, or check that an existing one fits.
@@ -249,7 +215,7 @@ class SQLiteTablesSink(SinkBase):
             return
         info = self.conn.execute(f"PRAGMA table_info({quote(name)})").fetchall()
         if not info:
-            self.conn.execute(_ddl(name, spec, schema))
+            self.conn.execute(ddl(name, spec, schema))
             return
         self._fits(name, spec, cols, info, schema)
 
@@ -282,7 +248,7 @@ class SQLiteTablesSink(SinkBase):
             spec = specs[name]
             try:
                 if spec.mode == "append" and spec.key or created.get(name) not in (
-                        _ddl(name, spec, rows.schema), _ddl(name, spec, rows.schema, strict=False)):
+                        ddl(name, spec, rows.schema), ddl(name, spec, rows.schema, strict=False)):
                     return False
             except ConfigError:  # e.g. a column of type null (an empty batch): the direct path decides
                 return False
@@ -320,7 +286,7 @@ class SQLiteTablesSink(SinkBase):
         self.flush()
         if not self._appliable(outputs, specs):  # S2
             return self._apply(batch_id, outputs, specs, stats, rows_out, staged=False)
-        meta, data = _encode(outputs, specs, stats, rows_out)
+        meta, data = encode_staged(outputs, specs, stats, rows_out)
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")  # S3
         try:
@@ -382,7 +348,7 @@ class SQLiteTablesSink(SinkBase):
                 if not staged:
                     self._bounds.check(conn, str(self.path), name, spec, outputs[name])
                 try:
-                    conn.executemany(_statements(name, spec, schema.names), values)
+                    conn.executemany(insert_sql(name, spec, schema.names), values)
                 except sqlite3.IntegrityError as exc:
                     raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table "
                                              f"({exc}); nothing of the batch was written") from None
@@ -405,13 +371,115 @@ class SQLiteTablesSink(SinkBase):
             maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 6
 
+    def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+        """Accept batch ``batch_id`` given as DataFrames (the tasks path, T1-T6).
+
+        A batch under ``collect_below`` rows (or of more tables than SQLite attaches) is
+        collected and goes through :meth:`commit_tables`.
+
+        Raises:
+            BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
+            ConfigError: An existing table does not fit (nothing written).
+            SinkApplyError: The previous batch could not be applied (it stays staged).
+        """
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from onceflow.sinks.sqlite.source import write_frame
+
+        counts = self._counted(batch_id, frames, specs, written)  # T1
+        if sum(counts.values()) < self.collect_below or len(frames) > tasks.MAX_FILES:
+            return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
+        for name, frame in frames.items():
+            check_frame(name, specs[name], frame)
+        self.flush()
+        if self._committed(batch_id):  # T2, before the tasks run (checked again in T4's transaction)
+            return False
+        token, each = uuid.uuid4().hex[:12], tasks.frames_per_table(len(frames))
+        found: dict[str, tuple[pa.Schema, list[dict[str, Any]]]] = {}
+        try:
+            for name, frame in frames.items():  # T3
+                spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
+                                      specs[name].describe(), apply=False)
+                files = write_frame(frame.coalesce(each), spec) if counts[name] else []
+                found[name] = (to_arrow_schema(frame.schema, timezone="UTC"), files)
+            return self.apply_files(batch_id, found, specs, stats, rows_out)  # T4, T5
+        finally:
+            tasks.discard(tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token), batch_id)  # T6
+
+    def apply_files(self, batch_id: int, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]],
+                    specs: Mapping[str, Table], stats: BatchStats, rows_out: int,
+                    check_keys: bool = False) -> bool:
+        """T4-T5: the tasks' scratch files of every table and the marker, in one transaction.
+
+        Args:
+            batch_id: The micro-batch.
+            found: Table name -> (its columns, the files its tasks wrote: their messages).
+            specs: Table name -> its spec.
+            stats: The batch's input rows and late drops.
+            rows_out: Rows of the batch's DataFrame.
+            check_keys: Look for a key twice in the files (T1 did not: the format on its own).
+
+        Returns:
+            True if this call wrote the batch, False if its marker was there.
+        """
+        conn, attached = self.conn, 0
+        counts = {n: sum(int(f["rows"]) for f in files) for n, (_, files) in found.items()}
+        conn.execute("BEGIN IMMEDIATE")  # T4
+        try:
+            if self._committed(batch_id):
+                conn.execute("ROLLBACK")
+                return False
+            self._before_rows(batch_id, stats, rows_out, counts)
+            for name, (schema, files) in found.items():
+                spec = specs[name]
+                self._fit(name, spec, schema)
+                aliases = [f"onceflow_task{attached + i}" for i in range(len(files))]
+                for f, alias in zip(files, aliases, strict=True):
+                    conn.execute(f"ATTACH DATABASE ? AS {alias}", (f["path"],))
+                    attached += 1
+                if check_keys and spec.key and aliases:
+                    tasks.check_keys(conn, name, spec, aliases)
+                for f, alias in zip(files, aliases, strict=True):
+                    self._copy(batch_id, name, spec, list(schema.names), f, files, alias)
+            self._marker(batch_id, stats, rows_out, counts)
+            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            conn.execute("COMMIT")  # T5
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        finally:
+            for i in range(attached):
+                conn.execute(f"DETACH DATABASE onceflow_task{i}")
+        for name, (schema, files) in found.items():
+            self._checked[name] = (specs[name], tuple(schema.names))
+            self._bounds.widen(name, tasks.folded(files))
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return True
+
+    def _copy(self, batch_id: int, name: str, spec: Table, columns: list[str], f: Mapping[str, Any],
+              files: list[dict[str, Any]], alias: str) -> None:
+        """T4 for one scratch file, attached as ``alias``: checked, copied by SQLite, counted."""
+        conn = self.conn
+        self._bounds.check_attached(conn, str(self.path), name, spec, tasks.folded(files), alias)
+        try:
+            cur = conn.execute(tasks.insert_select(name, spec, columns, alias))
+        except sqlite3.IntegrityError as exc:
+            raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table ({exc}); "
+                                     "nothing of the batch was written") from None
+        if cur.rowcount != f["rows"]:
+            raise OnceflowError(f"batch {batch_id}: scratch file {f['path']} of table {name!r} gave "
+                                f"{cur.rowcount} rows, its task wrote {f['rows']}; the batch runs again")
+
     def _accepted(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> None:
         """Widen the ``add`` columns' bounds by a batch committed or staged (once per batch)."""
         for name, rows in outputs.items():
             self._bounds.accepted(name, specs[name], rows)
 
     def _committed(self, batch_id: int) -> bool:
-        """Step 2's check, inside the transaction: whether the marker of ``batch_id`` is there."""
+        """Step 2's check: whether the marker of ``batch_id`` is there (inside the transaction, and T2)."""
         return self.conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone() is not None
 
     def _before_rows(self, batch_id: int, stats: BatchStats, rows_out: int, counts: dict[str, int]) -> None:
@@ -429,7 +497,7 @@ class SQLiteTablesSink(SinkBase):
         rows = self.conn.execute("SELECT batch_id, meta, data FROM onceflow_staged WHERE sink_id = ? "
                                  "ORDER BY batch_id", (self.sink_id,)).fetchall()
         for batch_id, meta, data in rows:
-            outputs, specs, stats, rows_out = _decode(meta, data)
+            outputs, specs, stats, rows_out = decode_staged(meta, data)
             self._apply(batch_id, outputs, specs, stats, rows_out, staged=True)
         return len(rows)
 

@@ -21,7 +21,7 @@ column, the row's key and the value:
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -184,20 +184,53 @@ class AddBounds:
 
     def safe(self, conn: sqlite3.Connection, name: str, spec: Table, rows: pa.Table) -> bool:
         """Whether no stored sum of this batch's integer ``add`` columns can leave 64 bits."""
-        for col in self.columns(spec, rows):
+        return self.safe_extents(conn, name, {c: self._extent(rows, c) for c in self.columns(spec, rows)})
+
+    def safe_extents(self, conn: sqlite3.Connection, name: str,
+                     extents: Mapping[str, tuple[int, int]]) -> bool:
+        """:meth:`safe` for a batch known by each integer ``add`` column's (lowest, highest) value."""
+        for col, (lo, hi) in extents.items():
             low, high = self._bounds_of(conn, name, col)
-            lo, hi = self._extent(rows, col)
-            if low + lo < I64_MIN or high + hi > I64_MAX:
+            if low + min(lo, 0) < I64_MIN or high + max(hi, 0) > I64_MAX:
                 return False
         return True
 
     def accepted(self, name: str, spec: Table, rows: pa.Table) -> None:
         """Widen the bounds by a batch that was committed or staged."""
-        for col in self.columns(spec, rows):
+        self.widen(name, {c: self._extent(rows, c) for c in self.columns(spec, rows)})
+
+    def widen(self, name: str, extents: Mapping[str, tuple[int, int]]) -> None:
+        """:meth:`accepted` for a batch known by its columns' (lowest, highest) values."""
+        for col, (lo, hi) in extents.items():
             if (name, col) in self._bounds:
                 low, high = self._bounds[(name, col)]
-                lo, hi = self._extent(rows, col)
-                self._bounds[(name, col)] = (low + lo, high + hi)
+                self._bounds[(name, col)] = (low + min(lo, 0), high + max(hi, 0))
+
+    def check_attached(self, conn: sqlite3.Connection, where: str, name: str, spec: Table,
+                       extents: Mapping[str, tuple[int, int]], source: str) -> None:
+        """:meth:`check` for rows in an attached scratch file (``<source>.rows``), by one join in SQLite.
+
+        Raises:
+            BatchRejectedError: Naming the table, the column, the key, the stored and the batch's value.
+        """
+        if not extents or self.safe_extents(conn, name, extents):
+            return
+        on = " AND ".join(f"t.{quote(k)} = s.{quote(k)}" for k in spec.key)
+        keys = ", ".join("s." + quote(k) for k in spec.key)
+        for col in extents:
+            c = quote(col)
+            over = f"(s.{c} > 0 AND t.{c} > {I64_MAX} - s.{c})"
+            under = f"(s.{c} < 0 AND t.{c} < ({I64_MIN + 1} - 1) - s.{c})"  # I64_MIN as a literal is a REAL
+            found = conn.execute(
+                f"SELECT t.{c}, s.{c}, {keys} FROM {source}.rows AS s JOIN main.{quote(name)} AS t ON {on} "
+                f"WHERE typeof(t.{c}) = 'integer' AND ({over} OR {under}) LIMIT 1").fetchone()
+            if found:
+                old, new, *key = found
+                raise BatchRejectedError(
+                    f"table {name!r} in {where}: add column {col!r} of the row with key "
+                    f"{dict(zip(spec.key, key, strict=True))} would become {old} + {new} = {old + new}, "
+                    f"outside SQLite's 64-bit integers{_NOTHING}. Store the column as a double (cast it in "
+                    "the query) or split the sum")
 
     def check(self, conn: sqlite3.Connection, where: str, name: str, spec: Table, rows: pa.Table) -> None:
         """Refuse a batch whose ``add`` would take a stored integer outside 64 bits (inside its transaction).
@@ -235,10 +268,10 @@ def stored(col: pa.ChunkedArray) -> list[Any]:
     if pa.types.is_dictionary(typ):
         col = col.cast(typ.value_type)
         typ = typ.value_type
-    if pa.types.is_timestamp(typ):
+    if pa.types.is_timestamp(typ):  # Arrow's text of a timestamp without zone is the UTC wall time
         if typ.tz is not None:
-            col = col.cast(pa.timestamp(typ.unit, tz="UTC"))
-        return pc.strftime(col, format="%Y-%m-%d %H:%M:%S").to_pylist()  # type: ignore[no-any-return]
+            col = col.cast(pa.timestamp(typ.unit))  # the same instants, UTC, without the zone
+        return col.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
     if pa.types.is_date(typ):
         return col.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
     if pa.types.is_decimal(typ):
@@ -249,3 +282,41 @@ def stored(col: pa.ChunkedArray) -> list[Any]:
 def declared_types(info: Sequence[Any]) -> dict[str, str]:
     """Column -> declared type, from ``PRAGMA table_info`` rows."""
     return {r[1]: r[2] for r in info}
+
+
+def ddl(name: str, spec: Table, schema: pa.Schema, strict: bool = True) -> str:
+    """The ``CREATE TABLE`` text onceflow creates a table with (as SQLite stores it).
+
+    ``STRICT`` (onceflow since value checks; without it: the text of an older onceflow's
+    tables, which :func:`onceflow.sinks.sqlite.values.check_types` guards instead).
+    """
+    body = ", ".join(f"{quote(c)} {sql_type(schema.field(c).type)}" for c in schema.names)
+    key = f", PRIMARY KEY({', '.join(quote(k) for k in spec.key)})" if spec.key else ""
+    options = [" WITHOUT ROWID"] if spec.key else []  # one B-tree keyed by the key: faster upserts
+    options += [" STRICT"] if strict else []  # SQLite refuses a value of another type
+    return f"CREATE TABLE {quote(name)}({body}{key}){','.join(options)}"
+
+
+def merge_value(column: str, how: str) -> str:
+    """The stored value of a merged column after a batch (nulls ignored, as SQL's aggregates do)."""
+    old, new = quote(column), f"excluded.{quote(column)}"
+    both = f"{old} + {new}" if how == "add" else f"{how}({old}, {new})"  # scalar max()/min() in SQLite
+    return f"coalesce({both}, {old}, {new})"
+
+
+def conflict_clause(spec: Table, columns: list[str]) -> str:
+    """The ``ON CONFLICT`` clause of a table's writes (none for ``append``)."""
+    if spec.mode == "append":
+        return ""
+    rest = [c for c in columns if c not in spec.key]
+    merged = spec.merged
+    sets = [f"{quote(c)} = {merge_value(c, merged[c]) if c in merged else 'excluded.' + quote(c)}"
+            for c in rest]
+    conflict = f" ON CONFLICT({', '.join(quote(k) for k in spec.key)})"
+    return conflict + " DO UPDATE SET " + ", ".join(sets) if sets else conflict + " DO NOTHING"
+
+
+def insert_sql(name: str, spec: Table, columns: list[str]) -> str:
+    """The statement that writes one row of a table by its mode."""
+    cols, marks = ", ".join(quote(c) for c in columns), ", ".join("?" * len(columns))
+    return f"INSERT INTO {quote(name)}({cols}) VALUES ({marks})" + conflict_clause(spec, columns)

@@ -1,0 +1,267 @@
+"""A large batch's SQLite rows converted and written by Spark's tasks, applied by the driver with its marker.
+
+The executor side of :class:`onceflow.sinks.sqlite.sink.SQLiteTablesSink` for a batch of
+``collect_below`` rows or more, and the ``onceflow_sqlite`` format (a PySpark Python data
+source, so ``writeStream.format("onceflow_sqlite")`` works on its own). SQLite has one writer,
+so the rows still reach the database through one process — but never as one batch in memory,
+and the costly part (each value turned into what SQLite stores, checked, inserted) runs in the
+tasks, in parallel. For table T and batch N, each commit attempt of N draws a token, and:
+
+1. **Task** (partition p, attempt a), any number of times (Spark's retries, speculation, a re-run
+   after a crash): each Arrow batch of its rows is checked for values SQLite would not store as
+   given (:func:`onceflow.sinks.sqlite.values.check_values`: the task fails naming the table,
+   column, key and value), converted as the sink stores it
+   (:func:`onceflow.sinks.sqlite.values.stored`) and inserted into a scratch SQLite file of its
+   own, ``<db>.onceflow-stage/<sink_id>/<N>-<token>/<T>-<p>-<a>-<uuid>.db`` (one table
+   ``rows``, no journal: nobody reads the file unless the task returned). It returns the file's
+   path, its rows, and the lowest and highest value of each integer ``add`` column — a few
+   hundred bytes, whatever the rows.
+2. **Manifest** (the driver, the data source's ``commit``): the messages of the attempts Spark
+   kept, one per partition, written as ``<T>.json`` in the attempt's directory (write, then
+   rename). Files of attempts Spark dropped are in no manifest.
+3. **Apply** (the driver, :meth:`SQLiteTablesSink.commit_frames`, or the format's ``commit``):
+   one transaction for every table of N and its marker — the files attached and copied by
+   SQLite itself (``INSERT ... SELECT``, in key order; each file's row count checked against its
+   message). See the sink's protocol.
+4. **Clean up**: the attempt's directory, whatever happened (the sink's ``bind`` removes what a
+   dead process left).
+
+SQLite attaches at most :data:`MAX_FILES` files to one connection, so the sink coalesces each
+table's rows into at most ``MAX_FILES // tables`` tasks; a batch of more tables than that is
+collected instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from onceflow import faults
+from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
+from onceflow.sinks.base import running_task
+from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, quote, stored
+from onceflow.tables import Table
+
+MAX_FILES = 10
+"""Files one connection may attach (SQLite's ``SQLITE_MAX_ATTACHED`` default)."""
+STAGE_SUFFIX = ".onceflow-stage"
+"""The scratch files' directory: the database's path with this suffix."""
+
+
+def stage_root(db: str | Path, sink_id: str) -> Path:
+    """Where a sink's tasks put their scratch files (beside the database)."""
+    return Path(str(db) + STAGE_SUFFIX) / sink_id
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One table's write of one batch (the data source's options).
+
+    Attributes:
+        db: The database file.
+        table: The table.
+        sink_id: The marker namespace.
+        batch_id: The micro-batch (-1: a streaming write, where Spark gives it).
+        token: This commit attempt's token (names its directory).
+        spec: The table's spec (:meth:`onceflow.tables.Table.describe`).
+        apply: Whether the data source's ``commit`` applies the batch (the format on its own);
+            False: it writes the manifest and the sink applies every table in one transaction.
+    """
+
+    db: str
+    table: str
+    sink_id: str = "default"
+    batch_id: int = -1
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    spec: dict[str, Any] = field(default_factory=lambda: {"mode": "append"})
+    apply: bool = True
+
+    def folder(self, batch_id: int) -> Path:
+        """This attempt's directory of scratch files."""
+        return stage_root(self.db, self.sink_id) / f"{batch_id}-{self.token}"
+
+    def manifest(self, batch_id: int) -> Path:
+        """The table's manifest (step 2)."""
+        return self.folder(batch_id) / f"{self.table}.json"
+
+    def table_spec(self) -> Table:
+        """The spec as a :class:`onceflow.tables.Table`."""
+        s = self.spec
+        return Table(key=s.get("key") or None, add=s.get("add") or None, max=s.get("max") or None,
+                     min=s.get("min") or None, mode=s.get("mode", "append"), shared=bool(s.get("shared")))
+
+    def options(self) -> dict[str, str]:
+        """As data source options."""
+        return {k: v if isinstance(v, str) else json.dumps(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> TaskSpec:
+        """From data source options (keys case-insensitive).
+
+        Raises:
+            ConfigError: ``db`` or ``table`` missing, or a spec that is not a table spec.
+        """
+        opts = {k.lower(): v for k, v in options.items()}
+        for need in ("db", "table"):
+            if not opts.get(need):
+                raise ConfigError(f"onceflow_sqlite needs option {need!r} (the database file, the table)")
+        spec = json.loads(opts["spec"]) if opts.get("spec") else {"mode": opts.get("mode", "append")}
+        if opts.get("key"):
+            spec["key"] = [k.strip() for k in opts["key"].split(",") if k.strip()]
+        made = cls(db=opts["db"], table=opts["table"], sink_id=opts.get("sink_id", "default"),
+                   batch_id=int(opts.get("batch_id", "-1")), token=opts.get("token") or uuid.uuid4().hex[:12],
+                   spec=spec, apply=opts.get("apply", "true").lower() != "false")
+        try:
+            made.table_spec()
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise ConfigError(f"onceflow_sqlite: table {made.table!r}: {exc}") from None
+        return made
+
+
+def _extents(spec: Table, rows: pa.Table, found: dict[str, list[int]]) -> None:
+    """Widen ``found`` (column -> [lowest, highest]) by a batch's integer ``add`` columns."""
+    for col in AddBounds.columns(spec, rows):
+        both = pc.min_max(rows.column(col)).as_py()
+        if both["min"] is None:
+            continue
+        low, high = found.get(col, [both["min"], both["max"]])
+        found[col] = [min(low, both["min"]), max(high, both["max"])]
+
+
+def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
+    """Step 1: one partition's rows as one scratch SQLite file; the file's message (no rows: no file).
+
+    Returns:
+        ``{"path", "rows", "extents"}`` (``path`` None when the partition had no rows).
+
+    Raises:
+        BatchRejectedError: A value SQLite would not store as given.
+    """
+    task = running_task()
+    batch_id = spec.batch_id if spec.batch_id >= 0 else task.batch_id
+    table = spec.table_spec()
+    folder = spec.folder(batch_id)
+    path = folder / f"{spec.table}-{task.partition:05d}-{task.attempt}-{uuid.uuid4().hex[:8]}.db"
+    conn: sqlite3.Connection | None = None
+    rows, extents = 0, {}  # type: ignore[var-annotated]
+    try:
+        for raw in batches:
+            if not raw.num_rows:
+                continue
+            batch = pa.Table.from_batches([raw])
+            check_values(spec.table, table, batch)
+            _extents(table, batch, extents)
+            if conn is None:
+                folder.mkdir(parents=True, exist_ok=True)
+                conn = sqlite3.connect(str(path), isolation_level=None)
+                conn.execute("PRAGMA journal_mode=OFF")
+                conn.execute("PRAGMA synchronous=OFF")
+                conn.execute(f"CREATE TABLE rows({', '.join(quote(c) for c in batch.column_names)})")
+                conn.execute("BEGIN")
+            values = list(zip(*(stored(batch.column(c)) for c in batch.column_names), strict=True))
+            conn.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * batch.num_columns)})", values)
+            rows += batch.num_rows
+        if conn is not None:
+            conn.execute("COMMIT")
+    finally:
+        if conn is not None:
+            conn.close()
+    if conn is None:
+        return {"path": None, "rows": 0, "extents": {}}
+    faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+    return {"path": str(path), "rows": rows, "extents": extents}
+
+
+def write_manifest(spec: TaskSpec, batch_id: int, messages: Iterable[Any]) -> list[dict[str, Any]]:
+    """Step 2: the kept attempts' files as the table's manifest; those files.
+
+    Raises:
+        OnceflowError: A task's message is missing (Spark passes None for a task that failed).
+    """
+    found = []
+    for m in messages:
+        if m is None:
+            raise OnceflowError(f"batch {batch_id}: a task writing SQLite table {spec.table!r} sent no "
+                                "message; the batch runs again")
+        if m["path"] is not None:
+            found.append(m)
+    target = spec.manifest(batch_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_suffix(".part")
+    part.write_text(json.dumps(found))
+    os.replace(part, target)
+    return found
+
+
+def read_manifest(spec: TaskSpec, batch_id: int) -> list[dict[str, Any]]:
+    """The files step 2 kept for ``spec``'s table.
+
+    Raises:
+        OnceflowError: No manifest (Spark's write returned without its commit).
+    """
+    try:
+        return json.loads(spec.manifest(batch_id).read_text())  # type: ignore[no-any-return]
+    except FileNotFoundError:
+        raise OnceflowError(f"batch {batch_id}: Spark's write of SQLite table {spec.table!r} returned "
+                            f"without its manifest in {spec.folder(batch_id)}; the batch runs again"
+                            ) from None
+
+
+def discard(spec: TaskSpec, batch_id: int) -> None:
+    """Step 4: the attempt's scratch files, kept or not."""
+    shutil.rmtree(spec.folder(batch_id), ignore_errors=True)
+
+
+def insert_select(name: str, spec: Table, columns: list[str], source: str) -> str:
+    """Step 3's copy of the scratch file attached as ``source`` into table ``name``, by its mode."""
+    cols = ", ".join(quote(c) for c in columns)
+    order = f" ORDER BY {', '.join(quote(k) for k in spec.key)}" if spec.key else ""
+    where = " WHERE true"  # so that SQLite reads ON CONFLICT as the upsert's, not a join's
+    copy = f"INSERT INTO main.{quote(name)}({cols}) SELECT {cols} FROM {source}.rows{where}{order}"
+    return copy + conflict_clause(spec, columns)
+
+
+def check_keys(conn: sqlite3.Connection, name: str, spec: Table, sources: list[str]) -> None:
+    """Refuse a batch whose scratch files (attached as ``sources``) hold a key twice.
+
+    Raises:
+        BatchRejectedError: Naming the table and the key.
+    """
+    keys = ", ".join(quote(k) for k in spec.key)
+    union = " UNION ALL ".join(f"SELECT {keys} FROM {s}.rows" for s in sources)
+    found = conn.execute(f"SELECT {keys}, count(*) FROM ({union}) GROUP BY {keys} HAVING count(*) > 1 "
+                         "LIMIT 1").fetchone()
+    if found:
+        key = dict(zip(spec.key, found[:-1], strict=True))
+        raise BatchRejectedError(f"table {name!r}: key {key} appears {found[-1]} times in one batch; "
+                                 "aggregate per key before writing; nothing of the batch was written")
+
+
+def folded(files: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Column -> (lowest, highest) over every file's ``extents``."""
+    out: dict[str, tuple[int, int]] = {}
+    for f in files:
+        for col, (low, high) in f["extents"].items():
+            was = out.get(col, (low, high))
+            out[col] = (min(was[0], low), max(was[1], high))
+    return out
+
+
+def frames_per_table(tables: int) -> int:
+    """How many files (tasks) each of ``tables`` tables may have: :data:`MAX_FILES` in all."""
+    return max(1, MAX_FILES // max(1, tables))
+
+
+def messages_of(raw: Iterator[Any]) -> list[dict[str, Any] | None]:
+    """The tasks' messages out of the data source's commit messages."""
+    return [getattr(m, "written", None) for m in raw]

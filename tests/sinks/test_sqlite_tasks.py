@@ -1,0 +1,199 @@
+"""The SQLite sink's tasks path (a large batch converted and written by Spark's tasks), ``onceflow_sqlite``.
+
+Batches given as DataFrames go through :meth:`SQLiteTablesSink.commit_frames` with
+``collect_below=0`` (every batch through the tasks): an append, an upsert and a merge table
+(``add``/``max``/``min``) over several batches with keys repeated across batches, nulls in merged
+columns, a replay and an empty batch, every column type the sink stores. The oracle is this
+test's own fold of the rows it generated (Python, not onceflow), compared with what
+Python's ``sqlite3`` reads from the database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import sqlite3
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onceflow.errors import BatchRejectedError
+from onceflow.sinks.base import BatchStats
+from onceflow.sinks.sqlite.sink import SQLiteTablesSink
+from onceflow.sinks.sqlite.tasks import stage_root
+from onceflow.tables import Table
+from tests.helpers import table_frames
+
+pytestmark = [pytest.mark.spark]
+
+SPECS = {"events": Table(), "latest": Table(key="k", mode="upsert"),
+         "totals": Table(key=["k", "day"], add="n", max="hi", min="lo")}
+SCHEMA = ("id LONG, k STRING, day DATE, n LONG, hi DOUBLE, lo DOUBLE, at TIMESTAMP, note STRING, "
+          "paid BOOLEAN, raw BINARY, price DECIMAL(10,2)")
+
+
+def _rows(b: int, n: int) -> list[tuple[Any, ...]]:
+    utc = dt.timezone.utc
+    return [(b * 1000 + i, f"k{i % 5}", dt.date(2026, 1, 1 + i % 3), i if i % 4 else None,
+             float(i * b) if i % 3 else None, float(-i),
+             dt.datetime(2026, 1, 1, 0, 0, i % 60, 1000 * i, tzinfo=utc),
+             "é\u00e8 " * (i % 3), i % 2 == 0, bytes([i % 256, 0, 7]), Decimal(f"{i}.{i % 100:02d}"))
+            for i in range(n)]
+
+
+def _ts(v: dt.datetime) -> str:
+    return v.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")
+
+
+class Oracle:
+    """The tables as this test folds its own rows (nulls ignored by the merges, as SQL's aggregates)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[Any, ...]] = []
+        self.latest: dict[str, int] = {}
+        self.totals: dict[tuple[str, str], list[Any]] = {}
+
+    def add(self, rows: list[tuple[Any, ...]]) -> None:
+        batch_latest: dict[str, int] = {}
+        batch_totals: dict[tuple[str, str], list[Any]] = {}
+        for (i, k, day, n, hi, lo, at, note, paid, raw, price) in rows:
+            stored = (i, k, day.isoformat(), n, hi, lo, _ts(at), note, int(paid), raw, float(price))
+            self.events.append(stored)
+            batch_latest[k] = max(batch_latest.get(k, i), i)
+            t = batch_totals.setdefault((k, day.isoformat()), [None, None, None])
+            t[0] = n if t[0] is None else (t[0] + n if n is not None else t[0])
+            t[1] = hi if t[1] is None else (max(t[1], hi) if hi is not None else t[1])
+            t[2] = lo if t[2] is None else min(t[2], lo)
+        self.latest.update(batch_latest)
+        for key, (n, hi, lo) in batch_totals.items():
+            old = self.totals.get(key)
+            if old is None:
+                self.totals[key] = [n, hi, lo]
+                continue
+            self.totals[key] = [n if old[0] is None else (old[0] if n is None else old[0] + n),
+                                hi if old[1] is None else (old[1] if hi is None else max(old[1], hi)),
+                                lo if old[2] is None else (old[2] if lo is None else min(old[2], lo))]
+
+
+def _read(db: Path) -> tuple[list[tuple[Any, ...]], dict[str, int], dict[tuple[str, str], list[Any]]]:
+    with sqlite3.connect(db) as c:
+        events = sorted(c.execute("SELECT id, k, day, n, hi, lo, at, note, paid, raw, price FROM events"))
+        latest = dict(c.execute("SELECT k, id FROM latest"))
+        read = c.execute("SELECT k, day, n, hi, lo FROM totals")
+        totals = {(k, d): [n, hi, lo] for k, d, n, hi, lo in read}
+    return events, latest, totals
+
+
+def test_the_tasks_path_writes_what_the_rows_say(spark: Any, tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    sink = SQLiteTablesSink(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    oracle, done = Oracle(), set()
+    for b, n in [(0, 40), (1, 25), (1, 25), (2, 0), (3, 30)]:  # batch 1 twice (a replay); 2 is empty
+        rows = _rows(b, n)
+        wrote = sink.commit_frames(b, table_frames(spark, rows, SCHEMA), SPECS, BatchStats(n, 0, 0), n)
+        assert wrote == (b not in done), b
+        if wrote:
+            oracle.add(rows)
+            done.add(b)
+        assert not list(stage_root(db, "s").glob("*")), "the attempt's scratch files are gone"
+    events, latest, totals = _read(db)
+    assert events == sorted(oracle.events)
+    assert latest == oracle.latest
+    assert totals.keys() == oracle.totals.keys()
+    for key, want in oracle.totals.items():
+        got = totals[key]
+        assert got[0] == want[0] and got[2] == want[2], key
+        assert got[1] == want[1] or (got[1] is None and want[1] is None) or math.isclose(got[1], want[1]), key
+    marks = sink.batches()
+    assert [m["batch_id"] for m in marks] == [0, 1, 2, 3]
+    assert marks[0]["rows_written"] == 40 + 5 + len({(r[1], r[2]) for r in _rows(0, 40)})
+    with sqlite3.connect(db) as c:  # onceflow's own tables: STRICT, as on the collected path
+        assert all("STRICT" in sql for (sql,) in c.execute(
+            "SELECT sql FROM sqlite_master WHERE name IN ('events', 'latest', 'totals')"))
+    sink.close()
+
+
+def test_a_value_sqlite_would_change_is_refused_in_the_task_and_nothing_is_written(spark: Any,
+                                                                                  tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    sink = SQLiteTablesSink(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    frame = spark.createDataFrame([(1, 1.0), (2, float("nan"))], "id LONG, x DOUBLE").repartition(2)
+    with pytest.raises(BatchRejectedError, match=r"table 'nums': column 'x' of .*NaN"):
+        sink.commit_frames(0, {"nums": frame}, {"nums": Table()}, BatchStats(2, 0, 0), 2)
+    assert sink.batches() == []
+    with sqlite3.connect(db) as c:
+        assert not c.execute("SELECT 1 FROM sqlite_master WHERE name = 'nums'").fetchone()
+    sink.close()
+
+
+def test_an_add_that_leaves_64_bits_is_refused_naming_the_key(spark: Any, tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    sink = SQLiteTablesSink(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    spec = {"sums": Table(key="k", add="n")}
+    first = spark.createDataFrame([("a", 2**63 - 10), ("b", 1)], "k STRING, n LONG")
+    assert sink.commit_frames(0, {"sums": first}, spec, BatchStats(2, 0, 0), 2)
+    second = spark.createDataFrame([("a", 11), ("b", 5)], "k STRING, n LONG")
+    with pytest.raises(BatchRejectedError, match=r"'n' of the row with key \{'k': 'a'\} would become "):
+        sink.commit_frames(1, {"sums": second}, spec, BatchStats(2, 0, 0), 2)
+    with sqlite3.connect(db) as c:
+        assert dict(c.execute("SELECT k, n FROM sums")) == {"a": 2**63 - 10, "b": 1}
+    third = spark.createDataFrame([("a", 9), ("b", 5)], "k STRING, n LONG")
+    assert sink.commit_frames(1, {"sums": third}, spec, BatchStats(2, 0, 0), 2)
+    with sqlite3.connect(db) as c:
+        assert dict(c.execute("SELECT k, n FROM sums")) == {"a": 2**63 - 1, "b": 6}
+    sink.close()
+
+
+def test_a_key_twice_is_refused_before_any_task_runs(spark: Any, tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    sink = SQLiteTablesSink(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    frame = spark.createDataFrame([("a", 1), ("a", 2)], "k STRING, n LONG")
+    with pytest.raises(BatchRejectedError, match="key .* appears more than once"):
+        sink.commit_frames(0, {"t": frame}, {"t": Table(key="k", mode="upsert")}, BatchStats(2, 0, 0), 2)
+    assert not stage_root(db, "s").exists() or not list(stage_root(db, "s").glob("*"))
+    sink.close()
+
+
+def test_the_format_on_its_own_writes_each_batch_once(spark: Any, tmp_path: Path) -> None:
+    from onceflow.sinks.sqlite.source import register
+
+    register(spark)
+    src = tmp_path / "in"
+    db = tmp_path / "app.db"
+    spark.range(200).selectExpr("id", "id % 7 AS g").repartition(2).write.parquet(str(src))
+    stream = spark.readStream.schema("id LONG, g LONG").parquet(str(src))
+    q = (stream.writeStream.format("onceflow_sqlite").option("db", str(db)).option("table", "ids")
+         .option("sink_id", "fmt").option("checkpointLocation", str(tmp_path / "ck"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination()
+    with sqlite3.connect(db) as c:
+        assert sorted(r[0] for r in c.execute("SELECT id FROM ids")) == list(range(200))
+        assert [r[0] for r in c.execute("SELECT batch_id FROM onceflow_batches WHERE sink_id = 'fmt'")] == [0]
+    batch = spark.range(5).selectExpr("id", "id AS g")
+    for _ in range(2):  # the same batch id twice: once
+        (batch.write.format("onceflow_sqlite").mode("append").option("db", str(db)).option("table", "ids")
+         .option("sink_id", "fb").option("batch_id", 7).save())
+    with sqlite3.connect(db) as c:
+        assert c.execute("SELECT count(*) FROM ids").fetchone()[0] == 205
+
+
+def test_the_format_on_its_own_refuses_a_key_twice(spark: Any, tmp_path: Path) -> None:
+    from onceflow.errors import from_spark
+    from onceflow.sinks.sqlite.source import register
+
+    register(spark)
+    db = tmp_path / "app.db"
+    batch = spark.createDataFrame([("a", 1), ("b", 2), ("a", 3)], "k STRING, n LONG").repartition(2)
+    with pytest.raises(Exception) as caught:
+        (batch.write.format("onceflow_sqlite").mode("append").option("db", str(db)).option("table", "t")
+         .option("spec", '{"mode": "upsert", "key": ["k"]}').option("batch_id", 0).save())
+    assert isinstance(from_spark(caught.value), BatchRejectedError), caught.value
+    assert "key {'k': 'a'} appears 2 times" in str(from_spark(caught.value))
+    with sqlite3.connect(db) as c:
+        assert not c.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone()
