@@ -33,7 +33,10 @@ time over onceflow's: >= 1 is faster than Spark's).
 Spark's default ``spark.driver.maxResultSize`` (1g) is kept: the collect variant fails above
 it, as it did for users.
 
-Usage: python benchmarks/bench_backlog.py [--rows 5000000]
+``--steps`` also times the steps of the onceflow variants (the batch's cache and count, the tasks'
+write, the driver's commit) and prints them beside the total.
+
+Usage: python benchmarks/bench_backlog.py [--rows 5000000] [--steps]
        [--variants spark,onceflow,onceflow-collect,sqlite,sqlite-collect,spark-jdbc,postgres,postgres-collect]
 """
 
@@ -69,10 +72,44 @@ def make_input(folder: Path, rows: int) -> None:
     spark.stop()
 
 
-def run(variant: str, source: Path, work: Path) -> dict[str, float | int]:
-    """One variant in this process (the child): seconds, peak RSS, rows written."""
+STEPS = {"cache and count": ("onceflow.batch", "BatchWriter", "_materialize"),
+         "tasks write (sqlite)": ("onceflow.sinks.sqlite.source", None, "write_frame"),
+         "copy (sqlite)": ("onceflow.sinks.sqlite.sink", "SQLiteTablesSink", "apply_files"),
+         "tasks stage (postgres)": ("onceflow.sinks.postgres.datasource", None, "write_frame"),
+         "move (postgres)": ("onceflow.sinks.postgres.sink", "PostgresTablesSink", "_move"),
+         "tasks write + commit (delta)": ("onceflow.sinks.delta.source", None, "write_frame")}
+"""What ``--steps`` times: label -> (module, class or None, function)."""
+
+
+def time_steps(spent: dict[str, float]) -> None:
+    """Wrap each of :data:`STEPS` so that its seconds add up in ``spent``."""
+    import functools
+    import importlib
+
+    for label, (module, cls, name) in STEPS.items():
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*args: object, _fn: object = fn, _label: str = label, **kwargs: object) -> object:
+            started = time.perf_counter()
+            try:
+                return _fn(*args, **kwargs)  # type: ignore[operator]
+            finally:
+                spent[_label] = spent.get(_label, 0.0) + time.perf_counter() - started
+
+        setattr(owner, name, timed)
+
+
+def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str, object]:
+    """One variant in this process (the child): seconds, peak RSS, rows written (and step times)."""
     import onceflow
     from onceflow.spark import session
+
+    spent: dict[str, float] = {}
+    if steps:
+        time_steps(spent)
 
     conf = {}
     if variant == "spark-jdbc":
@@ -150,19 +187,21 @@ def run(variant: str, source: Path, work: Path) -> dict[str, float | int]:
         rows = DeltaTable(str(table)).count()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     spark.stop()
-    return {"seconds": round(seconds, 2), "driver_rss_mb": peak, "rows": rows}
+    return {"seconds": round(seconds, 2), "driver_rss_mb": peak, "rows": rows,
+            "steps": {k: round(v, 2) for k, v in spent.items()}}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=5_000_000)
     ap.add_argument("--variants", default="spark,onceflow,onceflow-collect")
+    ap.add_argument("--steps", action="store_true", help="also time the onceflow variants' steps")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(run(args.child, Path(args.source), Path(args.work))), flush=True)
+        print(json.dumps(run(args.child, Path(args.source), Path(args.work), args.steps)), flush=True)
         import os
 
         os._exit(0)  # delta-rs may abort the interpreter at shutdown (delta-io/delta-rs#2184)
@@ -172,7 +211,8 @@ def main() -> None:
     for variant in args.variants.split(","):
         work = Path(tempfile.mkdtemp(prefix=f"onceflow-backlog-{variant}-"))
         done = subprocess.run([sys.executable, __file__, "--child", variant, "--source", str(source),
-                               "--work", str(work)], capture_output=True, text=True)
+                               "--work", str(work), *(["--steps"] if args.steps else [])],
+                              capture_output=True, text=True)
         lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
         if done.returncode != 0 or not lines:
             lines = done.stderr.strip().splitlines() or ["?"]
@@ -184,7 +224,7 @@ def main() -> None:
         r = results[variant]
         ok = "" if r["rows"] == args.rows else f"  WRONG: {r['rows']} rows"
         print(f"{variant:18s} {r['seconds']:8.2f} s   driver Python peak RSS {r['driver_rss_mb']:6d} MB   "
-              f"{r['rows']:,} rows{ok}", flush=True)
+              f"{r['rows']:,} rows{ok}" + (f"   steps {r['steps']}" if r.get("steps") else ""), flush=True)
         shutil.rmtree(work, ignore_errors=True)
     if "spark" in results and "onceflow" in results:
         print(f"ratio spark / onceflow: {results['spark']['seconds'] / results['onceflow']['seconds']:.2f} "

@@ -196,12 +196,14 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
 
 
 @pytest.mark.long  # make test-long; the task points of SQLite and PostgreSQL: test_api_crash.py
-def test_delta_tasks_under_task_deaths_and_the_crash_points(tmp_path: Path) -> None:
-    """Every batch written by Spark's tasks: tasks killed after writing their files, before their
-    messages reached the driver, and the driver killed between and after the tables' commits."""
+@pytest.mark.parametrize("sink", ["delta-tasks", "sqlite-tasks", "postgres-tasks"])
+def test_tasks_paths_under_task_deaths_and_the_crash_points(tmp_path: Path, sink: str,
+                                                            request: pytest.FixtureRequest) -> None:
+    """Every batch written by Spark's tasks: tasks killed after writing their files (or staging their
+    rows), before their messages reached the driver, and the driver killed inside and after the commit."""
     faults = "crash_task_after_write,crash_inside_sink_txn,crash_after_sink_commit,kill_random"
     rc, out, rep = _verify(tmp_path, "--rounds", "4", "--seed", "5", "--events-per-round", "3000",
-                           "--faults", faults, "--sink", "delta-tasks")
+                           "--faults", faults, "--sink", sink, dsn=_dsn_for(sink, request))
     assert rc == 0, out[-3000:]
     rounds = rep["rounds"]
     assert isinstance(rounds, list)

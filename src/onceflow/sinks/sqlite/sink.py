@@ -86,7 +86,9 @@ T4. One transaction: if the marker exists, roll back and return False. Create or
     order; an integer ``add`` sum that could leave 64 bits checked exactly by a join first), its
     row count checked against its task's; a constraint the rows break rolls back and raises
     :class:`BatchRejectedError`. Insert the marker. Crash point ``inside_sink_txn``.
-T5. Commit durably. Crash point ``after_sink_commit`` (and ``ambiguous_commit``); return True.
+T5. Commit durably (the WAL; copying it into the database file, SQLite's checkpoint, runs in the
+    apply thread beside Spark's next batch). Crash point ``after_sink_commit`` (and
+    ``ambiguous_commit``); return True.
 T6. Remove the attempt's scratch files, whatever happened (``bind`` removes those of a killed
     process).
 
@@ -143,6 +145,8 @@ from onceflow.tables import Table, check_existing, check_frame, check_outputs, e
 
 _MARKER = marker.insert_sql("?", verb="INSERT OR REPLACE")
 _UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
+AUTOCHECKPOINT_PAGES = 1000
+"""SQLite's default ``wal_autocheckpoint``, restored after a large batch's commit (T5)."""
 
 
 class SQLiteTablesSink(SinkBase):
@@ -311,10 +315,23 @@ class SQLiteTablesSink(SinkBase):
         if armed_for(CrashPoint.APPLY_PENDING, batch_id):  # S4
             self._held = batch_id
             return True
+        self._pending = (batch_id, self._apply_thread().submit(  # S5
+            self._apply, batch_id, outputs, specs, stats, rows_out, True))
+        return True
+
+    def _apply_thread(self) -> ThreadPoolExecutor:
+        """The thread that applies staged batches (S5) and checkpoints after a large one (T5)."""
         if self._applier is None:
             self._applier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-apply")
-        self._pending = (batch_id, self._applier.submit(  # S5
-            self._apply, batch_id, outputs, specs, stats, rows_out, True))
+        return self._applier
+
+    def _checkpoint(self) -> bool:
+        """After T5, beside Spark's next batch: copy the large commit's WAL into the database file.
+
+        The commit is durable without it (the WAL is); a checkpoint that cannot run now (a reader
+        holds the WAL) runs at a later commit.
+        """
+        self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         return True
 
     def _apply(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
@@ -425,6 +442,7 @@ class SQLiteTablesSink(SinkBase):
         """
         conn, attached = self.conn, 0
         counts = {n: sum(int(f["rows"]) for f in files) for n, (_, files) in found.items()}
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # the commit's checkpoint: after T5, off the batch's path
         conn.execute("BEGIN IMMEDIATE")  # T4
         try:
             if self._committed(batch_id):
@@ -452,9 +470,11 @@ class SQLiteTablesSink(SinkBase):
         finally:
             for i in range(attached):
                 conn.execute(f"DETACH DATABASE onceflow_task{i}")
+            conn.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
         for name, (schema, files) in found.items():
             self._checked[name] = (specs[name], tuple(schema.names))
             self._bounds.widen(name, tasks.folded(files))
+        self._pending = (batch_id, self._apply_thread().submit(self._checkpoint))
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
