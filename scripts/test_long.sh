@@ -20,6 +20,8 @@ verify() {
 }
 verify sqlite --rounds 40 --seed 16 --sink sqlite
 verify delta --rounds 40 --seed 16 --sink delta
+verify sqlite-tasks --rounds 40 --seed 16 --sink sqlite-tasks   # every batch through Spark's tasks
+verify delta-tasks --rounds 20 --seed 16 --sink delta-tasks
 verify http --rounds 20 --seed 17 --sink http
 verify kafka --rounds 20 --seed 18 --source kafka
 verify kafka-sink --rounds 20 --seed 22 --sink kafka
@@ -44,7 +46,7 @@ if .venv/bin/onceflow verify "${PAYMENTS[@]}" --rounds 2 --faults crash_after_si
 fi
 if [[ -n "${ONCEFLOW_PG_DSN:-}" ]]; then
   verify orders-postgres "${ORDERS[@]}" --sink postgres
-  for sink in postgres postgres-staged postgres-2pc; do
+  for sink in postgres postgres-tasks postgres-staged postgres-2pc; do
     verify "$sink" --rounds 40 --seed 16 --sink "$sink"
   done
   # a Real-Time Mode pipeline (tests/verify/pipelines/auths.py: onceflow.write_realtime)
