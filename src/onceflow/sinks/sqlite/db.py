@@ -187,7 +187,7 @@ def read_batches(path: str | Path, sink_id: str) -> list[dict[str, int]]:
 
 
 def encode_staged(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], stats: BatchStats,
-            rows_out: int) -> tuple[str, bytes]:
+                  rows_out: int) -> tuple[str, bytes]:
     """A batch as a staged row (S3): metadata JSON and the tables as LZ4 Arrow IPC streams."""
     data = io.BytesIO()
     parts = []
@@ -214,9 +214,8 @@ def decode_staged(meta_json: str,
         chunk = view[offset:offset + part["bytes"]]
         offset += part["bytes"]
         outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
-        specs[part["name"]] = Table(key=part["key"], add=part["add"] or None, mode=part["mode"],
-                                    max=part.get("max") or None, min=part.get("min") or None,
-                                    shared=bool(part.get("shared")))
+        described = ("key", "add", "max", "min", "mode", "shared")  # (max, min, shared: absent in older rows)
+        specs[part["name"]] = Table(**{k: part[k] for k in described if k in part})
     stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"],
                        meta.get("duplicates"), meta.get("rejected"),  # absent: staged by an older onceflow
                        meta.get("input_range"))

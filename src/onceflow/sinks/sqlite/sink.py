@@ -149,6 +149,12 @@ AUTOCHECKPOINT_PAGES = 1000
 """SQLite's default ``wal_autocheckpoint``, restored after a large batch's commit (T5)."""
 
 
+def _broken(name: str, exc: sqlite3.IntegrityError) -> BatchRejectedError:
+    """Step 3 / T4: the rows break a constraint of table ``name`` (the transaction rolls back)."""
+    return BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table ({exc}); "
+                              "nothing of the batch was written")
+
+
 class SQLiteTablesSink(SinkBase):
     """Tables of any schema in one SQLite database (see the module protocol).
 
@@ -367,8 +373,7 @@ class SQLiteTablesSink(SinkBase):
                 try:
                     conn.executemany(insert_sql(name, spec, schema.names), values)
                 except sqlite3.IntegrityError as exc:
-                    raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table "
-                                             f"({exc}); nothing of the batch was written") from None
+                    raise _broken(name, exc) from None
                 written[name] = len(values)
             self._marker(batch_id, stats, rows_out, written)  # 4
             if staged:
@@ -442,6 +447,7 @@ class SQLiteTablesSink(SinkBase):
         """
         conn, attached = self.conn, 0
         counts = {n: sum(int(f["rows"]) for f in files) for n, (_, files) in found.items()}
+        extents = {n: tasks.folded(files) for n, (_, files) in found.items()}
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the commit's checkpoint: after T5, off the batch's path
         conn.execute("BEGIN IMMEDIATE")  # T4
         try:
@@ -459,7 +465,7 @@ class SQLiteTablesSink(SinkBase):
                 if check_keys and spec.key and aliases:
                     tasks.check_keys(conn, name, spec, aliases)
                 for f, alias in zip(files, aliases, strict=True):
-                    self._copy(batch_id, name, spec, list(schema.names), f, files, alias)
+                    self._copy(batch_id, name, spec, list(schema.names), f, extents[name], alias)
             self._marker(batch_id, stats, rows_out, counts)
             maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
             conn.execute("COMMIT")  # T5
@@ -471,24 +477,26 @@ class SQLiteTablesSink(SinkBase):
             for i in range(attached):
                 conn.execute(f"DETACH DATABASE onceflow_task{i}")
             conn.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
-        for name, (schema, files) in found.items():
+        for name, (schema, _) in found.items():
             self._checked[name] = (specs[name], tuple(schema.names))
-            self._bounds.widen(name, tasks.folded(files))
+            self._bounds.widen(name, extents[name])
         self._pending = (batch_id, self._apply_thread().submit(self._checkpoint))
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
 
     def _copy(self, batch_id: int, name: str, spec: Table, columns: list[str], f: Mapping[str, Any],
-              files: list[dict[str, Any]], alias: str) -> None:
-        """T4 for one scratch file, attached as ``alias``: checked, copied by SQLite, counted."""
+              extents: Mapping[str, tuple[int, int]], alias: str) -> None:
+        """T4 for one scratch file ``f`` (attached as ``alias``): checked, copied by SQLite, counted.
+
+        ``extents`` are the table's integer ``add`` columns' lowest and highest values over all its files.
+        """
         conn = self.conn
-        self._bounds.check_attached(conn, str(self.path), name, spec, tasks.folded(files), alias)
+        self._bounds.check_attached(conn, str(self.path), name, spec, extents, alias)
         try:
             cur = conn.execute(tasks.insert_select(name, spec, columns, alias))
         except sqlite3.IntegrityError as exc:
-            raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table ({exc}); "
-                                     "nothing of the batch was written") from None
+            raise _broken(name, exc) from None
         if cur.rowcount != f["rows"]:
             raise OnceflowError(f"batch {batch_id}: scratch file {f['path']} of table {name!r} gave "
                                 f"{cur.rowcount} rows, its task wrote {f['rows']}; the batch runs again")

@@ -38,13 +38,12 @@ import os
 import shutil
 import sqlite3
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from onceflow import faults
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
@@ -95,10 +94,8 @@ class TaskSpec:
         return self.folder(batch_id) / f"{self.table}.json"
 
     def table_spec(self) -> Table:
-        """The spec as a :class:`onceflow.tables.Table`."""
-        s = self.spec
-        return Table(key=s.get("key") or None, add=s.get("add") or None, max=s.get("max") or None,
-                     min=s.get("min") or None, mode=s.get("mode", "append"), shared=bool(s.get("shared")))
+        """The spec as a :class:`onceflow.tables.Table` (an unknown keyword refused, naming it)."""
+        return Table(**self.spec)
 
     def options(self) -> dict[str, str]:
         """As data source options."""
@@ -128,14 +125,11 @@ class TaskSpec:
         return made
 
 
-def _extents(spec: Table, rows: pa.Table, found: dict[str, list[int]]) -> None:
-    """Widen ``found`` (column -> [lowest, highest]) by a batch's integer ``add`` columns."""
-    for col in AddBounds.columns(spec, rows):
-        both = pc.min_max(rows.column(col)).as_py()
-        if both["min"] is None:
-            continue
-        low, high = found.get(col, [both["min"], both["max"]])
-        found[col] = [min(low, both["min"]), max(high, both["max"])]
+def _fold(into: dict[str, tuple[int, int]], more: Mapping[str, Sequence[int]]) -> None:
+    """Widen ``into`` (column -> (lowest, highest)) by ``more`` (a batch's, or a file's, the same)."""
+    for col, (low, high) in more.items():
+        was = into.get(col, (low, high))
+        into[col] = (min(was[0], low), max(was[1], high))
 
 
 def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
@@ -153,14 +147,15 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
     folder = spec.folder(batch_id)
     path = folder / f"{spec.table}-{task.partition:05d}-{task.attempt}-{uuid.uuid4().hex[:8]}.db"
     conn: sqlite3.Connection | None = None
-    rows, extents = 0, {}  # type: ignore[var-annotated]
+    rows = 0
+    extents: dict[str, tuple[int, int]] = {}  # the integer add columns' (lowest, highest)
     try:
         for raw in batches:
             if not raw.num_rows:
                 continue
             batch = pa.Table.from_batches([raw])
             check_values(spec.table, table, batch)
-            _extents(table, batch, extents)
+            _fold(extents, AddBounds.extents(table, batch))
             if conn is None:
                 folder.mkdir(parents=True, exist_ok=True)
                 conn = sqlite3.connect(str(path), isolation_level=None)
@@ -251,9 +246,7 @@ def folded(files: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
     """Column -> (lowest, highest) over every file's ``extents``."""
     out: dict[str, tuple[int, int]] = {}
     for f in files:
-        for col, (low, high) in f["extents"].items():
-            was = out.get(col, (low, high))
-            out[col] = (min(was[0], low), max(was[1], high))
+        _fold(out, f["extents"])
     return out
 
 

@@ -182,9 +182,14 @@ class AddBounds:
         lo, hi = pc.min_max(rows.column(col)).values()
         return min(int(lo.as_py() or 0), 0), max(int(hi.as_py() or 0), 0)
 
+    @classmethod
+    def extents(cls, spec: Table, rows: pa.Table) -> dict[str, tuple[int, int]]:
+        """Each integer ``add`` column's lowest and highest value in ``rows`` (widened to take 0)."""
+        return {c: cls._extent(rows, c) for c in cls.columns(spec, rows)}
+
     def safe(self, conn: sqlite3.Connection, name: str, spec: Table, rows: pa.Table) -> bool:
         """Whether no stored sum of this batch's integer ``add`` columns can leave 64 bits."""
-        return self.safe_extents(conn, name, {c: self._extent(rows, c) for c in self.columns(spec, rows)})
+        return self.safe_extents(conn, name, self.extents(spec, rows))
 
     def safe_extents(self, conn: sqlite3.Connection, name: str,
                      extents: Mapping[str, tuple[int, int]]) -> bool:
@@ -197,7 +202,7 @@ class AddBounds:
 
     def accepted(self, name: str, spec: Table, rows: pa.Table) -> None:
         """Widen the bounds by a batch that was committed or staged."""
-        self.widen(name, {c: self._extent(rows, c) for c in self.columns(spec, rows)})
+        self.widen(name, self.extents(spec, rows))
 
     def widen(self, name: str, extents: Mapping[str, tuple[int, int]]) -> None:
         """:meth:`accepted` for a batch known by its columns' (lowest, highest) values."""
