@@ -21,15 +21,23 @@ child process (so each process's peak memory is its own), with onceflow's sessio
 * ``postgres``: ``onceflow.postgres(dsn)`` (driver protocol): the tasks stage the rows, the driver
   moves them with the marker in one transaction;
 * ``postgres-collect``: the same with ``collect_below`` above N (collected and ``COPY``'d from the
-  driver).
+  driver);
+* ``spark-kafka``: Spark's own Kafka writer of the same stream (``to_json(struct(*))`` as each
+  record's value, no key; at least once) into a topic of 3 partitions;
+* ``kafka``: ``onceflow.kafka(bootstrap, partitions=3)``, an append table: Spark's tasks encode and
+  produce the records, a Kafka transaction per task, the driver marks the batch;
+* ``kafka-collect``: the same with ``collect_below`` above N (collected, produced by the driver in
+  one transaction).
 
 The PostgreSQL variants need ``$ONCEFLOW_PG_DSN`` (a database the run may write tables into) and
-``onceflow jars fetch postgres-jdbc``.
+``onceflow jars fetch postgres-jdbc``. The Kafka variants start one broker for the run
+(:class:`onceflow.verify.kafka_server.KafkaServer`; ``onceflow jars fetch kafka-broker
+kafka-connector``); a topic's records are counted back with a ``read_committed`` consumer.
 
 Prints per variant: seconds (query start to end), the driver Python's peak RSS (``ru_maxrss``
 of the child), the rows in the table (checked = N); then the ratios spark / onceflow (Delta,
-target >= 0.9), sqlite / spark (target <= 1.5) and spark-jdbc / postgres (Spark's JDBC writer's
-time over onceflow's: >= 1 is faster than Spark's).
+target >= 0.9), sqlite / spark (target <= 1.5), spark-jdbc / postgres (Spark's JDBC writer's
+time over onceflow's: >= 1 is faster than Spark's) and spark-kafka / kafka (the same for Kafka).
 Spark's default ``spark.driver.maxResultSize`` (1g) is kept: the collect variant fails above
 it, as it did for users.
 
@@ -37,7 +45,8 @@ it, as it did for users.
 write, the driver's commit) and prints them beside the total.
 
 Usage: python benchmarks/bench_backlog.py [--rows 5000000] [--steps]
-       [--variants spark,onceflow,onceflow-collect,sqlite,sqlite-collect,spark-jdbc,postgres,postgres-collect]
+       [--variants spark,onceflow,onceflow-collect,sqlite,sqlite-collect,spark-jdbc,postgres,postgres-collect,
+                   spark-kafka,kafka,kafka-collect]
 """
 
 from __future__ import annotations
@@ -116,7 +125,8 @@ def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str
         from onceflow.jars import require, with_jars
 
         conf = with_jars(conf, require("postgres-jdbc"))
-    spark = session(app_name=f"backlog-{variant}", conf=conf)
+    spark = session(app_name=f"backlog-{variant}", conf=conf, kafka=variant == "spark-kafka")
+    bootstrap = os.environ.get("ONCEFLOW_BENCH_KAFKA", "")
     stream = spark.readStream.schema(SCHEMA).parquet(str(source))
     started = time.perf_counter()
     if variant == "spark":
@@ -147,6 +157,24 @@ def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str
         stream.writeStream.foreachBatch(jdbc).option("checkpointLocation", str(work / "ck")) \
             .trigger(availableNow=True).start().awaitTermination()
         table = work / "backlog_jdbc"
+    elif variant == "spark-kafka":
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for made in admin.create_topics([NewTopic("backlog_spark", 3, 1)]).values():
+            made.result(60)
+        (stream.selectExpr("to_json(struct(*)) AS value").writeStream.format("kafka")
+         .option("kafka.bootstrap.servers", bootstrap).option("topic", "backlog_spark")
+         .option("checkpointLocation", str(work / "ck")).trigger(availableNow=True).start()
+         .awaitTermination())
+        table = work / "backlog_spark"
+    elif variant.startswith("kafka"):
+        collect = 10**12 if variant == "kafka-collect" else 100_000
+        topic = f"backlog_{variant.replace('-', '_')}"
+        onceflow.write_stream(stream, onceflow.kafka(bootstrap, sink_id=topic, partitions=3,
+                                                     collect_below=collect),
+                              work / "ck", {topic: onceflow.Table()}, once=True).awaitTermination()
+        table = work / topic
     elif variant.startswith("postgres"):
         collect = 10**12 if variant == "postgres-collect" else 100_000
         onceflow.write_stream(stream, onceflow.postgres(sink_id=work.name.replace("-", "_")[-40:],
@@ -170,6 +198,8 @@ def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str
 
         with sqlite3.connect(table) as conn:
             rows = conn.execute("SELECT count(*) FROM payments").fetchone()[0]
+    elif "kafka" in variant:
+        rows = _count_topic(bootstrap, table.name)
     elif variant.startswith(("postgres", "spark-jdbc")):
         import psycopg
 
@@ -191,6 +221,27 @@ def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str
             "steps": {k: round(v, 2) for k, v in spent.items()}}
 
 
+def _count_topic(bootstrap: str, topic: str) -> int:
+    """The records a ``read_committed`` consumer reads from ``topic`` (to its last stable offsets)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"count-{topic}", "enable.auto.commit": False,
+                  "isolation.level": "read_committed"})
+    try:
+        parts = c.list_topics(topic, timeout=60).topics[topic].partitions
+        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=60)[1] for p in parts}
+        c.assign([TopicPartition(topic, p, 0) for p in parts])
+        n, deadline = 0, time.monotonic() + 600
+        while time.monotonic() < deadline:
+            n += sum(1 for m in c.consume(50_000, timeout=1.0) if m.error() is None)
+            at = {tp.partition: tp.offset for tp in c.position([TopicPartition(topic, p) for p in parts])}
+            if all(at[p] >= ends[p] for p in parts):
+                return n
+        raise RuntimeError(f"counting {topic} did not reach its end in 600 s")
+    finally:
+        c.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=5_000_000)
@@ -208,6 +259,12 @@ def main() -> None:
     source = Path(tempfile.gettempdir()) / f"onceflow-backlog-{args.rows}"
     make_input(source, args.rows)
     results = {}
+    broker = None
+    if "kafka" in args.variants:
+        from onceflow.verify.kafka_server import KafkaServer
+
+        broker = KafkaServer().__enter__()
+        os.environ["ONCEFLOW_BENCH_KAFKA"] = broker.bootstrap
     for variant in args.variants.split(","):
         work = Path(tempfile.mkdtemp(prefix=f"onceflow-backlog-{variant}-"))
         done = subprocess.run([sys.executable, __file__, "--child", variant, "--source", str(source),
@@ -232,6 +289,11 @@ def main() -> None:
     if "spark-jdbc" in results and "postgres" in results:
         print(f"ratio spark-jdbc / postgres: "
               f"{results['spark-jdbc']['seconds'] / results['postgres']['seconds']:.2f}")
+    if "spark-kafka" in results and "kafka" in results:
+        print(f"ratio spark-kafka / kafka: "
+              f"{results['spark-kafka']['seconds'] / results['kafka']['seconds']:.2f}")
+    if broker is not None:
+        broker.__exit__(None, None, None)
     if "spark" in results and "sqlite" in results:
         print(f"ratio sqlite / spark: {results['sqlite']['seconds'] / results['spark']['seconds']:.2f} "
               "(target <= 1.5)")

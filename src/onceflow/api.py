@@ -152,11 +152,15 @@ def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 10
 
 def kafka(bootstrap_servers: str, sink_id: str = "default", *,
           marker_topic: str = "onceflow_batches.{sink_id}", partitions: int = 1,
-          options: Mapping[str, str] | None = None, batch_headers: bool = False) -> TablesSink:
-    """The exactly-once Kafka sink: each table a topic, each batch one Kafka transaction.
+          options: Mapping[str, str] | None = None, batch_headers: bool = False,
+          collect_below: int = 100_000) -> TablesSink:
+    """The exactly-once Kafka sink: each table a topic, each batch in Kafka transactions.
 
     Consumers with ``isolation.level=read_committed`` see every batch's records once (see
     :mod:`onceflow.sinks.kafka` for the records' keys, values and headers, and the protocol).
+    A batch whose input has fewer than ``collect_below`` rows is produced by the driver in one
+    transaction; a larger one (a backlog) by Spark's tasks, each task in a transaction of its own
+    (:mod:`onceflow.sinks.kafka_tasks`): a reader may see part of such a batch before the rest.
 
     Args:
         bootstrap_servers: ``host:port`` of the brokers.
@@ -168,6 +172,8 @@ def kafka(bootstrap_servers: str, sink_id: str = "default", *,
         options: librdkafka settings (e.g. ``{"security.protocol": "SASL_SSL", ...}``).
         batch_headers: Give every record the headers ``onceflow.sink`` (the sink id) and
             ``onceflow.batch`` (its batch id); off by default (they halve the produce rate).
+        collect_below: The input rows from which a batch is produced by Spark's tasks (0: every
+            batch).
 
     Raises:
         ConfigError: confluent-kafka is missing (``pip install 'onceflow[kafka]'``) or a bad
@@ -176,7 +182,8 @@ def kafka(bootstrap_servers: str, sink_id: str = "default", *,
     from onceflow.sinks.kafka import KafkaTopicsSink
 
     return KafkaTopicsSink(bootstrap_servers, sink_id=sink_id, marker_topic=marker_topic,
-                           partitions=partitions, options=options, batch_headers=batch_headers)
+                           partitions=partitions, options=options, batch_headers=batch_headers,
+                           collect_below=collect_below)
 
 
 def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: bool = True,

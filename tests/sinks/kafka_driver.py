@@ -1,11 +1,14 @@
 """A shipments pipeline into the Kafka sink, for the Kafka sink's crash tests.
 
-``python -m tests.sinks.kafka_driver SOURCE CHECKPOINT BOOTSTRAP [--once] [--naive]``: SOURCE is a
+``python -m tests.sinks.kafka_driver SOURCE CHECKPOINT BOOTSTRAP [--once] [--naive] [--tasks] [--master M]``:
+SOURCE is a
 directory of Parquet files (``id, warehouse, qty, ts``; one file per batch) or ``kafka:TOPIC``
 (JSON values, read with Spark's Kafka connector). Deduplicated by ``id``; each batch writes the
 new shipments to topic ``shipments`` (keyed by id) and per-warehouse partial sums to ``stock``
 (a ``merge`` table: a reader adds them up). ``--naive``: the negative control, records produced
-without a transaction or marker (:class:`onceflow.verify.sinks.NaiveKafkaSink`).
+without a transaction or marker (:class:`onceflow.verify.sinks.NaiveKafkaSink`). ``--tasks``: every
+batch produced by Spark's tasks (``collect_below=0``); ``--master``: Spark's master (e.g.
+``local[2,2]``: a failed task is tried again).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ def per_batch(batch: Any) -> dict[str, Any]:
 if __name__ == "__main__":
     source, ck, bootstrap = sys.argv[1:4]
     once = "--once" in sys.argv
-    spark = session(app_name="kafka-sink-test", shuffle_partitions=2, kafka=True)
+    master = sys.argv[sys.argv.index("--master") + 1] if "--master" in sys.argv else None
+    spark = session(master, app_name="kafka-sink-test", shuffle_partitions=2, kafka=True)
     if source.startswith("kafka:"):
         raw = onceflow.read_kafka(spark, bootstrap, subscribe=source.removeprefix("kafka:"),
                                   max_offsets_per_trigger=300, connector="spark")
@@ -41,7 +45,9 @@ if __name__ == "__main__":
         rows = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(source)
     clean = onceflow.deduplicate(rows, id="id", event_time="ts", within="7 days")
     naive = "--naive" in sys.argv
-    sink: Any = NaiveKafkaSink(bootstrap, "ship") if naive else onceflow.kafka(bootstrap, sink_id="ship")
+    below = 0 if "--tasks" in sys.argv else 100_000
+    sink: Any = NaiveKafkaSink(bootstrap, "ship") if naive else onceflow.kafka(bootstrap, sink_id="ship",
+                                                                               collect_below=below)
     onceflow.write_stream(clean, sink, ck, TABLES, per_batch=per_batch, once=once,
                           trigger="300 milliseconds").awaitTermination()
     print("drained", flush=True)

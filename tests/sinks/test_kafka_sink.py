@@ -102,9 +102,9 @@ def _judge(bootstrap: str, folder: Path) -> tuple[Counter[str], dict[str, tuple[
 
 
 def _driver(tmp: Path, source: str, bootstrap: str, name: str, crash_at: str | None = None,
-            once: bool = False, naive: bool = False) -> ProcessGroup:
+            once: bool = False, naive: bool = False, extra: list[str] | None = None) -> ProcessGroup:
     args = [source, str(tmp / "ck"), bootstrap, *(["--once"] if once else []),
-            *(["--naive"] if naive else [])]
+            *(["--naive"] if naive else []), *(extra or [])]
     return ProcessGroup(args, tmp / f"{name}.out", {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else {},
                         module="tests.sinks.kafka_driver")
 

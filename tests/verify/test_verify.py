@@ -196,7 +196,7 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
 
 
 @pytest.mark.long  # make test-long; the task points of SQLite and PostgreSQL: test_api_crash.py
-@pytest.mark.parametrize("sink", ["delta-tasks", "sqlite-tasks", "postgres-tasks"])
+@pytest.mark.parametrize("sink", ["delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks"])
 def test_tasks_paths_under_task_deaths_and_the_crash_points(tmp_path: Path, sink: str,
                                                             request: pytest.FixtureRequest) -> None:
     """Every batch written by Spark's tasks: tasks killed after writing their files (or staging their

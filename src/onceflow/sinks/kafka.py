@@ -52,7 +52,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -61,10 +61,10 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import kafka_owners, kafka_records, marker
-from onceflow.sinks.base import SinkBase
+from onceflow.sinks.base import SinkBase, collected
 from onceflow.sinks.kafka_records import encode
 from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table, check_outputs
+from onceflow.tables import Table, check_frame, check_outputs
 
 MARKER_TOPIC = "onceflow_batches.{sink_id}"
 """The default marker topic (one partition; records keyed by sink id)."""
@@ -78,7 +78,7 @@ _TIMEOUT_S = 60.0
 _PRODUCER = {"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
              "queue.buffering.max.kbytes": 1_048_576}
 """Producer settings (``options=`` overrides them): key hashing as the Java client does it, and
-a local queue that holds a large batch (a full queue is waited out, see ``_produce_each``)."""
+a local queue that holds a large batch (a full queue is waited out, see ``kafka_records.produce``)."""
 _SLICE = 20_000
 
 
@@ -102,18 +102,26 @@ class KafkaTopicsSink(SinkBase):
         partitions: Partitions of a topic the sink creates.
         options: librdkafka settings for the producer and the marker reader (e.g. security).
         batch_headers: Give every record the headers ``onceflow.sink`` and ``onceflow.batch``.
+        collect_below: A batch whose input has fewer rows is collected to the driver and produced
+            in one transaction; a larger one is produced by Spark's tasks, a transaction each
+            (:meth:`commit_frames`; 0: always the tasks).
+        tasks_topic: The tasks' markers' topic (``{sink_id}`` is replaced; created with
+            :data:`onceflow.sinks.kafka_tasks.TASK_PARTITIONS` partitions when missing).
     """
 
-    all_or_nothing = True
-    """Every table of a batch commits in one transaction."""
+    all_or_nothing = False
+    """A collected batch commits in one transaction; a batch the tasks produce commits one
+    transaction per task, so a ``read_committed`` reader may see part of it before the rest."""
 
     tables_are_topics = True
     """Table names are topic names (``.`` and ``-`` allowed; see :func:`onceflow.tables.check_specs`)."""
 
     def __init__(self, bootstrap_servers: str, sink_id: str = "default", marker_topic: str = MARKER_TOPIC,
                  partitions: int = 1, options: Mapping[str, str] | None = None,
-                 batch_headers: bool = False) -> None:
+                 batch_headers: bool = False, collect_below: int = 100_000,
+                 tasks_topic: str = "onceflow_tasks.{sink_id}") -> None:
         self.ck = _require()
+        self.collect_below = collect_below
         if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():
             raise ConfigError(f"sink id {sink_id!r} is invalid: use letters, digits, _ . -")
         if not bootstrap_servers:
@@ -124,6 +132,7 @@ class KafkaTopicsSink(SinkBase):
         if len(self.marker_topic) > 249:  # Kafka's limit on a topic name
             raise ConfigError(f"sink id {sink_id!r} makes the marker topic name {len(self.marker_topic)} "
                               "characters long; Kafka allows 249: use a shorter sink id")
+        self.tasks_topic = tasks_topic.replace("{sink_id}", sink_id)
         self.partitions = partitions
         self.batch_headers = batch_headers
         self.transactional_id = f"onceflow.{sink_id}"
@@ -251,28 +260,121 @@ class KafkaTopicsSink(SinkBase):
         check_outputs(outputs, specs)
         for name, rows in outputs.items():
             kafka_records.check_values(name, specs[name], rows)
+        if self._decided(batch_id):  # 2
+            return False
+        for name in outputs:
+            self.ensure_topic(name, self.partitions)
+        written = {n: rows.num_rows for n, rows in outputs.items()}  # one record per row
+        headers = self._headers(batch_id) if self.batch_headers else None
+
+        def produce() -> None:  # 3: encoded a slice at a time, librdkafka sends one while the next
+            for name, rows in outputs.items():  # is encoded
+                for start in range(0, rows.num_rows, _SLICE):
+                    keys, values = encode(rows.slice(start, _SLICE), specs[name])
+                    kafka_records.produce(self._producer, name, keys, values, headers)
+
+        self._transaction(batch_id, produce, self._marker(batch_id, stats, rows_out, written))  # 4, 5
+        return True  # 6
+
+    def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+        """Batch ``batch_id``'s DataFrames: a small batch collected, a large one produced by the tasks.
+
+        Under ``collect_below`` rows: collected, steps 1-6 of the module. Otherwise steps T1-T6:
+
+        1. **Check** (T1). Crash point ``before_sink_write``. Spark checks the frames: a null or
+           repeated key (:func:`onceflow.tables.check_frame`), a value JSON cannot hold
+           (:func:`onceflow.sinks.kafka_tasks.check_frame_values`) — before any task produces.
+        2. **Decide** (T2) as step 2 of the module: the batch's marker there, a replay: False.
+        3. **Write** (T3). Spark encodes every table's rows as records and hash-partitions them
+           on the record into tasks (their number from the batch's rows only); each task
+           produces its partition in a transaction of its own with its task marker, fenced per
+           partition, and skips a partition an earlier attempt committed
+           (:func:`onceflow.sinks.kafka_tasks.write_task`, K1-K6; crash point
+           ``task_after_write``). The data source's commit checks that every task answered and
+           that the records per topic are the batch's rows.
+        4. **Mark** (T4): the batch's marker in the sink's own transaction. Crash point
+           ``inside_sink_txn``: the tasks' records are committed, the marker is not; the re-run
+           of N finds every task's partition committed (K2) and only marks.
+        5. **Commit** (T5) that transaction. Crash point ``after_sink_commit`` and the
+           ``ambiguous_commit`` fault: the re-run skips N at T2.
+        6. **Return** True (T6).
+
+        Raises:
+            BatchRejectedError: A null or repeated key, or a value JSON cannot hold (nothing produced).
+            OnceflowError: A task or the marker's transaction failed; Spark runs the batch again.
+        """
+        from onceflow.sinks import kafka_tasks as kt
+
+        counts = self._counted(batch_id, frames, specs, written)  # T1
+        if sum(counts.values()) < self.collect_below:
+            return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
+        for name, frame in frames.items():
+            check_frame(name, specs[name], frame)
+            kt.check_frame_values(name, specs[name], frame)
+        if self._decided(batch_id):  # T2
+            return False
+        for name in frames:
+            self.ensure_topic(name, self.partitions)
+        self.ensure_topic(self.tasks_topic, kt.TASK_PARTITIONS, kt.TASKS_TOPIC_CONFIG)
+        tasks = kt.task_count(sum(counts.values()), self._partitions_of(self.tasks_topic))
+        live = {n: f for n, f in frames.items() if counts[n]}
+        if live:  # T3
+            spec = kt.TaskSpec(self._conf, self.sink_id, self.tasks_topic, batch_id, str(self._query_id),
+                               self.batch_headers, {n: counts[n] for n in live}, mark=False)
+            kt.write_frame(kt.records_frame(live, specs, tasks), spec)
+        self._transaction(batch_id, lambda: None, self._marker(batch_id, stats, rows_out, counts))  # T4, T5
+        return True  # T6
+
+    def mark(self, batch_id: int, written: Mapping[str, int]) -> bool:
+        """The marker of a batch the ``onceflow_kafka_topics`` format's tasks produced (steps 2, 4, 5).
+
+        Returns:
+            False if batch ``batch_id`` has its marker already.
+        """
+        if self._decided(batch_id):
+            return False
+        rows = sum(written.values())
+        self._transaction(batch_id, lambda: None, self._marker(batch_id, BatchStats(None, None, 0), rows,
+                                                               dict(written)))
+        return True
+
+    def _decided(self, batch_id: int) -> bool:
+        """Step 2: whether batch ``batch_id`` is committed (an attempt of unknown outcome settled first).
+
+        Raises:
+            OnceflowError: Not bound.
+        """
         if self._query_id is None:
             raise OnceflowError("onceflow.kafka: commit before bind")
         if self._producer is None:  # an earlier attempt's outcome is unknown: settle it, read again
             self.bind(self._query_id)
-        if self._last is not None and self._last >= batch_id:  # 2
-            return False
+        if self._last is not None and self._last >= batch_id:
+            return True
         self._recent = None  # what bind read is about to be out of date
-        for name in outputs:
-            self.ensure_topic(name, self.partitions)
-        written = {n: rows.num_rows for n, rows in outputs.items()}  # one record per row
+        return False
+
+    def _headers(self, batch_id: int) -> list[tuple[str, bytes]]:
+        return [("onceflow.sink", self.sink_id.encode()), ("onceflow.batch", str(batch_id).encode())]
+
+    def _marker(self, batch_id: int, stats: BatchStats, rows_out: int, written: dict[str, int]) -> bytes:
+        """The marker record's value: the marker row as JSON, with the query id."""
         row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
-        value = json.dumps({**dict(zip(marker.COLUMNS, row, strict=True)), "query_id": self._query_id},
-                           separators=(",", ":")).encode()
-        headers = [("onceflow.sink", self.sink_id.encode()), ("onceflow.batch", str(batch_id).encode())]
+        return json.dumps({**dict(zip(marker.COLUMNS, row, strict=True)), "query_id": self._query_id},
+                          separators=(",", ":")).encode()
+
+    def _transaction(self, batch_id: int, produce: Callable[[], None], value: bytes) -> None:
+        """Steps 3-5: begin, ``produce`` the rows' records (or none), the marker, flush, commit.
+
+        Raises:
+            OnceflowError: The transaction failed (see :meth:`_fail`).
+        """
         p = self._producer
         try:
             p.begin_transaction()  # 3
-            for name, rows in outputs.items():  # encoded a slice at a time: librdkafka sends one
-                for start in range(0, rows.num_rows, _SLICE):  # while the next is encoded
-                    keys, values = encode(rows.slice(start, _SLICE), specs[name])
-                    self._produce_all(name, keys, values, headers if self.batch_headers else None)
-            self._produce_all(self.marker_topic, [self.sink_id.encode()], [value], headers)  # 4
+            produce()
+            key: list[bytes | None] = [self.sink_id.encode()]
+            kafka_records.produce(p, self.marker_topic, key, [value], self._headers(batch_id))  # 4
             if p.flush(_TIMEOUT_S):  # in the brokers' logs, not committed (the commit flushes too)
                 raise OnceflowError(f"onceflow.kafka: batch {batch_id}: records not delivered in "
                                     f"{_TIMEOUT_S:.0f} s")
@@ -283,39 +385,11 @@ class KafkaTopicsSink(SinkBase):
         self._last = batch_id
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
-        return True  # 6
 
-    def _produce_all(self, topic: str, keys: list[bytes | None], values: list[bytes | None],
-                     headers: list[tuple[str, bytes]] | None) -> None:
-        """Queue the records in order (one slice of a table, or the marker); they leave with the flush.
-
-        Without headers in one librdkafka batch call; the records a full local queue refused are
-        then queued one by one after the rest (a keyed table has each key once per batch, so no
-        key's order changes).
-        """
-        if headers is not None:  # librdkafka's batch call takes no headers
-            self._produce_each(topic, keys, values, headers)
-            return
-        messages: list[dict[str, Any]] = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
-        if self._producer.produce_batch(topic, messages) < len(messages):
-            missed = [m for m in messages if "_error" in m]
-            for m in missed:
-                if m["_error"].code() != self.ck.KafkaError._QUEUE_FULL:
-                    raise self.ck.KafkaException(m["_error"])
-            self._produce_each(topic, [m["key"] for m in missed], [m["value"] for m in missed], None)
-
-    def _produce_each(self, topic: str, keys: list[bytes | None], values: list[bytes | None],
-                      headers: list[tuple[str, bytes]] | None) -> None:
-        """Queue the records one ``produce`` at a time, waiting while the local queue is full."""
-        p = self._producer
-        extra = {"headers": headers} if headers else {}
-        for key, value in zip(keys, values, strict=True):
-            while True:
-                try:
-                    p.produce(topic, value, key, **extra)
-                    break
-                except BufferError:  # the local queue is full: let it drain
-                    p.poll(0.1)
+    def _partitions_of(self, topic: str) -> int:
+        """The partitions ``topic`` has (it exists)."""
+        client = self._producer or self._admin()
+        return len(client.list_topics(topic, timeout=_TIMEOUT_S).topics[topic].partitions)
 
     def _commit(self, batch_id: int) -> None:
         deadline = time.monotonic() + _TIMEOUT_S

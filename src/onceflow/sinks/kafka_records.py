@@ -119,13 +119,14 @@ def _is_text_or_bytes(t: pa.DataType) -> bool:
                 or pa.types.is_large_binary(t))
 
 
-def _raw(col: pa.ChunkedArray) -> list[bytes | None]:
+def _raw(col: pa.ChunkedArray) -> pa.Array:
     """A column's values as bytes: binary as is, text as UTF-8, anything else as ``str()``."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
-        return list(col.to_pylist())
+        return pc.cast(col, pa.binary())
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        return list(pc.cast(col, pa.binary()).to_pylist())
-    return [None if v is None else str(v).encode() for v in col.to_pylist()]
+        return pc.cast(col, pa.binary())
+    return pa.array([None if v is None else str(v).encode() for v in col.to_pylist()], pa.binary())
 
 
 def json_columns(rows: pa.Table, spec: Table) -> list[str]:
@@ -150,27 +151,37 @@ def check_values(name: str, spec: Table, rows: pa.Table) -> None:
     check_json(f"topic {name!r}", spec, rows, json_columns(rows, spec))
 
 
-def encode(rows: pa.Table, spec: Table) -> tuple[list[bytes | None], list[bytes | None]]:
-    """A table's rows as records: their keys (None without key columns) and their values."""
+def encode_arrays(rows: pa.Table, spec: Table) -> tuple[pa.Array, pa.Array]:
+    """A table's rows as records, as two binary arrays: keys (all null without key columns), values."""
     rows = rows.combine_chunks()
     cols = rows.column_names
     key_cols = list(spec.key)
     single = rows.schema.field(key_cols[0]).type if len(key_cols) == 1 else None
     if not key_cols:
-        keys: list[bytes | None] = [None] * rows.num_rows
+        keys: pa.Array = pa.nulls(rows.num_rows, pa.binary())
     elif single is not None and _is_text_or_bytes(single):
         keys = _raw(rows.column(key_cols[0]))  # never null: check_batch refuses a null key
     else:
-        keys = pc.cast(objects(rows, key_cols), pa.binary()).to_pylist()
+        keys = pc.cast(objects(rows, key_cols), pa.binary())
     if "value" in cols and set(cols) <= {*key_cols, "value"} and "value" not in key_cols:
         values = _raw(rows.column("value"))
     else:
-        values = pc.cast(objects(rows, cols), pa.binary()).to_pylist()
-    return keys, values
+        values = pc.cast(objects(rows, cols), pa.binary())
+    return _array(keys), _array(values)
 
 
-def watermarks(consumer: Any, topic: str, timeout_s: float = 60.0) -> tuple[int, int]:
-    """The low and high offsets of ``topic``'s partition 0, waiting out a leader not elected yet.
+def _array(values: pa.Array | pa.ChunkedArray) -> pa.Array:
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def encode(rows: pa.Table, spec: Table) -> tuple[list[bytes | None], list[bytes | None]]:
+    """A table's rows as records: their keys (None without key columns) and their values."""
+    keys, values = encode_arrays(rows, spec)
+    return keys.to_pylist(), values.to_pylist()
+
+
+def watermarks(consumer: Any, topic: str, timeout_s: float = 60.0, partition: int = 0) -> tuple[int, int]:
+    """The low and high offsets of a partition of ``topic``, waiting out a leader not elected yet.
 
     A topic just created has no leader for a moment (``NOT_LEADER_FOR_PARTITION``,
     ``LEADER_NOT_AVAILABLE``): those two are retried until ``timeout_s``.
@@ -185,7 +196,7 @@ def watermarks(consumer: Any, topic: str, timeout_s: float = 60.0) -> tuple[int,
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            tp = TopicPartition(topic, 0)
+            tp = TopicPartition(topic, partition)
             low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
             return int(low), int(high)
         except KafkaException as exc:
@@ -197,25 +208,26 @@ def watermarks(consumer: Any, topic: str, timeout_s: float = 60.0) -> tuple[int,
 
 
 def read_span(consumer: Any, topic: str, start: int, high: int, what: str,
-              timeout_s: float = 60.0) -> Iterator[Any]:
-    """The records at offsets ``[start, high)`` of ``topic``'s partition 0, read by ``consumer``.
+              timeout_s: float = 60.0, partition: int = 0) -> Iterator[Any]:
+    """The records at offsets ``[start, high)`` of a partition of ``topic``, read by ``consumer``.
 
     Args:
         consumer: A confluent-kafka consumer (its isolation level is the caller's).
-        topic: A topic of one partition (a marker or registry topic).
+        topic: A marker or registry topic.
         start: The first offset.
         high: The offset after the last.
         what: What is read (for the message).
         timeout_s: How long the whole read may take.
+        partition: The partition.
 
     Raises:
         OnceflowError: The read did not reach ``high`` in ``timeout_s``.
     """
     from confluent_kafka import TopicPartition
 
-    tp = TopicPartition(topic, 0)
+    tp = TopicPartition(topic, partition)
     consumer.unassign()  # else position() still gives where a read of a later range ended
-    consumer.assign([TopicPartition(topic, 0, start)])
+    consumer.assign([TopicPartition(topic, partition, start)])
     deadline = time.monotonic() + timeout_s
     while consumer.position([tp])[0].offset < high:
         if time.monotonic() > deadline:
@@ -225,3 +237,36 @@ def read_span(consumer: Any, topic: str, start: int, high: int, what: str,
             offset = m.offset()
             if m.error() is None and offset is not None and offset < high:
                 yield m
+
+
+def produce(producer: Any, topic: str, keys: list[bytes | None], values: list[bytes | None],
+            headers: list[tuple[str, bytes]] | None) -> None:
+    """Queue records to ``topic`` in order (a table's slice, or a marker); they leave with the flush.
+
+    Without headers in one librdkafka batch call; the records a full local queue refused are then
+    queued one by one after the rest, waiting while the queue is full (a keyed table has each key
+    once per batch, so no key's order changes). With headers one ``produce`` each (librdkafka's
+    batch call takes none).
+
+    Raises:
+        KafkaException: librdkafka refused a record for another reason than a full queue.
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    if headers is None:
+        messages: list[dict[str, Any]] = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
+        if producer.produce_batch(topic, messages) == len(messages):
+            return
+        missed = [m for m in messages if "_error" in m]
+        for m in missed:
+            if m["_error"].code() != KafkaError._QUEUE_FULL:
+                raise KafkaException(m["_error"])
+        keys, values = [m["key"] for m in missed], [m["value"] for m in missed]
+    extra = {"headers": headers} if headers else {}
+    for key, value in zip(keys, values, strict=True):
+        while True:
+            try:
+                producer.produce(topic, value, key, **extra)
+                break
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.1)

@@ -82,7 +82,7 @@ from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget
 from onceflow.verify.verdict import Verdict
 
 KEEP_MARKERS = ("sqlite", "sqlite-tasks", "postgres", "postgres-tasks", "delta", "delta-tasks", "lossy",
-                "kafka")
+                "kafka", "kafka-tasks")
 """Sinks whose markers verify checks against Spark's commit log (the naive ones never read theirs)."""
 
 

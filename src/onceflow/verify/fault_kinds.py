@@ -30,8 +30,8 @@ EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
 
 TASK_FAULTS = ("crash_task_after_write",)
 """Faults of the tasks that write a batch's rows (``--sink delta-tasks``, ``sqlite-tasks``,
-``postgres-tasks``): not the driver. Not on a cluster, where Spark retries a failed task (the batch
-then commits in the same round)."""
+``postgres-tasks``, ``kafka-tasks``): not the driver. Not on a cluster, where Spark retries a failed
+task (the batch then commits in the same round)."""
 
 NO_TXN_SINKS = ("http", "http-naive")
 """Sinks without a transaction to crash inside (no ``crash_inside_sink_txn``)."""
@@ -44,7 +44,7 @@ def reaches(sink: str, fault: str) -> bool:
     if fault in EFFECT_FAULTS:
         return sink in NO_TXN_SINKS
     if fault in TASK_FAULTS:
-        return sink in ("delta-tasks", "sqlite-tasks", "postgres-tasks")
+        return sink in ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks")
     if fault == "crash_inside_sink_txn":
         return sink not in NO_TXN_SINKS
     if fault == "crash_after_sink_commit":

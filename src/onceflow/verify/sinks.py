@@ -41,10 +41,10 @@ EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", "postgres-tasks", *EXECUTOR_SINKS, "postgres-naive")
 EFFECT_SINKS = ("http", "http-naive")
 DELTA_SINKS = ("delta", "delta-tasks", "delta-naive")
-KAFKA_SINKS = ("kafka", "kafka-naive")
+KAFKA_SINKS = ("kafka", "kafka-tasks", "kafka-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
 USER_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy", "postgres", "postgres-tasks", "postgres-naive",
-              "delta", "delta-tasks", "delta-naive", "kafka", "kafka-naive")
+              "delta", "delta-tasks", "delta-naive", "kafka", "kafka-tasks", "kafka-naive")
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
 REALTIME = "realtime"
@@ -204,7 +204,8 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
             return NaiveKafkaSink(where.kafka, sink_id=sink_id)
         from onceflow.sinks.kafka import KafkaTopicsSink
 
-        return KafkaTopicsSink(where.kafka, sink_id=sink_id)
+        every = kind == "kafka-tasks"  # every batch produced by Spark's tasks
+        return KafkaTopicsSink(where.kafka, sink_id=sink_id, collect_below=0 if every else 100_000)
     if kind in DELTA_SINKS:
         if where.delta is None:
             raise ConfigError(f"--sink {kind} writes Delta tables: pass --delta DIR (their root directory)")
