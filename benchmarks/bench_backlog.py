@@ -253,8 +253,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         print(json.dumps(run(args.child, Path(args.source), Path(args.work), args.steps)), flush=True)
-        import os
-
         os._exit(0)  # delta-rs may abort the interpreter at shutdown (delta-io/delta-rs#2184)
     source = Path(tempfile.gettempdir()) / f"onceflow-backlog-{args.rows}"
     make_input(source, args.rows)

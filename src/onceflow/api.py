@@ -188,12 +188,14 @@ def kafka(bootstrap_servers: str, sink_id: str = "default", *,
 
 def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: bool = True,
          concurrency: int = 16, retries: int = 5, timeout_s: float = 10.0,
-         headers: Mapping[str, str] | None = None) -> TablesSink:
+         headers: Mapping[str, str] | None = None, *, collect_below: int = 100_000) -> TablesSink:
     """A side-effect sink: each output row is one ``POST`` to ``url`` (:mod:`onceflow.sinks.http.sink`).
 
     Each table needs ``key=[...]``: the columns that name an effect; its idempotency key is
     ``<sink_id>/<table>/<key values>``. Pair it with ``write_stream(..., stable=True)`` when
-    ``per_batch`` is not deterministic.
+    ``per_batch`` is not deterministic. A batch whose input has ``collect_below`` rows or more (a
+    backlog) is called by Spark's tasks against the same ledger (:mod:`onceflow.sinks.http.tasks`:
+    the ledger must be a path every task reaches).
 
     Args:
         url: Where effects are POSTed (the row as JSON, an ``Idempotency-Key`` header).
@@ -205,11 +207,12 @@ def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: boo
         retries: Calls per key at most.
         timeout_s: Seconds a call may take.
         headers: Extra headers (e.g. ``Authorization``).
+        collect_below: The input rows from which a batch is called by Spark's tasks (0: every batch).
     """
     from onceflow.sinks.http.sink import HttpEffectsSink
 
     return HttpEffectsSink(url, ledger, sink_id=sink_id, idempotent=idempotent, concurrency=concurrency,
-                           retries=retries, timeout_s=timeout_s, headers=headers)
+                           retries=retries, timeout_s=timeout_s, headers=headers, collect_below=collect_below)
 
 
 def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,

@@ -244,6 +244,35 @@ def check_json(what: str, spec: Table, rows: pa.Table, columns: Sequence[str]) -
                                      row=row)
 
 
+def check_json_frame(what: str, spec: Table, frame: Any, columns: Sequence[str]) -> None:
+    """:func:`check_json` on a Spark DataFrame: the bad values found by Spark, the first one refused.
+
+    The float (NaN, infinity) and binary (not UTF-8) columns among ``columns`` are searched in
+    one Spark job; the first bad row is read and refused with :func:`check_json`'s message. A
+    frame without such columns runs no job (the batch is never held as Arrow on the driver).
+
+    Raises:
+        BatchRejectedError: Naming the table, the column, the row's key and the value.
+    """
+    from pyspark.sql import functions as F
+
+    types = dict(zip(frame.columns, [f.dataType.typeName() for f in frame.schema.fields], strict=True))
+    bad = None
+    for c in columns:
+        col = F.col("`" + c.replace("`", "``") + "`")
+        if types[c] in ("float", "double"):
+            cond = F.isnan(col) | (F.abs(col) == F.lit(float("inf")))
+        elif types[c] == "binary":
+            cond = ~F.is_valid_utf8(col)
+        else:
+            continue
+        bad = cond if bad is None else bad | cond
+    if bad is not None:
+        rows = frame.where(bad).limit(1).toArrow()
+        if rows.num_rows:
+            check_json(what, spec, rows, columns)
+
+
 def _utf8(value: bytes) -> bool:
     try:
         value.decode("utf-8")

@@ -26,12 +26,12 @@ if TYPE_CHECKING:
                    "worker_kill only with --cluster standalone, "
                    "crash_apply_pending only with --sink sqlite, crash_effects_* only with --sink "
                    "http (which has no crash_inside_sink_txn), crash_task_after_write only with --sink "
-                   "delta-tasks, sqlite-tasks, postgres-tasks or kafka-tasks, the receiver_*, sender_kill "
-                   "and dropped_acks faults only with --ingest).")
+                   "delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks or http-tasks, the receiver_*, "
+                   "sender_kill and dropped_acks faults only with --ingest).")
 @click.option("--sink", type=click.Choice([*SINKS, REALTIME]), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'; http: calls to a demo service verify "
-                   "starts; delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks: every batch written "
-                   "by Spark's tasks); naive, lossy, postgres-naive, http-naive and delta-naive are "
+                   "starts; delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks, http-tasks: every batch "
+                   "written by Spark's tasks); naive, lossy, postgres-naive, http-naive and delta-naive are "
                    "negative controls: verify must fail. realtime: a --pipeline that writes with "
                    "onceflow.write_realtime "
                    "(Spark's Real-Time Mode into PostgreSQL; --source kafka; faults kill_random, "

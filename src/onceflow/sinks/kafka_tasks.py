@@ -50,7 +50,7 @@ from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.sinks import kafka_records
 from onceflow.sinks.base import check_batch_write, running_task, save_frame
-from onceflow.tables import Table
+from onceflow.tables import Table, check_json_frame
 
 NAME = "onceflow_kafka_topics"
 TASKS_TOPIC = "onceflow_tasks.{sink_id}"
@@ -128,33 +128,15 @@ class TaskSpec:
 
 
 def check_frame_values(name: str, spec: Table, frame: Any) -> None:
-    """Step T1 of the tasks path: a value JSON cannot hold, found by Spark.
-
-    The columns written as JSON text that are floats (NaN, infinity) or binary (not UTF-8) are
-    searched in one Spark job; the first bad row is read and refused with the driver-side
-    path's message (:func:`kafka_records.check_values`). A batch without such columns runs no job.
+    """Step T1 of the tasks path: a value a record's JSON cannot hold, found by Spark.
 
     Raises:
         BatchRejectedError: Naming the topic, the column, the row's key and the value.
     """
-    from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    schema = to_arrow_schema(frame.schema, timezone="UTC")
-    bad = None
-    for c in kafka_records.json_columns(schema.empty_table(), spec):
-        kind, col = schema.field(c).type, F.col("`" + c.replace("`", "``") + "`")
-        if pa.types.is_floating(kind):
-            cond = F.isnan(col) | (F.abs(col) == F.lit(float("inf")))
-        elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-            cond = ~F.is_valid_utf8(col)
-        else:
-            continue
-        bad = cond if bad is None else bad | cond
-    if bad is not None:
-        rows = frame.where(bad).limit(1).toArrow()
-        if rows.num_rows:
-            kafka_records.check_values(name, spec, rows)
+    columns = kafka_records.json_columns(to_arrow_schema(frame.schema, timezone="UTC").empty_table(), spec)
+    check_json_frame(f"topic {name!r}", spec, frame, columns)
 
 
 def encoder(name: str, spec: Table) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:

@@ -26,14 +26,14 @@ STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
 """Faults at a point only the SQLite sink's staged path (``--sink sqlite``) has."""
 
 EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
-"""Faults at points only the side-effect sinks (``--sink http``, ``http-naive``) have."""
+"""Faults at points only the side-effect sinks' driver-side path (``--sink http``, ``http-naive``) has."""
 
 TASK_FAULTS = ("crash_task_after_write",)
 """Faults of the tasks that write a batch's rows (``--sink delta-tasks``, ``sqlite-tasks``,
-``postgres-tasks``, ``kafka-tasks``): not the driver. Not on a cluster, where Spark retries a failed
-task (the batch then commits in the same round)."""
+``postgres-tasks``, ``kafka-tasks``, ``http-tasks``): not the driver. Not on a cluster, where Spark
+retries a failed task (the batch then commits in the same round)."""
 
-NO_TXN_SINKS = ("http", "http-naive")
+NO_TXN_SINKS = ("http", "http-tasks", "http-naive")
 """Sinks without a transaction to crash inside (no ``crash_inside_sink_txn``)."""
 
 
@@ -42,9 +42,9 @@ def reaches(sink: str, fault: str) -> bool:
     if fault in STAGED_SQLITE_FAULTS:
         return sink == "sqlite"
     if fault in EFFECT_FAULTS:
-        return sink in NO_TXN_SINKS
+        return sink in ("http", "http-naive")
     if fault in TASK_FAULTS:
-        return sink in ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks")
+        return sink in ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks", "http-tasks")
     if fault == "crash_inside_sink_txn":
         return sink not in NO_TXN_SINKS
     if fault == "crash_after_sink_commit":

@@ -39,7 +39,7 @@ __all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID"
 SQLITE_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", "postgres-tasks", *EXECUTOR_SINKS, "postgres-naive")
-EFFECT_SINKS = ("http", "http-naive")
+EFFECT_SINKS = ("http", "http-tasks", "http-naive")
 DELTA_SINKS = ("delta", "delta-tasks", "delta-naive")
 KAFKA_SINKS = ("kafka", "kafka-tasks", "kafka-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
@@ -103,7 +103,7 @@ class NaiveHttpSink(HttpEffectsSink):
                       stats: BatchStats, rows_out: int) -> bool:
         """Call every row of the batch, every attempt (step 1, then step 3 without the ledger)."""
         effects = self._effects(batch_id, outputs, specs)
-        asyncio.run(self._send(effects, lambda _: None, record=False))
+        asyncio.run(self.send_all(effects, lambda _: None, record=False))
         maybe_crash(CrashPoint.EFFECTS_SENT, batch_id)
         return True
 
@@ -217,8 +217,12 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
         if where.db is None or not where.effects_url:
             raise ConfigError(f"--sink {kind} calls a service: pass --effects-url URL and --db PATH for "
                               "its ledger")
-        cls = NaiveHttpSink if kind == "http-naive" else HttpEffectsSink
-        return cls(where.effects_url, where.db, sink_id=sink_id, timeout_s=where.effects_timeout_s)
+        timeout = where.effects_timeout_s
+        if kind == "http-naive":
+            return NaiveHttpSink(where.effects_url, where.db, sink_id=sink_id, timeout_s=timeout)
+        every = kind == "http-tasks"  # every batch called by Spark's tasks
+        return HttpEffectsSink(where.effects_url, where.db, sink_id=sink_id, timeout_s=timeout,
+                               collect_below=0 if every else 100_000)
     if kind in SQLITE_SINKS:
         if where.db is None:
             raise ConfigError(f"--sink {kind} writes to SQLite: pass --db PATH")

@@ -186,6 +186,8 @@ class Ledger:
                unanswered: Iterable[tuple[str, int, int]], stats: BatchStats, rows_out: int) -> None:
         """Step 6: the batch's metrics, the calls of keys left ``started``, and its marker; one transaction.
 
+        Nothing when the batch's marker is there (a replay of the tasks path's commit).
+
         Args:
             batch_id: The batch.
             counts: The :data:`METRICS` of the batch.
@@ -197,6 +199,9 @@ class Ledger:
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():  # committed already
+                conn.execute("ROLLBACK")
+                return
             conn.executemany("UPDATE onceflow_effects SET status = ?, calls = calls + ? WHERE sink_id = ? "
                              "AND key = ?", [(s or None, c, self.sink_id, k) for k, s, c in unanswered])
             conn.execute("INSERT INTO onceflow_effect_batches VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -208,6 +213,13 @@ class Ledger:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+
+    def note(self, unanswered: Iterable[tuple[str, int, int]]) -> None:
+        """Record the calls and last status of keys left ``started`` (``(key, status, calls)``)."""
+        rows = [(s or None, c, self.sink_id, k) for k, s, c in unanswered]
+        if rows:
+            self._write("UPDATE onceflow_effects SET status = ?, calls = calls + ? WHERE sink_id = ? "
+                        "AND key = ?", rows)
 
     def unconfirmed(self) -> list[dict[str, Any]]:
         """Keys started and never confirmed: applied by the service or not — reconcile them."""

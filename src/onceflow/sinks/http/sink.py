@@ -81,20 +81,20 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
 
-from onceflow.errors import ConfigError, EffectsFailedError, UnstableOutputError
+from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError, UnstableOutputError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import owners
 from onceflow.sinks.base import BatchStats, SinkBase
-from onceflow.sinks.http.ledger import Effect, Ledger
-from onceflow.sinks.sqlite.db import read_batches
-from onceflow.tables import Table, check_json, check_outputs
+from onceflow.sinks.http.ledger import Effect, Ledger, Plan
+from onceflow.sinks.sqlite.db import HAS_MARKER, read_batches
+from onceflow.tables import Table, check_frame, check_json, check_json_frame, check_outputs
 
 _log = logging.getLogger(__name__)
 
@@ -162,6 +162,8 @@ class HttpEffectsSink(SinkBase):
         backoff_s: First retry delay (doubles, capped at 2 s).
         confirm_every_s: How often confirmations are written to the ledger while calls run.
         headers: Extra headers of every call (e.g. ``Authorization``).
+        collect_below: A batch whose input has fewer rows is collected and called from the driver;
+            a larger one is called by Spark's tasks (:meth:`commit_frames`; 0: always the tasks).
 
     Raises:
         ConfigError: A bad option.
@@ -172,7 +174,8 @@ class HttpEffectsSink(SinkBase):
 
     def __init__(self, url: str, ledger: str | Path, sink_id: str = "default", idempotent: bool = True,
                  concurrency: int = 16, retries: int = 5, timeout_s: float = 10.0, backoff_s: float = 0.05,
-                 confirm_every_s: float = 0.2, headers: Mapping[str, str] | None = None) -> None:
+                 confirm_every_s: float = 0.2, headers: Mapping[str, str] | None = None,
+                 collect_below: int = 100_000) -> None:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"url must start with http:// or https://, got {url!r}")
         if concurrency < 1 or retries < 1 or timeout_s <= 0:
@@ -180,6 +183,7 @@ class HttpEffectsSink(SinkBase):
         self.url, self.sink_id, self.idempotent = url, sink_id, idempotent
         self.concurrency, self.retries, self.timeout_s = concurrency, retries, timeout_s
         self.backoff_s, self.confirm_every_s = backoff_s, confirm_every_s
+        self.collect_below = collect_below
         self.headers = dict(headers or {})
         self.ledger_path = Path(ledger)
         self._ledger: Ledger | None = None
@@ -222,34 +226,15 @@ class HttpEffectsSink(SinkBase):
         if plan is None:
             return False
         if plan.changed:
-            raise UnstableOutputError(
-                f"batch {batch_id}: effect {plan.changed[0]} (and {len(plan.changed) - 1} more) has another "
-                "payload than when an earlier attempt of the batch recorded it — per_batch is not "
-                "deterministic; use onceflow.write_stream(..., stable=True) so every attempt writes the "
-                "first attempt's rows. Nothing of this attempt was sent.")
+            raise unstable(batch_id, plan.changed)
         maybe_crash(CrashPoint.EFFECTS_STARTED, batch_id)
         pending: list[tuple[str, int, int]] = []
-        answers = asyncio.run(self._send(plan.send, pending.append))  # 3
+        answers = asyncio.run(self.send_all(plan.send, pending.append))  # 3
         maybe_crash(CrashPoint.EFFECTS_SENT, batch_id)  # 4
         self.ledger.confirm(pending)  # 5
-        counts = plan.counts
-        counts["calls"] = sum(a.calls for a in answers)
-        counts["applied"] = sum(a.outcome == "ok" and not a.replayed for a in answers)
-        counts["replayed"] = sum(a.outcome == "ok" and a.replayed for a in answers)
-        counts["confirmed"] = sum(a.outcome == "ok" for a in answers)
-        failed = [a for a in answers if a.outcome in ("refused", "undelivered")]
-        self.ledger.forget(a.key for a in failed  # provably not applied: sent as new keys next time
-                           if a.outcome == "refused" or not a.maybe_applied)
-        if failed:
-            raise EffectsFailedError(_failure(batch_id, failed, len(answers), counts["confirmed"]))
-        left = [(a.key, a.status, a.calls) for a in answers if a.outcome == "ambiguous"]
-        counts["unconfirmed"] = len(left) + counts["held"]
-        if counts["unconfirmed"]:
-            print(f"onceflow: warning: batch {batch_id}: {counts['unconfirmed']} effects may or may not have "
-                  "been applied (the service does not honour idempotency keys and answered ambiguously, "
-                  "or an earlier attempt crashed after calling); they are never called again — reconcile "
-                  f"them: SELECT * FROM onceflow_effects WHERE state = 'started' in {self.ledger_path}",
-                  file=sys.stderr)
+        counts, failure, left = self.tally(batch_id, plan, answers)
+        if failure:
+            raise EffectsFailedError(failure)
         self.ledger.finish(batch_id, counts, time.perf_counter() - started, left,  # 6
                            stats, rows_out)
         _log.info("batch %d: %d effects; processed: %d calls attempted, %d applied and %d replayed by the "
@@ -259,6 +244,88 @@ class HttpEffectsSink(SinkBase):
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 7
+
+    def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+        """Batch ``batch_id``'s DataFrames: a small batch collected, a large one called by Spark's tasks.
+
+        Under ``collect_below`` rows: collected, steps 1-7 of the module. Otherwise steps T1-T4:
+
+        1. **Check** (T1). Crash point ``before_sink_write``. Every table has a key; Spark checks
+           the frames for a null or repeated key (:func:`onceflow.tables.check_frame`) and a
+           value JSON cannot hold (:func:`onceflow.tables.check_json_frame`). Nothing is sent.
+        2. **Decide** (T2): the batch's marker in the ledger — a replay: False.
+        3. **Call** (T3). Spark computes every row's effect (key and payload, as
+           :func:`effects_of`) and each task takes its share through steps 2-5 against the
+           ledger (:func:`onceflow.sinks.http.tasks.send_task`: keys ``started`` before any
+           call, confirmed after; crash point ``task_after_write``); a task with a key refused or
+           not delivered fails (Spark tries it again; then the batch fails, and its re-run sends
+           only what is not confirmed). The data source's commit writes the batch's metrics and
+           its marker in one ledger transaction (step 6).
+        4. Crash point ``after_sink_commit`` (and ``ambiguous_commit``): the re-run finds the
+           marker at T2. **Return** True.
+
+        Raises:
+            ConfigError: A table without ``key``.
+            BatchRejectedError: A null or repeated key, or a value JSON cannot hold (nothing sent).
+            EffectsFailedError: Effects refused or not delivered (the batch is not committed).
+            UnstableOutputError: This attempt computed other payloads than an earlier one.
+        """
+        from onceflow.sinks.base import collected
+        from onceflow.sinks.http import tasks
+
+        self._keys({n: specs[n] for n in frames if n in specs})
+        counts = self._counted(batch_id, frames, specs, written)  # T1
+        if sum(counts.values()) < self.collect_below:
+            return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
+        for name, frame in frames.items():
+            check_frame(name, specs[name], frame)
+            check_json_frame(f"table {name!r}", specs[name], frame, frame.columns)
+        if self.ledger.conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():  # T2
+            return False
+        live = {n: f for n, f in frames.items() if counts[n]}
+        spec = tasks.HttpTaskSpec(
+            {"url": self.url, "ledger": str(self.ledger_path), "sink_id": self.sink_id,
+             "idempotent": self.idempotent, "headers": self.headers, "concurrency": self.concurrency,
+             "retries": self.retries, "timeout_s": self.timeout_s, "backoff_s": self.backoff_s},
+            batch_id, asdict(stats), rows_out, time.time())
+        if live:  # T3
+            tasks.write_frame(tasks.effects_frame(live, specs, self.sink_id, batch_id), spec)
+        else:  # no task runs, no commit: the marker from here
+            tasks.finish(spec, batch_id, [])
+        if not self.ledger.conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():
+            raise OnceflowError(f"batch {batch_id}: Spark's calls of the effects returned without the "
+                                f"batch's marker in {self.ledger_path}; the batch runs again")
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # T4
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return True
+
+    def tally(self, batch_id: int, plan: Plan,
+              answers: list[_Answer]) -> tuple[dict[str, int], str, list[tuple[str, int, int]]]:
+        """Step 5's accounting: the counts, the failure (empty: none), the keys left ``started``.
+
+        Keys refused, or that provably never reached the service, are forgotten (sent as new
+        keys next time). Unconfirmed keys are reported on stderr: reconcile them.
+        """
+        counts = plan.counts
+        counts["calls"] = sum(a.calls for a in answers)
+        counts["applied"] = sum(a.outcome == "ok" and not a.replayed for a in answers)
+        counts["replayed"] = sum(a.outcome == "ok" and a.replayed for a in answers)
+        counts["confirmed"] = sum(a.outcome == "ok" for a in answers)
+        failed = [a for a in answers if a.outcome in ("refused", "undelivered")]
+        self.ledger.forget(a.key for a in failed  # provably not applied: sent as new keys next time
+                           if a.outcome == "refused" or not a.maybe_applied)
+        if failed:
+            return counts, _failure(batch_id, failed, len(answers), counts["confirmed"]), []
+        left = [(a.key, a.status, a.calls) for a in answers if a.outcome == "ambiguous"]
+        counts["unconfirmed"] = len(left) + counts["held"]
+        if counts["unconfirmed"]:
+            print(f"onceflow: warning: batch {batch_id}: {counts['unconfirmed']} effects may or may not have "
+                  "been applied (the service does not honour idempotency keys and answered ambiguously, "
+                  "or an earlier attempt crashed after calling); they are never called again — reconcile "
+                  f"them: SELECT * FROM onceflow_effects WHERE state = 'started' in {self.ledger_path}",
+                  file=sys.stderr)
+        return counts, "", left
 
     def _effects(self, batch_id: int, outputs: Mapping[str, pa.Table],
                  specs: Mapping[str, Table]) -> list[Effect]:
@@ -276,7 +343,7 @@ class HttpEffectsSink(SinkBase):
         return [e for name, rows in outputs.items()
                 for e in effects_of(self.sink_id, name, specs[name], rows, batch_id)]
 
-    async def _send(self, effects: list[Effect], confirmed: Any, record: bool = True) -> list[_Answer]:
+    async def send_all(self, effects: list[Effect], confirmed: Any, record: bool = True) -> list[_Answer]:
         """Step 3: every call, bounded; ``confirmed((key, status, calls))`` for each 2xx answer.
 
         With ``record``, confirmations are also written to the ledger while the calls run.
@@ -431,6 +498,15 @@ class HttpEffectsSink(SinkBase):
         if self._ledger is not None:
             self._ledger.close()
             self._ledger = None
+
+
+def unstable(batch_id: int, changed: list[str]) -> UnstableOutputError:
+    """The error of keys an earlier attempt of the batch recorded with another payload."""
+    return UnstableOutputError(
+        f"batch {batch_id}: effect {changed[0]} (and {len(changed) - 1} more) has another payload than when "
+        "an earlier attempt of the batch recorded it — per_batch is not deterministic; use "
+        "onceflow.write_stream(..., stable=True) so every attempt writes the first attempt's rows. Nothing "
+        "of this attempt was sent.")
 
 
 def _failure(batch_id: int, failed: list[_Answer], answered: int, confirmed: int) -> str:

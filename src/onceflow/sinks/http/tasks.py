@@ -1,0 +1,274 @@
+"""Effects called by Spark's tasks: a large batch's calls never pass through the driver.
+
+:meth:`onceflow.sinks.http.sink.HttpEffectsSink.commit_frames` turns each table's rows into effects
+with Spark (:func:`effects_frame`: the key and the JSON payload of every row, exactly as the
+driver-side path computes them) and writes them through the ``onceflow_http`` format: each task
+takes its share of the batch's effects through steps 2-5 of the sink (:func:`send_task`) against
+the same ledger — recorded ``started`` before any call, called with their idempotency keys,
+confirmed after a 2xx answer — and the data source's commit (the driver) writes the batch's
+metrics and its marker in one ledger transaction (:func:`finish`). The ledger is a SQLite file:
+every task must reach it (one machine, ``local[*]`` or a standalone cluster on it, or a shared
+file system whose locks SQLite can trust).
+
+The per-key guarantees are the driver-side path's: a key is recorded before its call, so a task
+killed at any moment leaves its keys ``started`` — the next attempt (Spark's retry of the task,
+or the re-run of the batch) sends them again with the same key when the service honours
+idempotency keys, else holds them for reconciliation; a key confirmed by any attempt is never
+sent again; a payload that differs from the one an earlier attempt recorded is refused. Which
+task calls which key does not matter (the ledger is per key), so the tasks need no fixed
+partitioning.
+
+The ``onceflow_http`` format's rows are ``key`` and ``payload`` (strings); options: ``url`` and
+``ledger`` (required), ``sink_id``, ``batch_id`` (batch writes), ``idempotent``, ``concurrency``,
+``retries``, ``timeout_s``, ``backoff_s``, ``headers`` (JSON), ``stats`` (JSON: the marker's input
+counts) and ``rows_out``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+
+from onceflow import faults
+from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
+from onceflow.sinks.base import check_batch_write, running_task, save_frame
+from onceflow.sinks.http.ledger import METRICS, Effect
+from onceflow.sinks.marker import BatchStats
+from onceflow.tables import Table
+
+if TYPE_CHECKING:
+    from onceflow.sinks.http.sink import HttpEffectsSink
+
+NAME = "onceflow_http"
+
+
+@dataclass(frozen=True)
+class HttpTaskSpec:
+    """What a task needs to call its effects (every field picklable: the ledger opens in the task).
+
+    Attributes:
+        sink: The sink's settings (``url``, ``ledger``, ``sink_id``, ``idempotent``, ...).
+        batch_id: The micro-batch (-1: Spark's, in a streaming write).
+        stats: The batch's input counts for its marker (``BatchStats`` fields).
+        rows_out: Rows of the batch's DataFrame (for its marker).
+        started: When the batch's calls started (``time.time()``), for its metrics.
+    """
+
+    sink: dict[str, Any]
+    batch_id: int = -1
+    stats: dict[str, Any] = field(default_factory=dict)
+    rows_out: int = 0
+    started: float = 0.0
+
+    @staticmethod
+    def from_options(options: Mapping[str, str]) -> HttpTaskSpec:
+        """The spec the format's options describe.
+
+        Raises:
+            ConfigError: No ``url`` or ``ledger``, or an option is not what it should be.
+        """
+        if not options.get("url") or not options.get("ledger"):
+            raise ConfigError(f"{NAME} needs options 'url' (where effects are POSTed) and 'ledger' (its "
+                              "SQLite ledger, a path every task reaches)")
+        try:
+            sink: dict[str, Any] = {"url": options["url"], "ledger": options["ledger"],
+                                    "sink_id": options.get("sink_id") or "default",
+                                    "idempotent": (options.get("idempotent") or "true").lower() == "true",
+                                    "headers": json.loads(options.get("headers") or "{}")}
+            for name, kind in (("concurrency", int), ("retries", int), ("timeout_s", float),
+                               ("backoff_s", float)):
+                if options.get(name):
+                    sink[name] = kind(options[name])
+            stats = json.loads(options.get("stats") or "{}")
+            return HttpTaskSpec(sink, int(options.get("batch_id", -1)), stats,
+                                int(options.get("rows_out") or 0), float(options.get("started") or 0.0))
+        except (ValueError, json.JSONDecodeError) as exc:
+            raise ConfigError(f"{NAME}: an option is not what it should be: {exc}") from None
+
+    def options(self) -> dict[str, str]:
+        """The format's options for this spec (the inverse of :meth:`from_options`)."""
+        out = {k: json.dumps(v) if k == "headers" else str(v).lower() if isinstance(v, bool) else str(v)
+               for k, v in self.sink.items()}
+        return {**out, "batch_id": str(self.batch_id), "stats": json.dumps(self.stats),
+                "rows_out": str(self.rows_out), "started": repr(self.started)}
+
+    def open(self) -> HttpEffectsSink:
+        """The sink these settings describe (its ledger opens on first use, where this runs)."""
+        from onceflow.sinks.http.sink import HttpEffectsSink
+
+        s = self.sink
+        tuning = {k: s[k] for k in ("concurrency", "retries", "timeout_s", "backoff_s") if k in s}
+        return HttpEffectsSink(s["url"], s["ledger"], sink_id=s["sink_id"], idempotent=s["idempotent"],
+                               headers=s["headers"], **tuning)
+
+
+def encoder(sink_id: str, name: str, spec: Table,
+            batch_id: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A ``mapInArrow`` function: a table's rows as effects (:func:`onceflow.sinks.http.sink.effects_of`)."""
+    from onceflow.sinks.http.sink import effects_of
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            if batch.num_rows:
+                found = effects_of(sink_id, name, spec, pa.Table.from_batches([batch]), batch_id)
+                yield pa.RecordBatch.from_arrays([pa.array([e.key for e in found], pa.string()),
+                                                  pa.array([e.payload for e in found], pa.string())],
+                                                 names=["key", "payload"])
+    return run
+
+
+def effects_frame(frames: Mapping[str, Any], specs: Mapping[str, Table], sink_id: str, batch_id: int) -> Any:
+    """Every table's rows as effects ``key, payload`` (one frame: one Spark job, one commit)."""
+    encoded = [frame.mapInArrow(encoder(sink_id, name, specs[name], batch_id), "key string, payload string")
+               for name, frame in frames.items()]
+    union = encoded[0]
+    for more in encoded[1:]:
+        union = union.unionByName(more)
+    return union
+
+
+def send_task(spec: HttpTaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, int]:
+    """One task's effects through steps 2-5 of the sink; its counts (:data:`ledger.METRICS`).
+
+    2. Record the task's new keys ``started`` in the ledger, durably, before any call (keys
+       confirmed earlier are not sent; keys an earlier attempt left ``started`` are sent again
+       or held, as the sink's ``idempotent`` says; another payload for a key this batch
+       recorded is refused). The batch's marker there (a zombie attempt): nothing to do.
+    3. Call them (bounded, retried); confirmations reach the ledger while the calls run.
+    4. Record the remaining confirmations; forget keys provably not applied.
+    5. A key refused or not delivered fails the task (Spark tries it again; the batch fails
+       when Spark gives up): :class:`onceflow.errors.EffectsFailedError`. Crash point
+       ``task_after_write``: the task dies after its confirmations, before its message.
+
+    Raises:
+        EffectsFailedError: Effects refused or not delivered.
+        UnstableOutputError: This attempt computed other payloads than an earlier one.
+    """
+    task = running_task()
+    batch_id = spec.batch_id if spec.batch_id >= 0 else task.batch_id
+    effects = [Effect(k, p) for b in batches for k, p in zip(b.column("key").to_pylist(),
+                                                             b.column("payload").to_pylist(), strict=True)]
+    sink = spec.open()
+    try:
+        plan = sink.ledger.start(batch_id, effects, resend_started=sink.idempotent)  # 2
+        if plan is None:
+            return dict.fromkeys(METRICS, 0)
+        if plan.changed:
+            from onceflow.sinks.http.sink import unstable
+
+            raise unstable(batch_id, plan.changed)
+        pending: list[tuple[str, int, int]] = []
+        answers = asyncio.run(sink.send_all(plan.send, pending.append))  # 3
+        sink.ledger.confirm(pending)  # 4
+        counts, failure, left = sink.tally(batch_id, plan, answers)  # 5
+        if failure:
+            raise EffectsFailedError(failure)
+        sink.ledger.note(left)
+    finally:
+        sink.close()
+    faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+    return counts
+
+
+def finish(spec: HttpTaskSpec, batch_id: int, messages: Iterable[Any]) -> None:
+    """The data source's commit: the tasks' counts summed, the batch's metrics and marker (one transaction).
+
+    Raises:
+        OnceflowError: A task sent no message (Spark passes None for a task that failed).
+    """
+    counts = dict.fromkeys(METRICS, 0)
+    for m in messages:
+        if m is None:
+            raise OnceflowError(f"batch {batch_id}: a task calling {spec.sink['url']} sent no message; the "
+                                "batch runs again")
+        for k in METRICS:
+            counts[k] += int(m[k])
+    sink = spec.open()
+    try:
+        stats = BatchStats(**spec.stats) if spec.stats else BatchStats(None, None, 0)
+        sink.ledger.finish(batch_id, counts, time.time() - spec.started if spec.started else 0.0, [], stats,
+                           spec.rows_out or counts["effects"])
+    finally:
+        sink.close()
+
+
+@dataclass
+class HttpCommitMessage(WriterCommitMessage):
+    """A task's counts (:func:`send_task`)."""
+
+    counts: dict[str, int]
+
+
+def _counts(messages: list[Any]) -> list[dict[str, int] | None]:
+    return [m.counts if isinstance(m, HttpCommitMessage) else None for m in messages]
+
+
+class _Writer:
+    def __init__(self, spec: HttpTaskSpec) -> None:
+        self.spec = spec
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> HttpCommitMessage:
+        """Executor side: one task's effects (:func:`send_task`)."""
+        return HttpCommitMessage(send_task(self.spec, iterator))
+
+
+class HttpStreamWriter(_Writer, DataSourceStreamArrowWriter):
+    """Streaming writer: Spark supplies the batch id."""
+
+    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        """Driver side: the batch's metrics and marker."""
+        finish(self.spec, batchId, _counts(messages))
+
+    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
+        """Driver side: nothing to undo (the ledger keeps every key's state; the re-run goes on from it)."""
+
+
+class HttpBatchWriter(_Writer, DataSourceArrowWriter):
+    """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
+
+    def commit(self, messages: list[Any]) -> None:
+        """Driver side: the batch's metrics and marker."""
+        finish(self.spec, self.spec.batch_id, _counts(messages))
+
+    def abort(self, messages: list[Any]) -> None:
+        """Driver side: nothing to undo (the ledger keeps every key's state; the re-run goes on from it)."""
+
+
+class HttpDataSource(DataSource):
+    """The ``onceflow_http`` format (write only)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The format name."""
+        return NAME
+
+    def writer(self, schema: Any, overwrite: bool) -> HttpBatchWriter:
+        """A batch writer; needs the ``batch_id`` option.
+
+        Raises:
+            ConfigError: No ``batch_id``, or overwrite mode.
+        """
+        spec = HttpTaskSpec.from_options(self.options)
+        check_batch_write(NAME, spec.batch_id, overwrite)
+        return HttpBatchWriter(spec)
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> HttpStreamWriter:  # noqa: N802
+        """A streaming writer (batch ids from Spark)."""
+        return HttpStreamWriter(HttpTaskSpec.from_options(self.options))
+
+
+def write_frame(frame: Any, spec: HttpTaskSpec) -> None:
+    """Call one micro-batch's effects (``key, payload``) through ``onceflow_http``."""
+    save_frame(frame, HttpDataSource, spec.options())
