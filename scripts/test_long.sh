@@ -23,8 +23,10 @@ verify delta --rounds 40 --seed 16 --sink delta
 verify sqlite-tasks --rounds 40 --seed 16 --sink sqlite-tasks   # every batch through Spark's tasks
 verify delta-tasks --rounds 20 --seed 16 --sink delta-tasks
 verify http --rounds 20 --seed 17 --sink http
+verify http-tasks --rounds 20 --seed 17 --sink http-tasks   # every batch's calls from Spark's tasks
 verify kafka --rounds 20 --seed 18 --source kafka
 verify kafka-sink --rounds 20 --seed 22 --sink kafka
+verify kafka-tasks --rounds 40 --seed 16 --sink kafka-tasks  # every batch produced by Spark's tasks
 verify kafka-kafka --rounds 12 --seed 23 --source kafka --sink kafka
 verify ingest --ingest --rounds 16 --seed 15 --faults all
 # a user-style pipeline (tests/verify/pipelines/orders.py, judged by the pipeline oracle) per sink

@@ -64,6 +64,11 @@ class CrashPoint(str, Enum):
     worker is SIGKILLed before its message reaches the driver — on each task's first attempt
     only (:func:`maybe_kill_task`), so Spark's retry (``spark.task.maxFailures`` > 1) or the
     batch's next attempt writes them again beside the dead attempt's."""
+    TASK_MID_WRITE = "task_mid_write"
+    """Not the driver: an executor-side task has written part of its rows (its file, its open
+    transaction, its calls not yet confirmed) and its executor JVM is SIGKILLed with it — on each
+    task's first attempt only (:func:`maybe_kill_executor`); Spark runs the task again on another
+    executor and the batch commits in the same run."""
     AMBIGUOUS_COMMIT = "ambiguous_commit"
     """Not a kill: the sink transaction committed, then the sink raises as if it had failed
     (a lost commit acknowledgement). The query fails; a restart must not apply it twice."""
@@ -240,6 +245,45 @@ def maybe_kill_task(point: CrashPoint, batch_id: int, attempt: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_kill_executor(point: CrashPoint, batch_id: int, attempt: int) -> None:
+    """SIGKILL this task's executor JVM and its Python worker if the environment selects ``point``.
+
+    Once per batch: the first task attempt 0 that gets here claims the batch with a file in the
+    notes directory (a stage Spark runs again after losing the executor's shuffle files numbers
+    its attempts from 0 again). The executor is the nearest ancestor JVM that runs Spark's
+    executor backend; where there is none (``local[*]``: the driver's JVM runs the tasks) only the
+    Python worker dies, as with :func:`maybe_kill_task`.
+
+    Args:
+        point: A task-level point (``task_mid_write``).
+        batch_id: The micro-batch the task writes.
+        attempt: Spark's attempt number of the task.
+    """
+    if attempt != 0 or not armed_for(point, batch_id):
+        return
+    notes = _notes_dir()
+    notes.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(notes / f"killed-{point.value}-{batch_id}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # this batch's executor was killed already
+        return
+    _say(f"onceflow: crash point {point.value} at batch {batch_id} (a task's first attempt: its executor)")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = _parent(os.getpid())
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                executor = b"org.apache.spark.executor." in f.read()
+        except OSError:
+            break
+        if executor:
+            os.kill(pid, signal.SIGKILL)
+            break
+        pid = _parent(pid)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _say(message: str) -> None:

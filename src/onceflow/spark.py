@@ -175,6 +175,9 @@ def session(
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     conf = dict(conf or {})
+    if os.environ.get(faults.CRASH_ENV, "").strip():  # an armed crash point reaches the executors too
+        for name in (faults.CRASH_ENV, faults.DRIVER_PID_ENV):
+            conf.setdefault(f"spark.executorEnv.{name}", os.environ[name])
     if id_store:
         conf = idstore.session_conf(conf)
     elif id_store is None and idstore.enabled_by_env() and idstore.PROVIDER_KEY not in conf:

@@ -87,3 +87,32 @@ def test_a_negative_control_sink_is_caught(tmp_path: Path, sink: str) -> None:
     verdict = rep["verdict"]
     assert isinstance(verdict, dict)
     assert verdict["duplicated"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.long  # make test-long: ~2 minutes per sink on a standalone cluster
+@pytest.mark.parametrize("sink", ["kafka-tasks", "sqlite-tasks", "delta-tasks", "http-tasks"])
+def test_executors_killed_mid_write_on_a_standalone_cluster(tmp_path: Path, sink: str) -> None:
+    """Each writing task's first attempt SIGKILLs its executor after part of its rows: Spark reruns it."""
+    rc, out, rep = run_verify(tmp_path, "--rounds", "2", "--seed", "7", "--events-per-round", "4000",
+                              "--cluster", "standalone", "--sink", sink,
+                              "--faults", "executor_kill_mid_write,kill_random", timeout=1200)
+    assert rc == 0, out[-3000:]
+    rounds = _rounds_ok(rep)
+    kills = [r for r in rounds if r["fault"] == "executor_kill_mid_write"]
+    assert kills and all(str(r["outcome"]).startswith("executor SIGKILLed mid-write") for r in kills), kills
+    assert all(int(r["rows_at_risk"]) > 0 for r in kills), kills
+    verdict = rep["verdict"]
+    assert isinstance(verdict, dict)
+    assert verdict["lost"] == 0 and verdict["duplicated"] == 0 and not verdict["violations"]
+
+
+def test_the_mid_write_kill_is_a_fault_of_the_tasks_sinks_on_a_cluster() -> None:
+    from onceflow.verify.fault_kinds import default_faults, reaches
+
+    assert "executor_kill_mid_write" in default_faults("kafka-tasks", "standalone")
+    assert "executor_kill_mid_write" in default_faults("http-tasks", "local")
+    assert "executor_kill_mid_write" not in default_faults("kafka-tasks", "")  # local[*]: no executor JVM
+    assert "executor_kill_mid_write" not in default_faults("kafka", "standalone")  # the driver writes
+    assert not reaches("sqlite", "executor_kill_mid_write")
+    assert reaches("delta-tasks", "executor_kill_mid_write")

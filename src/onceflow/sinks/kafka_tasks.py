@@ -297,6 +297,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
             for topic, keys, values, hashes in _slices(batch):
                 digest.add(topic, keys, values, hashes)
                 kafka_records.produce(producer, topic, keys.to_pylist(), values.to_pylist(), headers)
+        faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # txn open
         value = json.dumps({"sink_id": spec.sink_id, "batch_id": batch_id, "query_id": query_id,
                             "partition": p, "attempt": task.attempt, **asdict(digest)}).encode()
         producer.produce(spec.tasks_topic, value, spec.sink_id.encode(), partition=p)  # K4

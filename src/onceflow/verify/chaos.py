@@ -141,9 +141,9 @@ class VerifyConfig:
         self.cluster = cluster_kind(self.cluster)
         if self.cluster not in CLUSTERS:
             raise ConfigError(f"cluster must be local or standalone, got {self.cluster!r}")
-        for fault, kind in CLUSTER_FAULTS.items():
-            if fault in self.faults and self.cluster != kind:
-                raise ConfigError(f"the {fault} fault needs --cluster {kind}")
+        for fault, kinds in CLUSTER_FAULTS.items():
+            if fault in self.faults and self.cluster not in kinds:
+                raise ConfigError(f"the {fault} fault needs --cluster {' or '.join(kinds)}")
         if self.source not in ("log", "kafka"):
             raise ConfigError(f"source must be log or kafka, got {self.source!r}")
         if self.source == "kafka" and self.ingest:

@@ -28,6 +28,9 @@ STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
 EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
 """Faults at points only the side-effect sinks' driver-side path (``--sink http``, ``http-naive``) has."""
 
+TASK_SINKS = ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks", "http-tasks")
+"""The sinks whose every batch Spark's tasks write (``collect_below=0``)."""
+
 TASK_FAULTS = ("crash_task_after_write",)
 """Faults of the tasks that write a batch's rows (``--sink delta-tasks``, ``sqlite-tasks``,
 ``postgres-tasks``, ``kafka-tasks``, ``http-tasks``): not the driver. Not on a cluster, where Spark
@@ -43,8 +46,8 @@ def reaches(sink: str, fault: str) -> bool:
         return sink == "sqlite"
     if fault in EFFECT_FAULTS:
         return sink in ("http", "http-naive")
-    if fault in TASK_FAULTS:
-        return sink in ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks", "http-tasks")
+    if fault in TASK_FAULTS or fault == "executor_kill_mid_write":
+        return sink in TASK_SINKS
     if fault == "crash_inside_sink_txn":
         return sink not in NO_TXN_SINKS
     if fault == "crash_after_sink_commit":
@@ -54,7 +57,7 @@ def reaches(sink: str, fault: str) -> bool:
     return True
 
 SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill",
-                "worker_kill", "sink_outage"]
+                "worker_kill", "executor_kill_mid_write", "sink_outage"]
 """Faults of the Spark side that make a round."""
 
 ROUND_FAULTS = SPARK_FAULTS + INGEST_ROUND_FAULTS
@@ -75,9 +78,12 @@ CLUSTERS = ("", "local", "standalone")
 """``--cluster`` choices: none (``local[*]``), ``local-cluster[2,1,1024]``, a standalone master
 and two workers (:mod:`onceflow.verify.standalone`)."""
 
-CLUSTER_FAULTS = {"executor_kill": "local", "worker_kill": "standalone"}
+CLUSTER_FAULTS = {"executor_kill": ("local",), "worker_kill": ("standalone",),
+                  "executor_kill_mid_write": ("local", "standalone")}
 """Faults that need executors of a cluster kind: an executor JVM of the local cluster killed,
-or a whole standalone worker (with its executor) killed and restarted."""
+a whole standalone worker (with its executor) killed and restarted, or (``--sink *-tasks``) the
+executor of a task that has written part of its rows killed by the task itself (crash point
+``task_mid_write``, each task's first attempt: Spark runs it again elsewhere)."""
 
 
 def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool = False,
@@ -95,7 +101,7 @@ def default_faults(sink: str = "sqlite", cluster: bool | str = "", ingest: bool 
         Fault names, in :data:`ALL_FAULTS` order.
     """
     kind = cluster_kind(cluster)
-    return [f for f in ALL_FAULTS if CLUSTER_FAULTS.get(f, kind) == kind
+    return [f for f in ALL_FAULTS if kind in CLUSTER_FAULTS.get(f, (kind,))
             and (ingest or f not in INGEST_FAULTS) and reaches(sink, f)
             and not (pipeline and f in INPUT_FAULTS) and not (kind and f in TASK_FAULTS)]
 

@@ -106,6 +106,8 @@ def spec(fault: str, round_no: int, seed: int) -> Spec:
         return tag, {"crash_at": f"{_crash_point(fault)}@0", "once": True}
     if fault in CRASH_FAULTS or fault == "ambiguous_commit":
         return tag, {"crash_at": f"{_crash_point(fault)}@0"}
+    if fault == "executor_kill_mid_write":  # the tasks' executors see the point (spark.executorEnv)
+        return tag, {"crash_at": "task_mid_write@0", "env": {"ONCEFLOW_SPARK_LOG_LEVEL": "WARN"}}
     if fault == "trigger_change":
         return tag, {"once": True, "max_files": random.Random(seed * 1_000_003 + round_no).choice([1, 3, 5])}
     if fault == VERIFY_KILL:
@@ -157,6 +159,9 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
     def progressed() -> bool:
         return target.committed_batches() > before
 
+    if fault == "executor_kill_mid_write":
+        _kill_mid_write(start(), rec, target, timeout, t0)
+        return
     if fault in CRASH_FAULTS or fault == "ambiguous_commit":
         point = _crash_point(fault)
         d = start()
@@ -210,6 +215,33 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
                                "retried by Spark), query went on")
         elif fault == "worker_kill" and cluster is not None:
             _kill_worker(cluster, d, rec, target, timeout, t0, in_flight)
+    except AssertionError as exc:
+        rec.outcome = f"timed out: {exc}"
+    finally:
+        d.kill()
+        rec.exit_code = d.proc.returncode
+
+
+def _kill_mid_write(d: Driver, rec: RoundRecord, target: SinkTarget, timeout: float, t0: float) -> None:
+    """``executor_kill_mid_write``: a task kills its executor mid-write; Spark must retry it, go on."""
+    try:
+        wait_until(lambda: "crash point task_mid_write" in d.output() or d.proc.poll() is not None, timeout,
+                   "a task's executor killed mid-write")
+        if d.proc.poll() is not None:
+            rec.outcome = f"the driver exited with {d.proc.returncode} before the kill: {error_line(d)}"
+            return
+        rec.fault_s = time.monotonic() - t0
+        rec.fault_batches = crash_batches(d.output())
+        after = target.committed_batches()
+        wait_until(lambda: target.committed_batches() > after or d.proc.poll() is not None, timeout,
+                   "a batch after the executor kill")
+        if d.proc.poll() is not None:
+            rec.outcome = f"the driver exited with {d.proc.returncode} after the kill: {error_line(d)}"
+            return
+        out = d.output()
+        rec.outcome = (f"executor SIGKILLed mid-write by its task at batch {rec.fault_batches}; Spark: "
+                       f"{out.count('Lost executor')} executor lost, {out.count('Lost task')} task attempts "
+                       "lost and retried; the query went on")
     except AssertionError as exc:
         rec.outcome = f"timed out: {exc}"
     finally:

@@ -20,6 +20,7 @@ _COLORS = {
     "crash_after_commit_log": "#8c564b", "crash_apply_pending": "#2ca02c",
     "ambiguous_commit": "#e377c2",
     "trigger_change": "#17becf", "executor_kill": "#7f7f7f",
+    "executor_kill_mid_write": "#525252",
     "receiver_kill": "#1f77b4", "receiver_crash_after_stage": "#aec7e8",
     "receiver_crash_after_record": "#98df8a", "receiver_crash_after_publish": "#ffbb78",
     "sender_kill": "#c49c94", "verify_kill": "#393b79", "sink_outage": "#637939",

@@ -233,6 +233,7 @@ def write_task(spec: FilesSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, 
                 writer = pq.ParquetWriter(str(folder / name), batch.schema, compression="snappy")
             writer.write_batch(batch)
             stats.add(batch)
+            faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # a file cut
     finally:
         if writer is not None:
             writer.close()

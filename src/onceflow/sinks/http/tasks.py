@@ -171,6 +171,7 @@ def send_task(spec: HttpTaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str
             raise unstable(batch_id, plan.changed)
         pending: list[tuple[str, int, int]] = []
         answers = asyncio.run(sink.send_all(plan.send, pending.append))  # 3
+        faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # unconfirmed
         sink.ledger.confirm(pending)  # 4
         counts, failure, left = sink.tally(batch_id, plan, answers)  # 5
         if failure:

@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from onceflow.errors import ConfigError, PostgresError, refuse_unknown
-from onceflow.faults import CrashPoint, maybe_crash, maybe_kill_task
+from onceflow.faults import CrashPoint, maybe_crash, maybe_kill_executor, maybe_kill_task
 from onceflow.sinks.base import running_task
 from onceflow.sinks.postgres import sql as pg
 from onceflow.tables import merges
@@ -308,6 +308,7 @@ def write_task(spec: TargetSpec, batches: Iterable[Any]) -> TaskMessage:
                         names=["_of_batch", "_of_token", *spec.columns])
                     rows += pg.copy_arrow(conn, spec.stage, ["_of_batch", "_of_token", *spec.columns],
                                           tagged)
+                    maybe_kill_executor(CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # its COPY open
             if rows:
                 maybe_kill_task(CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
             return TaskMessage(token, task.partition, task.attempt, rows, query_id=task.query_id)

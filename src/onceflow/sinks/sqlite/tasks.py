@@ -166,6 +166,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
             values = list(zip(*(stored(batch.column(c)) for c in batch.column_names), strict=True))
             conn.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * batch.num_columns)})", values)
             rows += batch.num_rows
+            faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # open
         if conn is not None:
             conn.execute("COMMIT")
     finally:
