@@ -22,6 +22,8 @@ child process (so each process's peak memory is its own), with onceflow's sessio
   moves them with the marker in one transaction;
 * ``postgres-collect``: the same with ``collect_below`` above N (collected and ``COPY``'d from the
   driver);
+* ``postgres-staged``: ``onceflow.postgres(dsn, protocol="staged")`` — the executor-side protocol
+  (each task stages its rows, the table's marker decides the move);
 * ``spark-kafka``: Spark's own Kafka writer of the same stream (``to_json(struct(*))`` as each
   record's value, no key; at least once) into a topic of 3 partitions;
 * ``kafka``: ``onceflow.kafka(bootstrap, partitions=3)``, an append table: Spark's tasks encode and
@@ -46,6 +48,7 @@ write, the driver's commit) and prints them beside the total.
 
 Usage: python benchmarks/bench_backlog.py [--rows 5000000] [--steps]
        [--variants spark,onceflow,onceflow-collect,sqlite,sqlite-collect,spark-jdbc,postgres,postgres-collect,
+                   postgres-staged,
                    spark-kafka,kafka,kafka-collect]
 """
 
@@ -175,6 +178,12 @@ def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str
                                                      collect_below=collect),
                               work / "ck", {topic: onceflow.Table()}, once=True).awaitTermination()
         table = work / topic
+    elif variant == "postgres-staged":
+        onceflow.write_stream(stream, onceflow.postgres(sink_id=work.name.replace("-", "_")[-40:],
+                                                        protocol="staged"),
+                              work / "ck", {"backlog_postgres_staged": onceflow.Table()},
+                              once=True).awaitTermination()
+        table = work / "backlog_postgres_staged"
     elif variant.startswith("postgres"):
         collect = 10**12 if variant == "postgres-collect" else 100_000
         onceflow.write_stream(stream, onceflow.postgres(sink_id=work.name.replace("-", "_")[-40:],
