@@ -75,10 +75,6 @@ decided by, which time retention could delete once a later (aborted) record roll
 
 _log = logging.getLogger("onceflow.kafka")
 _TIMEOUT_S = 60.0
-_PRODUCER = {"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
-             "queue.buffering.max.kbytes": 1_048_576}
-"""Producer settings (``options=`` overrides them): key hashing as the Java client does it, and
-a local queue that holds a large batch (a full queue is waited out, see ``kafka_records.produce``)."""
 _SLICE = 20_000
 
 
@@ -206,7 +202,8 @@ class KafkaTopicsSink(SinkBase):
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""
         self.ensure_topic(self.marker_topic, 1, MARKER_TOPIC_CONFIG)
-        producer = self.ck.Producer({**_PRODUCER, **self._conf, "transactional.id": self.transactional_id})
+        producer = self.ck.Producer({**kafka_records.PRODUCER, **self._conf,
+                                     "transactional.id": self.transactional_id})
         producer.list_topics(timeout=_TIMEOUT_S)  # connected first: else librdkafka may find no broker
         producer.init_transactions(_TIMEOUT_S)    # for its coordinator query and wait 0.5 s for the next
         return producer

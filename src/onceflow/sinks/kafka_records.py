@@ -29,6 +29,12 @@ import pyarrow.compute as pc
 from onceflow.errors import OnceflowError
 from onceflow.tables import Table, check_json
 
+PRODUCER = {"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1_048_576}
+"""Producer settings of the Kafka sink's driver and tasks (the sink's ``options=`` override them):
+key hashing as the Java client does it, and a local queue that holds a large batch (a full queue
+is waited out, see :func:`produce`)."""
+
 _CONTROL = r"[\x00-\x1f]"
 _SPECIAL = r'[\x00-\x1f"\\]'
 _UTC = ("UTC", "Etc/UTC")

@@ -268,9 +268,8 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
         if err is not None and not failed:
             failed.append(f"{msg.topic()}: {err.str()}")
 
-    producer = Producer({"linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
-                         "queue.buffering.max.kbytes": 1_048_576, "partitioner": "murmur2_random",
-                         **spec.conf, "transactional.id": f"onceflow.{spec.sink_id}.task.{p}",
+    producer = Producer({**kafka_records.PRODUCER, **spec.conf,
+                         "transactional.id": f"onceflow.{spec.sink_id}.task.{p}",
                          "delivery.report.only.error": True, "on_delivery": delivered})
     digest = Digest()
     try:

@@ -287,7 +287,8 @@ class HttpEffectsSink(SinkBase):
         spec = tasks.HttpTaskSpec(
             {"url": self.url, "ledger": str(self.ledger_path), "sink_id": self.sink_id,
              "idempotent": self.idempotent, "headers": self.headers, "concurrency": self.concurrency,
-             "retries": self.retries, "timeout_s": self.timeout_s, "backoff_s": self.backoff_s},
+             "retries": self.retries, "timeout_s": self.timeout_s, "backoff_s": self.backoff_s,
+             "confirm_every_s": self.confirm_every_s},
             batch_id, asdict(stats), rows_out, time.time())
         if live:  # T3
             tasks.write_frame(tasks.effects_frame(live, specs, self.sink_id, batch_id), spec)

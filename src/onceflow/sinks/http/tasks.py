@@ -20,8 +20,8 @@ partitioning.
 
 The ``onceflow_http`` format's rows are ``key`` and ``payload`` (strings); options: ``url`` and
 ``ledger`` (required), ``sink_id``, ``batch_id`` (batch writes), ``idempotent``, ``concurrency``,
-``retries``, ``timeout_s``, ``backoff_s``, ``headers`` (JSON), ``stats`` (JSON: the marker's input
-counts) and ``rows_out``.
+``retries``, ``timeout_s``, ``backoff_s``, ``confirm_every_s``, ``headers`` (JSON), ``stats``
+(JSON: the marker's input counts) and ``rows_out``.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class HttpTaskSpec:
                                     "idempotent": (options.get("idempotent") or "true").lower() == "true",
                                     "headers": json.loads(options.get("headers") or "{}")}
             for name, kind in (("concurrency", int), ("retries", int), ("timeout_s", float),
-                               ("backoff_s", float)):
+                               ("backoff_s", float), ("confirm_every_s", float)):
                 if options.get(name):
                     sink[name] = kind(options[name])
             stats = json.loads(options.get("stats") or "{}")
@@ -109,7 +109,8 @@ class HttpTaskSpec:
         from onceflow.sinks.http.sink import HttpEffectsSink
 
         s = self.sink
-        tuning = {k: s[k] for k in ("concurrency", "retries", "timeout_s", "backoff_s") if k in s}
+        tuning = {k: s[k] for k in ("concurrency", "retries", "timeout_s", "backoff_s", "confirm_every_s")
+                  if k in s}
         return HttpEffectsSink(s["url"], s["ledger"], sink_id=s["sink_id"], idempotent=s["idempotent"],
                                headers=s["headers"], **tuning)
 
