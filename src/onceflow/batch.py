@@ -27,11 +27,15 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
 4. **Materialize** (:meth:`BatchWriter._materialize`): for a driver-side sink, collect each
    DataFrame output as Arrow (one Spark job each; a ``pyarrow.Table`` output is taken as it is);
    for an executor-side sink, cache and count each output so the sink's checks and its write read
-   it once. With several DataFrame outputs the batch is cached (read once). With ``stable=``, the
-   first computation is persisted now, before any sink sees it. With ``late=``, the rows of N's
-   input files that the watermark dropped (event time ``<=`` the late watermark, the rule
-   :mod:`onceflow.checkpoint` counts by), read back by Spark only when N dropped any, go to the
-   ``late`` table with the watermark they missed. With an input contract
+   it once — except one output that nothing but the write reads (no key to check, no
+   ``stable=``, ``late=`` or contract) into a sink that counts in its tasks
+   (:attr:`onceflow.sinks.base.Sink.writes_uncached`): it is computed once, by the sink's write,
+   and the batch's numbers below are settled after that write, before the marker
+   (:meth:`BatchWriter._settle`). With several DataFrame outputs the batch is cached (read once).
+   With ``stable=``, the first computation is persisted now, before any sink sees it. With
+   ``late=``, the rows of N's input files that the watermark dropped (event time ``<=`` the late
+   watermark, the rule :mod:`onceflow.checkpoint` counts by), read back by Spark only when N
+   dropped any, go to the ``late`` table with the watermark they missed. With an input contract
    (:mod:`onceflow.contract`): when N's plan counted bad records (or did not run), N's input is
    read back from its offsets and the bad records go to the ``rejects`` table
    (:mod:`onceflow.rejects`) — or, without ``rejects=``, the batch stops here naming the first.
@@ -49,6 +53,7 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import time
@@ -136,6 +141,10 @@ class _Attempt:
     """Rows per table the batch writes (counted before the sink's commit)."""
     executor_side: bool = False
     """Whether the sink's executor-side path writes this batch (step 4 decides)."""
+    uncached: bool = False
+    """Whether its one output is written not cached, its numbers settled after the write (step 4)."""
+    produced: dict[str, Any] = field(default_factory=dict)
+    """What ``per_batch`` returned (``count_rows`` reads these)."""
 
 
 @dataclass(frozen=True)
@@ -349,13 +358,18 @@ class BatchWriter:
 
     def _materialize(self, a: _Attempt) -> None:
         """Step 4: the outputs computed (and persisted once, with ``stable=``), counted, late rows added."""
-        produced = dict(a.frames)  # what per_batch returned (count_rows reads these)
+        a.produced = dict(a.frames)
         a.executor_side = self._executor_side and not self._small(a)
+        if a.executor_side and self._uncached(a):  # the sink's write computes it; the numbers after
+            a.uncached = True
+            a.frames = {n: self._frame(a.df, f) for n, f in a.frames.items()}
+            a.outputs = {n: None for n in a.frames}
+            return
         if a.executor_side:  # the executors write the rows: each frame is computed once
             a.frames = {n: self._frame(a.df, f).persist() for n, f in a.frames.items()}
             a.cached.extend(a.frames.values())
             a.written = {n: f.count() for n, f in a.frames.items()}
-            a.rows_out = a.kept.rows_out if a.kept is not None else self._rows_out(a, produced)
+            a.rows_out = a.kept.rows_out if a.kept is not None else self._rows_out(a, a.produced)
             if self.o.stable is not None and a.kept is None:
                 a.frames.update(self.o.stable.save(a.batch_id, self._qid, a.frames, a.rows_out).tables)
             a.outputs = {n: None for n in a.frames}
@@ -384,6 +398,33 @@ class BatchWriter:
         rows = self._late_rows(a.df, a.batch_id, batch) if wanted else None
         if rows is not None:
             self._add_output(a, late, rows)
+
+    def _uncached(self, a: _Attempt) -> bool:
+        """Whether N's one output is read by the sink's write only, so it need not be cached (step 4)."""
+        if not self.sink.writes_uncached or len(a.frames) != 1 or a.cached:
+            return False
+        if self.o.stable is not None or self.o.late is not None or self.o.contract is not None:
+            return False
+        ((name, frame),) = a.frames.items()
+        return not isinstance(frame, pa.Table) and not self.o.specs[name].key
+
+    def _settle(self, a: _Attempt, written: Mapping[str, int]) -> tuple[BatchStats, int]:
+        """Step 4's numbers of an uncached output, once the sink's tasks have run N's plan.
+
+        Called by the sink between its tasks' write and its marker (maybe more than once: a
+        retried commit); ``written`` is what the tasks wrote per table.
+        """
+        a.written = dict(written)
+        if self.o.count_rows is not None:
+            a.rows_out = int(self.o.count_rows(a.produced))
+        elif self.o.per_batch is None:  # the output is the batch itself
+            a.rows_out = sum(written.values())
+        else:
+            a.rows_out = self._rows_out(a, a.produced)
+        counted, batch = a.counted.result()
+        stats, _ = self._stats(a, counted, batch)
+        a.stats = replace(stats, input_range=a.planned.to_json())
+        return a.stats, a.rows_out
 
     def _add_output(self, a: _Attempt, name: str, rows: DataFrame) -> int:
         """Add a table onceflow fills (late rows, bad records) to N's outputs; its row count."""
@@ -423,6 +464,9 @@ class BatchWriter:
         """Step 5: the sink's commit of N; then N's stable copy is no longer needed."""
         def commit() -> bool:
             sink = self.sink
+            if a.uncached and isinstance(sink, ExecutorSink):
+                return sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out,
+                                          settle=functools.partial(self._settle, a))
             if a.executor_side and isinstance(sink, ExecutorSink):
                 return sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out,
                                           written=a.written)
@@ -433,6 +477,9 @@ class BatchWriter:
             committed = retrying(f"batch {a.batch_id}: the sink's commit", self.o.retry_s, commit)
         except BatchRejectedError as exc:
             raise self._traced(a.df.sparkSession, a.batch_id, exc) from None
+        if a.uncached and not committed:  # a replay ran no task: its input's numbers only, for on_batch
+            counted, batch = a.counted.result()
+            a.stats = replace(self._stats(a, counted, batch)[0], input_range=a.planned.to_json())
         if not committed:  # a replay: the marker's batch must be the batch Spark plans now
             repair.check_replay(self.sink, self.checkpoint, a.planned)
             if repair.continue_restore(self.sink, self.checkpoint, a.batch_id):

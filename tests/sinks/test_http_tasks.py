@@ -55,6 +55,7 @@ def _expected(batches: range) -> dict[str, dict[str, Any]]:
     return out
 
 
+@pytest.mark.long  # make test-long (make test's 30 minutes); RELIABILITY.md's 20-round http-tasks verify
 def test_killed_tasks_and_a_killed_driver_leave_each_effect_applied_once(tmp_path: Path) -> None:
     ledger = tmp_path / "ledger.db"
     with ServiceProcess(tmp_path / "service.db") as service:

@@ -204,6 +204,7 @@ def test_the_format_on_its_own_produces_each_batch_once(spark: Any, broker: Kafk
 
 @pytest.mark.slow
 @pytest.mark.faults
+@pytest.mark.long  # make test-long (make test's 30 minutes); RELIABILITY.md's 40-round kafka-tasks verify
 def test_a_killed_driver_and_killed_task_attempts_leave_each_record_once(broker: KafkaServer,
                                                                        tmp_path: Path) -> None:
     folder = tmp_path / "in"

@@ -45,7 +45,7 @@ of an :class:`ExecutorSink` run on executors (inside the DataSource it starts).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -58,8 +58,16 @@ if TYPE_CHECKING:
 
     from onceflow.tables import Table
 
-__all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "RunningTask", "Sink", "SinkBase",
-           "TablesSink", "check_batch_write", "collected", "running_task", "save_frame"]
+__all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "RunningTask", "Settle", "Sink",
+           "SinkBase", "TablesSink", "check_batch_write", "collected", "running_task", "save_frame"]
+
+Settle = Callable[[Mapping[str, int]], "tuple[BatchStats, int]"]
+"""The batch's numbers for its marker, known only once the tasks have run its plan.
+
+Given to :meth:`ExecutorSink.commit_frames` for a frame that is not cached (it is computed once,
+by the write): called with the rows each table got (summed from the tasks' messages), after the
+tasks' write and before the marker; returns the batch's :class:`BatchStats` and ``rows_out``.
+"""
 
 
 class Sink(Protocol):
@@ -82,6 +90,13 @@ class Sink(Protocol):
     tables_are_topics: bool
     """Whether a table name is a Kafka topic name (``.`` and ``-`` allowed,
     :func:`onceflow.tables.check_specs`)."""
+
+    writes_uncached: bool
+    """Whether :meth:`ExecutorSink.commit_frames` takes a frame that is not cached, with ``settle``:
+    its tasks count the rows, and the marker is written after them. :func:`onceflow.write_stream`
+    then computes a large one-table batch once, in the sink's own write (no cache, no count
+    before it), when nothing else reads the frame (no key to check, no ``stable=``, ``late=`` or
+    input contract)."""
 
     def recent_batches(self) -> list[dict[str, Any]]:
         """The markers of the last committed batches (at least the last one), by batch id.
@@ -140,10 +155,11 @@ class SinkBase:
     sink_id: str
     keeps_markers: bool = True
     tables_are_topics: bool = False
+    writes_uncached: bool = False
 
-    def _counted(self, batch_id: int, frames: Mapping[str, DataFrame], specs: Mapping[str, Table],
-                 written: Mapping[str, int] | None) -> dict[str, int]:
-        """Step 1's start for a batch given as DataFrames: the crash point, the specs' columns, the rows.
+    def _check_start(self, batch_id: int, frames: Mapping[str, DataFrame],
+                     specs: Mapping[str, Table]) -> None:
+        """Step 1's start for a batch given as DataFrames: the crash point, the specs' columns.
 
         Raises:
             BatchRejectedError: A table's spec names a column its frame lacks.
@@ -153,6 +169,15 @@ class SinkBase:
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         check_outputs(frames, specs, rows=False)
+
+    def _counted(self, batch_id: int, frames: Mapping[str, DataFrame], specs: Mapping[str, Table],
+                 written: Mapping[str, int] | None) -> dict[str, int]:
+        """:meth:`_check_start`, then the rows per table (``written``, else counted by Spark).
+
+        Raises:
+            BatchRejectedError: A table's spec names a column its frame lacks.
+        """
+        self._check_start(batch_id, frames, specs)
         return dict(written) if written is not None else {n: f.count() for n, f in frames.items()}
 
     def batches(self) -> list[dict[str, Any]]:
@@ -198,14 +223,18 @@ class ExecutorSink(Sink, Protocol):
     """A sink whose rows go from Spark's executors straight to the database."""
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, DataFrame], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None,
+                      settle: Settle | None = None) -> bool:
         """Steps 1-6 for batch ``batch_id``, each table by its own marker ``<sink_id>.<table>``.
 
         Runs on the driver, inside Spark's ``foreachBatch``; the row writes of step 3 run on the
         executors, one task per partition, each task any number of times (Spark retries tasks).
         Called once per attempt of the batch and idempotent per ``batch_id`` and table.
         ``frames`` are cached by the caller: the checks of step 1 and the write read them once;
-        ``written`` is their row counts when the caller has them (else the sink counts).
+        ``written`` is their row counts when the caller has them (else the sink counts). With
+        ``settle`` (only to a sink that :attr:`Sink.writes_uncached`), one frame that is not
+        cached: the sink neither counts nor reads it before its write, and takes ``stats`` and
+        ``rows_out`` from ``settle`` once its tasks have run (the arguments are placeholders).
 
         Returns:
             True if the batch's first table was committed by this call (False: a replay).

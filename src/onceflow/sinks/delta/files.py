@@ -27,6 +27,11 @@ commit attempt of N draws a token (``token``), and:
 
 The files of an attempt that died before its commit are in no commit: readers never see them,
 and Delta's ``VACUUM`` removes them after its retention (as it does for any failed writer).
+
+With ``defer`` (the sink's write of a frame that is not cached), the data source's commit only
+records the winning tasks' messages as the attempt's manifest (:func:`write_manifest`): the sink
+then runs steps 2-4 itself with the batch's numbers, which it knows only once the tasks have run
+the batch's plan (:data:`onceflow.sinks.base.Settle`).
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ class FilesSpec:
         mode: ``append`` or ``merge`` (``upsert`` is a merge without merged columns).
         metadata: The batch's metrics, the commit's ``onceflow`` metadata (JSON).
         schema: The table's Arrow schema (IPC, base64), when it exists: every batch is cast to it.
+        defer: The data source's commit writes the manifest, and the caller commits (see the module).
     """
 
     root: str
@@ -83,6 +89,7 @@ class FilesSpec:
     mode: str = "append"
     metadata: str = "{}"
     schema: str = ""
+    defer: bool = False
 
     @property
     def app_id(self) -> str:
@@ -97,6 +104,10 @@ class FilesSpec:
     def stage(self, batch_id: int) -> Path:
         """The staging directory of this attempt of ``batch_id`` (merge tables)."""
         return Path(self.root) / STAGE / self.table / f"{batch_id}-{self.token}"
+
+    def manifest(self, batch_id: int) -> Path:
+        """The manifest of this attempt of ``batch_id`` (``defer``)."""
+        return Path(self.root) / STAGE / self.table / f"{batch_id}-{self.token}.manifest.json"
 
     def options(self) -> dict[str, str]:
         """As data source options."""
@@ -125,7 +136,8 @@ class FilesSpec:
         return cls(root=opts["root"], table=opts["table"], sink_id=opts.get("sink_id", "default"),
                    batch_id=int(opts.get("batch_id", "-1")), token=opts.get("token") or uuid.uuid4().hex[:12],
                    key=key, merged=dict(merged), mode="append" if mode == "append" else "merge",
-                   metadata=opts.get("metadata", "{}"), schema=opts.get("schema", ""))
+                   metadata=opts.get("metadata", "{}"), schema=opts.get("schema", ""),
+                   defer=opts.get("defer", "false").lower() == "true")
 
     def arrow_schema(self) -> pa.Schema | None:
         """The table's schema, when the spec carries it."""
@@ -245,6 +257,39 @@ def write_task(spec: FilesSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, 
     written = {"path": where, "size": st.st_size, "mtime_ms": int(st.st_mtime * 1000), "rows": stats.rows,
                "stats": stats.to_json()}
     return {"files": [written], "rows": stats.rows}
+
+
+def write_manifest(spec: FilesSpec, batch_id: int, messages: Iterable[Any]) -> None:
+    """The winning task attempts' messages of a ``defer`` write, for the caller's commit.
+
+    Raises:
+        OnceflowError: A task's message is missing (Spark passes None for a task that failed).
+    """
+    found = list(messages)
+    if any(m is None for m in found):
+        raise OnceflowError(f"batch {batch_id}: a task of table {spec.table!r} sent no message; Spark runs "
+                            "the batch again")
+    target = spec.manifest(batch_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_suffix(".part")
+    part.write_text(json.dumps(found))
+    os.replace(part, target)
+
+
+def read_manifest(spec: FilesSpec, batch_id: int) -> list[dict[str, Any]]:
+    """The messages :func:`write_manifest` kept, the manifest then removed.
+
+    Raises:
+        OnceflowError: No manifest (Spark's write returned without its commit).
+    """
+    target = spec.manifest(batch_id)
+    try:
+        found: list[dict[str, Any]] = json.loads(target.read_text())
+    except FileNotFoundError:
+        raise OnceflowError(f"batch {batch_id}: Spark's write of Delta table {spec.table!r} returned without "
+                            f"its manifest {target}; the batch runs again") from None
+    target.unlink()
+    return found
 
 
 def _q(name: str) -> str:

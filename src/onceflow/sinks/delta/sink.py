@@ -33,7 +33,11 @@ whose tables hold as many (a backlog after downtime) never passes through the dr
 any task runs), and has Spark's tasks write the rest — each table's files committed by the
 driver with the marker in one Delta commit (:mod:`onceflow.sinks.delta.files`, steps 1-4 there);
 the crash points are the same. Smaller batches are collected and take the steps above (one
-Spark job, no files to list).
+Spark job, no files to list). A large batch of one table without a key reaches the sink not
+cached (:attr:`onceflow.sinks.base.Sink.writes_uncached`): its tasks write it in the batch's
+only Spark job, the data source keeps their messages, and the sink commits them with the
+marker, whose numbers (the rows the tasks wrote) it learns only then; its crash point
+``inside_sink_txn`` is between the tasks' write and that commit.
 
 Delta has no transaction across tables: a crash between two tables' commits leaves the first
 with N and the second without; the re-run of N writes only the second (step 2), so every
@@ -48,6 +52,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +61,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker, owners
-from onceflow.sinks.base import SinkBase, collected
+from onceflow.sinks.base import Settle, SinkBase, collected
 from onceflow.sinks.delta import files
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
@@ -88,6 +93,7 @@ class DeltaTablesSink(SinkBase):
 
     all_or_nothing = False
     """Each table of a batch commits on its own."""
+    writes_uncached = True
 
     def __init__(self, root: str | Path, sink_id: str = "default", collect_below: int = 100_000) -> None:
         self.dl = _require()
@@ -240,10 +246,7 @@ class DeltaTablesSink(SinkBase):
         """
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
-        written = {n: t.num_rows for n, t in outputs.items()}
-        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
-        metadata = json.dumps({k: v for k, v in zip(marker.COLUMNS, values, strict=True)
-                               if k != "committed_ms"})  # the commit has a time of its own
+        metadata = self._metadata(batch_id, stats, rows_out, {n: t.num_rows for n, t in outputs.items()})
         wrote = False
         for i, (name, rows) in enumerate(outputs.items()):
             wrote |= self._commit_one(name, specs[name], rows, batch_id, metadata)
@@ -253,12 +256,19 @@ class DeltaTablesSink(SinkBase):
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return wrote  # 6
 
+    def _metadata(self, batch_id: int, stats: BatchStats, rows_out: int, written: Mapping[str, int]) -> str:
+        """The batch's marker row as a commit's ``onceflow`` metadata (the commit has a time of its own)."""
+        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, dict(written))
+        return json.dumps({k: v for k, v in zip(marker.COLUMNS, values, strict=True) if k != "committed_ms"})
+
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None,
+                      settle: Settle | None = None) -> bool:
         """Write batch ``batch_id``'s DataFrames to every table that does not have it yet.
 
         Small batches (under ``collect_below`` rows) are collected and go through
-        :meth:`commit_tables`; larger ones are written by Spark's tasks (see the module).
+        :meth:`commit_tables`; larger ones are written by Spark's tasks (see the module); with
+        ``settle``, one table's frame that is not cached (:meth:`_commit_uncached`).
 
         Raises:
             BatchRejectedError: A null or repeated key (nothing written).
@@ -266,14 +276,14 @@ class DeltaTablesSink(SinkBase):
         """
         from onceflow.sinks.delta.source import write_frame
 
+        if settle is not None:
+            return self._commit_uncached(batch_id, frames, specs, settle)
         counts = self._counted(batch_id, frames, specs, written)  # 1
         if sum(counts.values()) < self.collect_below:
             return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
-        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, counts)
-        metadata = json.dumps({k: v for k, v in zip(marker.COLUMNS, values, strict=True)
-                               if k != "committed_ms"})
+        metadata = self._metadata(batch_id, stats, rows_out, counts)
         wrote = False
         for i, (name, frame) in enumerate(frames.items()):
             path, spec = str(self.root / name), specs[name]
@@ -291,6 +301,44 @@ class DeltaTablesSink(SinkBase):
                 wrote = True
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        return wrote  # 6
+
+    def _commit_uncached(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                         settle: Settle) -> bool:
+        """Steps 1-6 for one table's frame that is not cached: written by its tasks, then committed here.
+
+        The tasks write the files in the batch's only Spark job; the data source keeps their
+        messages (``defer``); the batch's numbers come from ``settle`` once the tasks have run,
+        and the files are committed with them and the marker (:func:`files.commit`, steps 2-4
+        there: decided again on the snapshot the commit is based on).
+        """
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from onceflow.sinks.delta.source import write_frame
+
+        self._check_start(batch_id, frames, specs)  # 1
+        ((name, frame),) = frames.items()
+        spec, path = specs[name], self.root / name
+        check_frame(name, spec, frame)
+        if self.dl.DeltaTable.is_deltatable(str(path)) and self._committed(self.dl.DeltaTable(str(path)),
+                                                                            batch_id):  # 2
+            return False
+        job = files.FilesSpec(str(self.root), name, self.sink_id, batch_id, key=tuple(spec.key),
+                              merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
+                              defer=True)
+        try:
+            write_frame(frame, job)  # 3: the tasks' files
+            messages = files.read_manifest(job, batch_id)
+        finally:
+            job.manifest(batch_id).unlink(missing_ok=True)
+        counts = {name: sum(int(m["rows"]) for m in messages)}
+        stats, rows_out = settle(counts)
+        schema = files.table_schema(path) or to_arrow_schema(frame.schema, timezone="UTC")
+        maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)  # files written, in no commit: nothing visible
+        wrote = files.commit(replace(job, metadata=self._metadata(batch_id, stats, rows_out, counts)),
+                             batch_id, schema, messages)  # 2-4
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return wrote  # 6

@@ -69,13 +69,20 @@ class _Writer:
         """Executor side: one partition's file (step 1)."""
         return DeltaCommitMessage(files.write_task(self.spec, iterator))
 
+    def _commit(self, messages: list[Any], batch_id: int) -> None:
+        """Driver side: commit the batch (replays are no-ops), or keep its manifest for the sink."""
+        if self.spec.defer:
+            files.write_manifest(self.spec, batch_id, _written(messages))
+        else:
+            files.commit(self.spec, batch_id, self.commit_schema, _written(messages))
+
 
 class DeltaStreamWriter(_Writer, DataSourceStreamArrowWriter):
     """Streaming writer: Spark supplies the batch id."""
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
         """Driver side: commit the batch (replays are no-ops)."""
-        files.commit(self.spec, batchId, self.commit_schema, _written(messages))
+        self._commit(messages, batchId)
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
         """Driver side: nothing to undo (uncommitted files are in no commit)."""
@@ -86,7 +93,7 @@ class DeltaBatchWriter(_Writer, DataSourceArrowWriter):
 
     def commit(self, messages: list[Any]) -> None:
         """Driver side: commit the batch (replays are no-ops)."""
-        files.commit(self.spec, self.spec.batch_id, self.commit_schema, _written(messages))
+        self._commit(messages, self.spec.batch_id)
 
     def abort(self, messages: list[Any]) -> None:
         """Driver side: nothing to undo (uncommitted files are in no commit)."""

@@ -92,6 +92,10 @@ T5. Commit durably (the WAL; copying it into the database file, SQLite's checkpo
 T6. Remove the attempt's scratch files, whatever happened (``bind`` removes those of a killed
     process).
 
+A batch of one table without a key may reach T1 not cached (``settle``,
+:attr:`onceflow.sinks.base.Sink.writes_uncached`): T3 is then the batch's only Spark job, and
+the batch's numbers for the marker are settled from the files' rows before T4.
+
 Types: integers and booleans are ``INTEGER``, floats and decimals ``REAL``, strings
 ``TEXT``, binary ``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``, which
 sorts and compares correctly and SQLite's date functions read), dates ``TEXT``
@@ -120,7 +124,7 @@ import pyarrow as pa
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks import marker, owners
-from onceflow.sinks.base import SinkBase, collected
+from onceflow.sinks.base import Settle, SinkBase, collected
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.db import (
@@ -169,6 +173,7 @@ class SQLiteTablesSink(SinkBase):
 
     all_or_nothing = True
     """Every table of a batch commits in one transaction."""
+    writes_uncached = True
 
     def __init__(self, path: str | Path, sink_id: str = "default", staged: bool = True,
                  collect_below: int = 100_000) -> None:
@@ -394,11 +399,14 @@ class SQLiteTablesSink(SinkBase):
         return True  # 6
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None,
+                      settle: Settle | None = None) -> bool:
         """Accept batch ``batch_id`` given as DataFrames (the tasks path, T1-T6).
 
         A batch under ``collect_below`` rows (or of more tables than SQLite attaches) is
-        collected and goes through :meth:`commit_tables`.
+        collected and goes through :meth:`commit_tables`. With ``settle``, one table's frame that
+        is not cached: its rows are counted from the scratch files, and the batch's numbers
+        settled before T4.
 
         Raises:
             BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
@@ -409,9 +417,13 @@ class SQLiteTablesSink(SinkBase):
 
         from onceflow.sinks.sqlite.source import write_frame
 
-        counts = self._counted(batch_id, frames, specs, written)  # T1
-        if sum(counts.values()) < self.collect_below or len(frames) > tasks.MAX_FILES:
-            return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
+        counts: dict[str, int] | None = None
+        if settle is not None:  # T1: written once, by the tasks; nothing counts or reads it before
+            self._check_start(batch_id, frames, specs)
+        else:
+            counts = self._counted(batch_id, frames, specs, written)  # T1
+            if sum(counts.values()) < self.collect_below or len(frames) > tasks.MAX_FILES:
+                return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
         self.flush()
@@ -423,15 +435,15 @@ class SQLiteTablesSink(SinkBase):
             for name, frame in frames.items():  # T3
                 spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
                                       specs[name].describe(), apply=False)
-                files = write_frame(frame.coalesce(each), spec) if counts[name] else []
+                files = write_frame(frame.coalesce(each), spec) if counts is None or counts[name] else []
                 found[name] = (to_arrow_schema(frame.schema, timezone="UTC"), files)
-            return self.apply_files(batch_id, found, specs, stats, rows_out)  # T4, T5
+            return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle)  # T4, T5
         finally:
             tasks.discard(tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token), batch_id)  # T6
 
     def apply_files(self, batch_id: int, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]],
                     specs: Mapping[str, Table], stats: BatchStats, rows_out: int,
-                    check_keys: bool = False) -> bool:
+                    check_keys: bool = False, settle: Settle | None = None) -> bool:
         """T4-T5: the tasks' scratch files of every table and the marker, in one transaction.
 
         Args:
@@ -441,6 +453,8 @@ class SQLiteTablesSink(SinkBase):
             stats: The batch's input rows and late drops.
             rows_out: Rows of the batch's DataFrame.
             check_keys: Look for a key twice in the files (T1 did not: the format on its own).
+            settle: The batch's numbers from the files' rows (``stats`` and ``rows_out`` are
+                placeholders then).
 
         Returns:
             True if this call wrote the batch, False if its marker was there.
@@ -448,6 +462,8 @@ class SQLiteTablesSink(SinkBase):
         conn, attached = self.conn, 0
         counts = {n: sum(int(f["rows"]) for f in files) for n, (_, files) in found.items()}
         extents = {n: tasks.folded(files) for n, (_, files) in found.items()}
+        if settle is not None:
+            stats, rows_out = settle(counts)
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the commit's checkpoint: after T5, off the batch's path
         conn.execute("BEGIN IMMEDIATE")  # T4
         try:
