@@ -15,6 +15,9 @@ $(PY):
 
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install -q -e .
+	# the editable install's bytecode, as pip writes a wheel's: each Spark Python worker that imports
+	# onceflow reads it instead of compiling the sources (PYTHONDONTWRITEBYTECODE=1 never writes it)
+	$(PY) -m compileall -q src
 	touch $@
 
 $(TESTSTAMP): $(STAMP)
@@ -52,6 +55,7 @@ lint: $(TESTSTAMP)
 	$(VENV)/bin/mypy src
 
 bench: $(STAMP)
+	$(PY) -m compileall -q src
 	bash scripts/ensure_java.sh $(PY)
 	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector postgres-jdbc
 	$(PY) benchmarks/bench_user_counts.py

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.errors import CheckpointMismatchError, ConfigError, StorageError
+from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigError, StorageError
 from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table
@@ -220,3 +220,9 @@ def decode_staged(meta_json: str,
                        meta.get("duplicates"), meta.get("rejected"),  # absent: staged by an older onceflow
                        meta.get("input_range"))
     return outputs, specs, stats, int(meta["rows_out"])
+
+
+def broken(name: str, exc: sqlite3.IntegrityError) -> BatchRejectedError:
+    """Step 3 / T4 of the sink: the rows break a constraint of table ``name`` (the transaction rolls back)."""
+    return BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table ({exc}); "
+                              "nothing of the batch was written")

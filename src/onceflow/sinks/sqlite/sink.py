@@ -92,20 +92,15 @@ T5. Commit durably (the WAL; copying it into the database file, SQLite's checkpo
 T6. Remove the attempt's scratch files, whatever happened (``bind`` removes those of a killed
     process).
 
-A batch of one table without a key may reach T1 not cached (``settle``,
-:attr:`onceflow.sinks.base.Sink.writes_uncached`): T3 is then the batch's only Spark job, and
-the batch's numbers for the marker are settled from the files' rows before T4.
+One table without a key may come uncached (``settle``, :attr:`onceflow.sinks.base.Sink.writes_uncached`):
+T3 is the batch's only Spark job; the marker's numbers are settled from the files' rows before T4.
 
-Types: integers and booleans are ``INTEGER``, floats and decimals ``REAL``, strings
-``TEXT``, binary ``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``, which
-sorts and compares correctly and SQLite's date functions read), dates ``TEXT``
-(``YYYY-MM-DD``). Tables onceflow creates are ``STRICT``. Nested types are refused; so are the
-values SQLite would not store as given (:mod:`onceflow.sinks.sqlite.values`): NaN, ``-0.0``,
-unsigned integers above 2**63-1, decimals with more digits than a double holds.
-
-The marker row (``onceflow_batches``, :mod:`onceflow.sinks.sqlite.db`) holds the batch's
-input rows, late drops, the rows its DataFrame had (``events_counted``), duplicates dropped
-(input minus late minus those), rows written over all tables and per table (``tables``, JSON).
+Types: integers and booleans ``INTEGER``, floats and decimals ``REAL``, strings ``TEXT``, binary
+``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``: sorts, compares, and SQLite's
+date functions read it), dates ``TEXT``; ``STRICT`` tables; nested types and the values SQLite
+would not store as given are refused (:mod:`onceflow.sinks.sqlite.values`). The marker row
+(:mod:`onceflow.sinks.sqlite.db`) holds the batch's input rows, late drops, its DataFrame's rows
+(``events_counted``), duplicates dropped, and rows written (all tables, and per table as JSON).
 """
 
 from __future__ import annotations
@@ -121,7 +116,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError, SinkApplyError
+from onceflow.errors import ConfigError, OnceflowError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks import marker, owners
 from onceflow.sinks.base import Settle, SinkBase, collected
@@ -130,6 +125,7 @@ from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.db import (
     HAS_MARKER,
     bind_query,
+    broken,
     check_sink_id,
     connect,
     decode_staged,
@@ -151,12 +147,6 @@ _MARKER = marker.insert_sql("?", verb="INSERT OR REPLACE")
 _UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
 AUTOCHECKPOINT_PAGES = 1000
 """SQLite's default ``wal_autocheckpoint``, restored after a large batch's commit (T5)."""
-
-
-def _broken(name: str, exc: sqlite3.IntegrityError) -> BatchRejectedError:
-    """Step 3 / T4: the rows break a constraint of table ``name`` (the transaction rolls back)."""
-    return BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table ({exc}); "
-                              "nothing of the batch was written")
 
 
 class SQLiteTablesSink(SinkBase):
@@ -378,7 +368,7 @@ class SQLiteTablesSink(SinkBase):
                 try:
                     conn.executemany(insert_sql(name, spec, schema.names), values)
                 except sqlite3.IntegrityError as exc:
-                    raise _broken(name, exc) from None
+                    raise broken(name, exc) from None
                 written[name] = len(values)
             self._marker(batch_id, stats, rows_out, written)  # 4
             if staged:
@@ -417,13 +407,11 @@ class SQLiteTablesSink(SinkBase):
 
         from onceflow.sinks.sqlite.source import write_frame
 
-        counts: dict[str, int] | None = None
-        if settle is not None:  # T1: written once, by the tasks; nothing counts or reads it before
+        counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
+        if counts is None:  # written once, by the tasks: nothing counts or reads it before
             self._check_start(batch_id, frames, specs)
-        else:
-            counts = self._counted(batch_id, frames, specs, written)  # T1
-            if sum(counts.values()) < self.collect_below or len(frames) > tasks.MAX_FILES:
-                return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
+        elif sum(counts.values()) < self.collect_below or len(frames) > tasks.MAX_FILES:
+            return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
         self.flush()
@@ -512,7 +500,7 @@ class SQLiteTablesSink(SinkBase):
         try:
             cur = conn.execute(tasks.insert_select(name, spec, columns, alias))
         except sqlite3.IntegrityError as exc:
-            raise _broken(name, exc) from None
+            raise broken(name, exc) from None
         if cur.rowcount != f["rows"]:
             raise OnceflowError(f"batch {batch_id}: scratch file {f['path']} of table {name!r} gave "
                                 f"{cur.rowcount} rows, its task wrote {f['rows']}; the batch runs again")
