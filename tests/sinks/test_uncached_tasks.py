@@ -1,4 +1,4 @@
-"""A large one-table batch written by Spark's tasks without a cache, under SIGKILLs (Delta, SQLite).
+"""A large one-table batch written by Spark's tasks without a cache, under SIGKILLs (Delta, SQLite, PG).
 
 The batch is computed once, by the sink's own write; its marker's numbers are settled after the
 tasks ran (:data:`onceflow.sinks.base.Settle`). Each life of :mod:`tests.sinks.uncached_driver` runs
@@ -48,7 +48,13 @@ def _expected(src: Path) -> list[tuple[Any, ...]]:
     return sorted((r["id"], r["account"], r["v"], r["at"], r["v"] + 1) for r in rows if r["v"] % 3)
 
 
-def _table(kind: str, out: Path) -> list[tuple[Any, ...]]:
+def _table(kind: str, out: Path, dsn: str | None) -> list[tuple[Any, ...]]:
+    if kind == "postgres":
+        import psycopg
+
+        with psycopg.connect(dsn) as c:
+            got = c.execute("SELECT id, account, v, at, w FROM moves").fetchall()
+        return sorted((i, a, v, at.replace(tzinfo=None), w) for i, a, v, at, w in got)
     if kind == "delta":
         from deltalake import DeltaTable
 
@@ -59,43 +65,48 @@ def _table(kind: str, out: Path) -> list[tuple[Any, ...]]:
     return sorted((i, a, v, dt.datetime.fromisoformat(at), w) for i, a, v, at, w in got)
 
 
-def _markers(kind: str, out: Path) -> list[dict[str, Any]]:
+def _markers(kind: str, out: Path, dsn: str | None) -> list[dict[str, Any]]:
     try:
-        sink = onceflow.delta(out) if kind == "delta" else onceflow.sqlite(out)
+        sink = {"delta": lambda: onceflow.delta(out), "sqlite": lambda: onceflow.sqlite(out),
+                "postgres": lambda: onceflow.postgres(dsn)}[kind]()
         return sink.batches()
     except Exception:  # nothing written yet
         return []
 
 
-def _life(tmp: Path, kind: str, name: str, crash_at: str | None = None) -> ProcessGroup:
+def _life(tmp: Path, kind: str, name: str, dsn: str | None, crash_at: str | None = None) -> ProcessGroup:
     out = tmp / ("lake" if kind == "delta" else "app.db")
     env = {"ONCEFLOW_CRASH_AT": crash_at} if crash_at else {}
+    if dsn:
+        env["ONCEFLOW_PG_DSN"] = dsn
     return ProcessGroup([str(tmp / "in"), str(out), str(tmp / "ck"), kind], tmp / f"{name}.out", env,
                         module="tests.sinks.uncached_driver")
 
 
-@pytest.mark.parametrize("kind", ["delta", pytest.param("sqlite", marks=pytest.mark.long)])
-def test_killed_inside_and_after_the_commit_and_killed_tasks_leave_each_row_once(tmp_path: Path,
-                                                                                  kind: str) -> None:
+@pytest.mark.parametrize("kind", ["delta", pytest.param("sqlite", marks=pytest.mark.long),
+                                  pytest.param("postgres", marks=pytest.mark.long)])
+def test_killed_inside_and_after_the_commit_and_killed_tasks_leave_each_row_once(
+        tmp_path: Path, kind: str, request: pytest.FixtureRequest) -> None:
+    dsn = request.getfixturevalue("pg_dsn") if kind == "postgres" else None
     out = tmp_path / ("lake" if kind == "delta" else "app.db")
     _feed(tmp_path / "in", 2)
-    first = _life(tmp_path, kind, "first")
+    first = _life(tmp_path, kind, "first", dsn)
     assert first.wait(timeout=300) == 0, first.output()[-3000:]
     for point, rc in [("inside_sink_txn", -9), ("after_sink_commit", -9), ("task_after_write", 0)]:
         _feed(tmp_path / "in", 2)  # the batch the point hits has rows
-        done = [m["batch_id"] for m in _markers(kind, out)]
+        done = [m["batch_id"] for m in _markers(kind, out, dsn)]
         target = max(done) + 1  # after inside_sink_txn: the batch that has no marker yet
-        life = _life(tmp_path, kind, point, crash_at=f"{point}@{target}")
+        life = _life(tmp_path, kind, point, dsn, crash_at=f"{point}@{target}")
         assert life.wait(timeout=300) == rc, (point, life.output()[-3000:])
         assert f"crash point {point} at batch {target}" in life.output(), life.output()[-3000:]
-        marked = target in [m["batch_id"] for m in _markers(kind, out)]
+        marked = target in [m["batch_id"] for m in _markers(kind, out, dsn)]
         assert marked == (point != "inside_sink_txn"), (point, target)
-    final = _life(tmp_path, kind, "final")
+    final = _life(tmp_path, kind, "final", dsn)
     assert final.wait(timeout=300) == 0, final.output()[-3000:]
     want = _expected(tmp_path / "in")
-    got = _table(kind, out)
+    got = _table(kind, out, dsn)
     assert len(got) == len(want) and got == want, (len(got), len(want))
-    markers = _markers(kind, out)
+    markers = _markers(kind, out, dsn)
     assert [m["batch_id"] for m in markers] == list(range(len(markers))), markers
     assert sum(int(m["rows_written"]) for m in markers) == len(want)
     assert all(json.loads(m["tables"]) == {"moves": m["rows_written"]} for m in markers), markers

@@ -38,6 +38,9 @@ T4. One transaction, the sink's lock: if the marker exists, delete what N staged
     constraint they break, or an ``add`` past bigint, refuses the batch naming the table and
     the key). Insert the marker; delete the staged rows. Crash point ``inside_sink_txn``.
 T5. Commit. Crash point ``after_sink_commit`` (and ``ambiguous_commit``); return True.
+
+One table without a key may come uncached (``settle``, :attr:`onceflow.sinks.base.Sink.writes_uncached`):
+T3 is the batch's only Spark job; T4 settles the marker's numbers from the rows it moved.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ import pyarrow as pa
 from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker
-from onceflow.sinks.base import SinkBase, collected
+from onceflow.sinks.base import Settle, SinkBase, collected
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres import stage
@@ -189,6 +192,7 @@ class PostgresTablesSink(SinkBase):
 
     all_or_nothing = True
     """Every table of a batch commits in one transaction."""
+    writes_uncached = True
 
     def __init__(self, dsn: str | None = None, sink_id: str = "default",
                  collect_below: int = 100_000) -> None:
@@ -348,7 +352,8 @@ class PostgresTablesSink(SinkBase):
         return True  # 6
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None,
+                      settle: Settle | None = None) -> bool:
         """Write batch ``batch_id`` given as DataFrames (T1-T5; a small batch collected: steps 1-6).
 
         Raises:
@@ -360,8 +365,10 @@ class PostgresTablesSink(SinkBase):
 
         from onceflow.sinks.postgres.datasource import write_frame
 
-        counts = self._counted(batch_id, frames, specs, written)  # T1
-        if sum(counts.values()) < self.collect_below:
+        counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
+        if counts is None:  # written once, by the tasks: nothing counts or reads it before
+            self._check_start(batch_id, frames, specs)
+        elif sum(counts.values()) < self.collect_below:
             return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
@@ -372,7 +379,7 @@ class PostgresTablesSink(SinkBase):
                 self._fit(self.conn, name, specs[name], to_arrow_schema(frame.schema, timezone="UTC"))
         options = {n: _stage_options(self.dsn, self.sink_id, n, specs[n], batch_id) for n in frames}
         for name, frame in frames.items():  # T3
-            if counts[name]:
+            if counts is None or counts[name]:
                 try:
                     write_frame(frame, **options[name])
                 except Exception as exc:
@@ -380,12 +387,12 @@ class PostgresTablesSink(SinkBase):
                         _refuse_nul(name, specs[name], frame)
                     raise
         targets = {n: TargetSpec.from_options(o, frames[n].schema) for n, o in options.items()}
-        return self._move(batch_id, targets, counts, frames, specs, stats, rows_out)
+        return self._move(batch_id, targets, counts, frames, specs, stats, rows_out, settle)
 
-    def _move(self, batch_id: int, targets: Mapping[str, TargetSpec], counts: Mapping[str, int],
+    def _move(self, batch_id: int, targets: Mapping[str, TargetSpec], counts: Mapping[str, int] | None,
               frames: Mapping[str, Any], specs: Mapping[str, Table], stats: BatchStats,
-              rows_out: int) -> bool:
-        """T4-T5: every table's staged rows and the marker, in one transaction."""
+              rows_out: int, settle: Settle | None = None) -> bool:
+        """T4-T5: every table's staged rows and the marker, in one transaction (``settle``: its numbers)."""
         psycopg = require_psycopg()
         conn, overflow = self.conn, None
         try:
@@ -398,13 +405,16 @@ class PostgresTablesSink(SinkBase):
                 for name, target in targets.items():
                     try:
                         with conn.transaction():  # a savepoint: the error names the table
-                            written[name] = stage.move(conn, target, batch_id) if counts[name] else 0
+                            moved = counts is None or counts[name]
+                            written[name] = stage.move(conn, target, batch_id) if moved else 0
                     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
                         if isinstance(exc, psycopg.errors.NumericValueOutOfRange):
                             overflow = name
                         raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the "
                                                  f"table ({str(exc).strip()}); nothing of the batch was "
                                                  "written") from None
+                if settle is not None:
+                    stats, rows_out = settle(written)
                 conn.execute(_MARKER, marker.marker_row(self.sink_id, batch_id, stats, rows_out, written))
                 stage.forget(conn, targets.values(), self.sink_id, batch_id)
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
