@@ -46,7 +46,19 @@ it, as it did for users.
 ``--steps`` also times the steps of the onceflow variants (the batch's cache and count, the tasks'
 write, the driver's commit) and prints them beside the total.
 
-Usage: python benchmarks/bench_backlog.py [--rows 5000000] [--steps]
+``--table upsert`` (key ``id``) or ``--table add`` (key ``id``, ``amount_cents`` added) writes
+the onceflow variants into a keyed table (Spark checks the keys first, so the batch is cached);
+the ``spark`` variants append as before.
+
+``--cluster standalone`` runs every variant on a standalone master and 2 workers of 1 core each
+(:class:`onceflow.verify.standalone.StandaloneCluster`; executors of 1 GiB) with a 1 GiB driver
+(``ONCEFLOW_DRIVER_MEMORY=1g``); ``--kill-mid-write`` arms the crash point ``task_mid_write`` for
+batch 0 in the onceflow variants: the first task that writes SIGKILLs its own executor JVM after
+part of its rows, Spark runs its tasks again on a new executor, and the table must still hold N
+rows (the row count is checked against N, as in every run).
+
+Usage: python benchmarks/bench_backlog.py [--rows 5000000] [--steps] [--table append|upsert|add]
+       [--cluster standalone] [--kill-mid-write]
        [--variants spark,onceflow,onceflow-collect,sqlite,sqlite-collect,spark-jdbc,postgres,postgres-collect,
                    postgres-staged,
                    spark-kafka,kafka,kafka-collect]
@@ -114,9 +126,16 @@ def time_steps(spent: dict[str, float]) -> None:
         setattr(owner, name, timed)
 
 
-def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str, object]:
+TABLES = {"append": {}, "upsert": {"key": "id"}, "add": {"key": "id", "add": "amount_cents"}}
+"""``--table``: the onceflow variants' table (Spark's own writers append)."""
+
+
+def run(variant: str, source: Path, work: Path, steps: bool = False,
+        master: str | None = None, table_mode: str = "append") -> dict[str, object]:
     """One variant in this process (the child): seconds, peak RSS, rows written (and step times)."""
     import onceflow
+
+    table_spec = onceflow.Table(**TABLES[table_mode])  # type: ignore[arg-type]
     from onceflow.spark import session
 
     spent: dict[str, float] = {}
@@ -128,7 +147,7 @@ def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str
         from onceflow.jars import require, with_jars
 
         conf = with_jars(conf, require("postgres-jdbc"))
-    spark = session(app_name=f"backlog-{variant}", conf=conf, kafka=variant == "spark-kafka")
+    spark = session(master=master, app_name=f"backlog-{variant}", conf=conf, kafka=variant == "spark-kafka")
     bootstrap = os.environ.get("ONCEFLOW_BENCH_KAFKA", "")
     stream = spark.readStream.schema(SCHEMA).parquet(str(source))
     started = time.perf_counter()
@@ -176,30 +195,30 @@ def run(variant: str, source: Path, work: Path, steps: bool = False) -> dict[str
         topic = f"backlog_{variant.replace('-', '_')}"
         onceflow.write_stream(stream, onceflow.kafka(bootstrap, sink_id=topic, partitions=3,
                                                      collect_below=collect),
-                              work / "ck", {topic: onceflow.Table()}, once=True).awaitTermination()
+                              work / "ck", {topic: table_spec}, once=True).awaitTermination()
         table = work / topic
     elif variant == "postgres-staged":
         onceflow.write_stream(stream, onceflow.postgres(sink_id=work.name.replace("-", "_")[-40:],
                                                         protocol="staged"),
-                              work / "ck", {"backlog_postgres_staged": onceflow.Table()},
+                              work / "ck", {"backlog_postgres_staged": table_spec},
                               once=True).awaitTermination()
         table = work / "backlog_postgres_staged"
     elif variant.startswith("postgres"):
         collect = 10**12 if variant == "postgres-collect" else 100_000
         onceflow.write_stream(stream, onceflow.postgres(sink_id=work.name.replace("-", "_")[-40:],
                                                         collect_below=collect),
-                              work / "ck", {f"backlog_{variant.replace('-', '_')}": onceflow.Table()},
+                              work / "ck", {f"backlog_{variant.replace('-', '_')}": table_spec},
                               once=True).awaitTermination()
         table = work / f"backlog_{variant.replace('-', '_')}"
     elif variant.startswith("sqlite"):
         collect = 10**12 if variant == "sqlite-collect" else 100_000
         onceflow.write_stream(stream, onceflow.sqlite(work / "app.db", collect_below=collect), work / "ck",
-                              {"payments": onceflow.Table()}, once=True).awaitTermination()
+                              {"payments": table_spec}, once=True).awaitTermination()
         table = work / "app.db"
     else:
         collect = 10**12 if variant == "onceflow-collect" else 100_000
         onceflow.write_stream(stream, onceflow.delta(work / "lake", collect_below=collect), work / "ck",
-                              {"payments": onceflow.Table()}, once=True).awaitTermination()
+                              {"payments": table_spec}, once=True).awaitTermination()
         table = work / "lake" / "payments"
     seconds = time.perf_counter() - started
     if variant.startswith("sqlite"):
@@ -256,12 +275,19 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=5_000_000)
     ap.add_argument("--variants", default="spark,onceflow,onceflow-collect")
     ap.add_argument("--steps", action="store_true", help="also time the onceflow variants' steps")
+    ap.add_argument("--cluster", choices=["local", "standalone"], default="local",
+                    help="standalone: a master and 2 one-core workers, a 1 GiB driver")
+    ap.add_argument("--kill-mid-write", action="store_true",
+                    help="the onceflow variants' first writing task SIGKILLs its executor (batch 0)")
+    ap.add_argument("--table", choices=sorted(TABLES), default="append", help="the onceflow variants' table")
+    ap.add_argument("--master", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--source", help=argparse.SUPPRESS)
     ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(run(args.child, Path(args.source), Path(args.work), args.steps)), flush=True)
+        print(json.dumps(run(args.child, Path(args.source), Path(args.work), args.steps, args.master,
+                             args.table)), flush=True)
         os._exit(0)  # delta-rs may abort the interpreter at shutdown (delta-io/delta-rs#2184)
     source = Path(tempfile.gettempdir()) / f"onceflow-backlog-{args.rows}"
     make_input(source, args.rows)
@@ -272,11 +298,27 @@ def main() -> None:
 
         broker = KafkaServer().__enter__()
         os.environ["ONCEFLOW_BENCH_KAFKA"] = broker.bootstrap
+    cluster, env = None, dict(os.environ)
+    if args.cluster == "standalone":
+        from onceflow.verify.standalone import StandaloneCluster
+
+        cluster = StandaloneCluster(Path(tempfile.mkdtemp(prefix="onceflow-backlog-cluster-")), workers=2,
+                                    cores=1, memory="2g").start()
+        env["ONCEFLOW_DRIVER_MEMORY"] = "1g"
     for variant in args.variants.split(","):
         work = Path(tempfile.mkdtemp(prefix=f"onceflow-backlog-{variant}-"))
+        child_env = dict(env)
+        if args.kill_mid_write and not variant.startswith("spark"):
+            child_env["ONCEFLOW_CRASH_AT"] = "task_mid_write@0"
         done = subprocess.run([sys.executable, __file__, "--child", variant, "--source", str(source),
-                               "--work", str(work), *(["--steps"] if args.steps else [])],
-                              capture_output=True, text=True)
+                               "--work", str(work), *(["--steps"] if args.steps else []),
+                               "--table", args.table,
+                               *(["--master", cluster.master_url] if cluster is not None else [])],
+                              capture_output=True, text=True, env=child_env)
+        if args.kill_mid_write and not variant.startswith("spark"):
+            said = "crash point task_mid_write at batch 0" in done.stdout + done.stderr
+            what = "an executor was SIGKILLed mid-write" if said else "NO KILL (not reached)"
+            print(f"{variant:18s} {what}", flush=True)
         lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
         if done.returncode != 0 or not lines:
             lines = done.stderr.strip().splitlines() or ["?"]
@@ -301,6 +343,8 @@ def main() -> None:
               f"{results['spark-kafka']['seconds'] / results['kafka']['seconds']:.2f}")
     if broker is not None:
         broker.__exit__(None, None, None)
+    if cluster is not None:
+        cluster.stop()
     if "spark" in results and "sqlite" in results:
         print(f"ratio sqlite / spark: {results['sqlite']['seconds'] / results['spark']['seconds']:.2f} "
               "(target <= 1.5)")

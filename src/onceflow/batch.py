@@ -478,6 +478,7 @@ class BatchWriter:
         except BatchRejectedError as exc:
             raise self._traced(a.df.sparkSession, a.batch_id, exc) from None
         if a.uncached and not committed:  # a replay ran no task: its input's numbers only, for on_batch
+            a.written = a.written or {n: 0 for n in a.frames}
             counted, batch = a.counted.result()
             a.stats = replace(self._stats(a, counted, batch)[0], input_range=a.planned.to_json())
         if not committed:  # a replay: the marker's batch must be the batch Spark plans now
