@@ -110,6 +110,7 @@ def _driver(tmp: Path, source: str, bootstrap: str, name: str, crash_at: str | N
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test-long (make test's 30 minutes); the kafka and kafka-tasks verifies there too
 def test_every_crash_point_and_a_random_kill_leave_each_record_once(broker: Any, tmp_path: Path) -> None:
     seed = int(time.time()) % 10_000
     folder = tmp_path / "in"

@@ -35,6 +35,7 @@ def _table(dsn: str, schema: str, name: str) -> dict[str, dict[str, Any]]:
         return {r[0]: dict(zip(cols, r, strict=True)) for r in cur}
 
 
+@pytest.mark.long  # make test-long (make test's 30 minutes); the 40-round realtime verify there too
 def test_kills_and_an_outage_leave_every_authorization_once(tmp_path: Path, pg_dsn: str) -> None:
     """With ``rejects=``: the rows PostgreSQL refuses (a NUL in the currency) are judged too."""
     records = tmp_path / "auths.jsonl"
