@@ -52,7 +52,9 @@ import pyarrow as pa
 
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
-from onceflow.sinks.base import running_task
+from onceflow.sinks.base import kept_messages, running_task
+from onceflow.sinks.base import read_manifest as read_manifest_file
+from onceflow.sinks.base import write_manifest as write_manifest_file
 
 _log = logging.getLogger("onceflow.retry")
 RETRIES = 5
@@ -265,31 +267,23 @@ def write_manifest(spec: FilesSpec, batch_id: int, messages: Iterable[Any]) -> N
     Raises:
         OnceflowError: A task's message is missing (Spark passes None for a task that failed).
     """
-    found = list(messages)
-    if any(m is None for m in found):
-        raise OnceflowError(f"batch {batch_id}: a task of table {spec.table!r} sent no message; Spark runs "
-                            "the batch again")
-    target = spec.manifest(batch_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_suffix(".part")
-    part.write_text(json.dumps(found))
-    os.replace(part, target)
+    write_manifest_file(spec.manifest(batch_id), kept_messages(messages, _no_message(spec, batch_id)))
 
 
 def read_manifest(spec: FilesSpec, batch_id: int) -> list[dict[str, Any]]:
-    """The messages :func:`write_manifest` kept, the manifest then removed.
+    """The messages :func:`write_manifest` kept (the caller removes the manifest).
 
     Raises:
         OnceflowError: No manifest (Spark's write returned without its commit).
     """
     target = spec.manifest(batch_id)
-    try:
-        found: list[dict[str, Any]] = json.loads(target.read_text())
-    except FileNotFoundError:
-        raise OnceflowError(f"batch {batch_id}: Spark's write of Delta table {spec.table!r} returned without "
-                            f"its manifest {target}; the batch runs again") from None
-    target.unlink()
-    return found
+    return read_manifest_file(target, f"batch {batch_id}: Spark's write of Delta table {spec.table!r} "
+                              f"returned without its manifest {target}; the batch runs again")
+
+
+def _no_message(spec: FilesSpec, batch_id: int) -> str:
+    """What a batch whose task sent no message is refused with."""
+    return f"batch {batch_id}: a task of table {spec.table!r} sent no message; Spark runs the batch again"
 
 
 def _q(name: str) -> str:
@@ -336,11 +330,7 @@ def commit(spec: FilesSpec, batch_id: int, schema: pa.Schema, messages: Iterable
     """
     import deltalake as dl
 
-    found = list(messages)
-    if any(m is None for m in found):
-        raise OnceflowError(f"batch {batch_id}: a task of table {spec.table!r} sent no message; Spark runs "
-                            "the batch again")
-    files = [f for m in found for f in m["files"]]
+    files = [f for m in kept_messages(messages, _no_message(spec, batch_id)) for f in m["files"]]
     props = dl.CommitProperties(app_transactions=[dl.Transaction(spec.app_id, batch_id)],
                                 custom_metadata={"onceflow": spec.metadata})
     path = str(spec.path)

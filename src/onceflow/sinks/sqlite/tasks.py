@@ -34,7 +34,6 @@ collected instead.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sqlite3
 import uuid
@@ -46,8 +45,10 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow import faults
-from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
-from onceflow.sinks.base import running_task
+from onceflow.errors import BatchRejectedError, ConfigError
+from onceflow.sinks.base import kept_messages, running_task
+from onceflow.sinks.base import read_manifest as read_manifest_file
+from onceflow.sinks.base import write_manifest as write_manifest_file
 from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, quote, stored
 from onceflow.tables import Table
 
@@ -184,18 +185,10 @@ def write_manifest(spec: TaskSpec, batch_id: int, messages: Iterable[Any]) -> li
     Raises:
         OnceflowError: A task's message is missing (Spark passes None for a task that failed).
     """
-    found = []
-    for m in messages:
-        if m is None:
-            raise OnceflowError(f"batch {batch_id}: a task writing SQLite table {spec.table!r} sent no "
-                                "message; the batch runs again")
-        if m["path"] is not None:
-            found.append(m)
-    target = spec.manifest(batch_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    part = target.with_suffix(".part")
-    part.write_text(json.dumps(found))
-    os.replace(part, target)
+    missing = (f"batch {batch_id}: a task writing SQLite table {spec.table!r} sent no message; the batch "
+               "runs again")
+    found = [m for m in kept_messages(messages, missing) if m["path"] is not None]
+    write_manifest_file(spec.manifest(batch_id), found)
     return found
 
 
@@ -205,12 +198,9 @@ def read_manifest(spec: TaskSpec, batch_id: int) -> list[dict[str, Any]]:
     Raises:
         OnceflowError: No manifest (Spark's write returned without its commit).
     """
-    try:
-        return json.loads(spec.manifest(batch_id).read_text())  # type: ignore[no-any-return]
-    except FileNotFoundError:
-        raise OnceflowError(f"batch {batch_id}: Spark's write of SQLite table {spec.table!r} returned "
-                            f"without its manifest in {spec.folder(batch_id)}; the batch runs again"
-                            ) from None
+    return read_manifest_file(spec.manifest(batch_id), f"batch {batch_id}: Spark's write of SQLite table "
+                              f"{spec.table!r} returned without its manifest in {spec.folder(batch_id)}; the "
+                              "batch runs again")
 
 
 def discard(spec: TaskSpec, batch_id: int) -> None:
