@@ -383,14 +383,13 @@ class BatchWriter:
             if self.o.stable is not None and a.kept is None:
                 a.outputs.update(self.o.stable.save(a.batch_id, self._qid, a.outputs, a.rows_out).tables)
             a.written = {n: t.num_rows for n, t in a.outputs.items()}
-        counted, batch = a.counted.result()
-        a.stats, plan_ran = self._stats(a, counted, batch)
-        a.stats = replace(a.stats, input_range=a.planned.to_json())
+        a.stats, plan_ran = self._input_stats(a)
         if self.o.contract is not None:
             self._add_rejects(a, plan_ran)
         late = self.o.late
         if late is None:
             return
+        counted, batch = a.counted.result()
         if self.o.contract is not None:  # Spark's count (None: unknown, so read the late rows back)
             wanted = a.stats.late_dropped is None or a.stats.late_dropped > 0
         else:  # the files' count
@@ -401,7 +400,7 @@ class BatchWriter:
 
     def _uncached(self, a: _Attempt) -> bool:
         """Whether N's one output is read by the sink's write only, so it need not be cached (step 4)."""
-        if not self.sink.writes_uncached or len(a.frames) != 1 or a.cached:
+        if not self.sink.writes_uncached or len(a.frames) != 1:
             return False
         if self.o.stable is not None or self.o.late is not None or self.o.contract is not None:
             return False
@@ -421,10 +420,14 @@ class BatchWriter:
             a.rows_out = sum(written.values())
         else:
             a.rows_out = self._rows_out(a, a.produced)
-        counted, batch = a.counted.result()
-        stats, _ = self._stats(a, counted, batch)
-        a.stats = replace(stats, input_range=a.planned.to_json())
+        a.stats = self._input_stats(a)[0]
         return a.stats, a.rows_out
+
+    def _input_stats(self, a: _Attempt) -> tuple[BatchStats, bool]:
+        """Step 4's :meth:`_stats` from N's counted input, with the input range Spark planned."""
+        counted, batch = a.counted.result()
+        stats, plan_ran = self._stats(a, counted, batch)
+        return replace(stats, input_range=a.planned.to_json()), plan_ran
 
     def _add_output(self, a: _Attempt, name: str, rows: DataFrame) -> int:
         """Add a table onceflow fills (late rows, bad records) to N's outputs; its row count."""
@@ -479,8 +482,7 @@ class BatchWriter:
             raise self._traced(a.df.sparkSession, a.batch_id, exc) from None
         if a.uncached and not committed:  # a replay ran no task: its input's numbers only, for on_batch
             a.written = a.written or {n: 0 for n in a.frames}
-            counted, batch = a.counted.result()
-            a.stats = replace(self._stats(a, counted, batch)[0], input_range=a.planned.to_json())
+            a.stats = self._input_stats(a)[0]
         if not committed:  # a replay: the marker's batch must be the batch Spark plans now
             repair.check_replay(self.sink, self.checkpoint, a.planned)
             if repair.continue_restore(self.sink, self.checkpoint, a.batch_id):

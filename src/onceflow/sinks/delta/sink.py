@@ -289,12 +289,8 @@ class DeltaTablesSink(SinkBase):
             path, spec = str(self.root / name), specs[name]
             if counts[name] == 0:  # Spark may run no task, and no commit, for a frame without rows
                 wrote |= self._commit_one(name, spec, frame.toArrow(), batch_id, metadata)
-            elif not (self.dl.DeltaTable.is_deltatable(path) and self._committed(self.dl.DeltaTable(path),
-                                                                                    batch_id)):  # 2
-                write_frame(frame, files.FilesSpec(
-                    str(self.root), name, self.sink_id, batch_id, key=tuple(spec.key),
-                    merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
-                    metadata=metadata))  # 3, 4
+            elif not self._has(name, batch_id):  # 2
+                write_frame(frame, self._files_spec(name, spec, batch_id, metadata=metadata))  # 3, 4
                 if not self._committed(self.dl.DeltaTable(path), batch_id):
                     raise OnceflowError(f"batch {batch_id}: Spark's write of table {name!r} returned without "
                                         f"the Delta commit of the batch in {path}; the batch runs again")
@@ -304,6 +300,20 @@ class DeltaTablesSink(SinkBase):
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return wrote  # 6
+
+    def _has(self, name: str, batch_id: int) -> bool:
+        """Step 2 before any task runs: whether table ``name`` exists and has ``batch_id``."""
+        path = str(self.root / name)
+        if not self.dl.DeltaTable.is_deltatable(path):
+            return False
+        return self._committed(self.dl.DeltaTable(path), batch_id)
+
+    def _files_spec(self, name: str, spec: Table, batch_id: int, metadata: str = "{}",
+                    defer: bool = False) -> files.FilesSpec:
+        """Table ``name``'s write of ``batch_id`` by Spark's tasks (:mod:`onceflow.sinks.delta.files`)."""
+        return files.FilesSpec(str(self.root), name, self.sink_id, batch_id, key=tuple(spec.key),
+                               merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
+                               metadata=metadata, defer=defer)
 
     def _commit_uncached(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
                          settle: Settle) -> bool:
@@ -322,12 +332,9 @@ class DeltaTablesSink(SinkBase):
         ((name, frame),) = frames.items()
         spec, path = specs[name], self.root / name
         check_frame(name, spec, frame)
-        if self.dl.DeltaTable.is_deltatable(str(path)) and self._committed(self.dl.DeltaTable(str(path)),
-                                                                            batch_id):  # 2
+        if self._has(name, batch_id):  # 2
             return False
-        job = files.FilesSpec(str(self.root), name, self.sink_id, batch_id, key=tuple(spec.key),
-                              merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
-                              defer=True)
+        job = self._files_spec(name, spec, batch_id, defer=True)
         try:
             write_frame(frame, job)  # 3: the tasks' files
             messages = files.read_manifest(job, batch_id)
