@@ -129,7 +129,7 @@ def test_write_stream_picks_the_path_by_the_batch_input_rows(spark: Any, tmp_pat
     else:
         (src / "a.json").write_text("".join(json.dumps(r) + "\n" for r in rows.to_pylist()))
         counted = (src / "a.json").stat().st_size // BYTES_PER_ROW
-    tasks_file = re.compile(r"^part-00000-[0-9a-f]{12}-\d{5}-\d+-[0-9a-f]{8}\.snappy\.parquet$")
+    tasks_file = re.compile(r"^part-00000-[0-9a-f]{12}-\d{5}-(\d+|spark)-[0-9a-f]{8}\.snappy\.parquet$")
     for collect_below, by_tasks in [(counted, True), (counted + 1, False)]:
         root = tmp_path / f"lake{collect_below}"
         stream = getattr(spark.readStream.schema("id LONG, v STRING"), fmt)(str(src))
@@ -139,3 +139,61 @@ def test_write_stream_picks_the_path_by_the_batch_input_rows(spark: Any, tmp_pat
         assert sorted(r["id"] for r in table.to_pyarrow_table().to_pylist()) == list(range(300))
         names = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
         assert names and all(bool(tasks_file.match(n)) == by_tasks for n in names), (collect_below, names)
+
+
+def _settle(counts: Any) -> tuple[BatchStats, int]:
+    n = sum(counts.values())
+    return BatchStats(n, 0, 0), n
+
+
+def test_an_uncached_append_is_written_by_spark_when_its_types_fit(spark: Any, tmp_path: Path) -> None:
+    """Spark's own Parquet writer for flat columns of the table's types; the data source otherwise."""
+    from decimal import Decimal
+
+    sink = DeltaTablesSink(tmp_path / "lake", sink_id="s", collect_below=0)
+    sink.bind("q")
+    spec = {"t": Table()}
+    kinds = "id LONG, s SHORT, d DECIMAL(12,3), day DATE, at TIMESTAMP, note STRING, ok BOOLEAN"
+    rows = [(i, i % 300 - 150, Decimal(f"{i}.125"), dt.date(1500 + i % 600, 1 + i % 12, 1),
+             dt.datetime(1600 + i % 500, 3, 1, 12, 0, i % 60, 7), "é\u00e8" * (i % 3) or None, i % 2 == 0)
+            for i in range(500)]
+    frame = spark.createDataFrame(rows, kinds).repartition(3)
+    assert sink.commit_frames(0, {"t": frame}, spec, BatchStats(0, 0, 0), 0, settle=_settle)
+    assert not sink.commit_frames(0, {"t": frame}, spec, BatchStats(0, 0, 0), 0, settle=_settle)  # a replay
+    table = DeltaTable(str(tmp_path / "lake" / "t"))
+    got = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+    back = [(r["id"], r["s"], r["d"], r["day"], r["at"].replace(tzinfo=None), r["note"], r["ok"])
+            for r in got]
+    assert back == rows  # every stored value is the value given (old dates and times too: no rebasing)
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    assert sum(a["num_records"] for a in adds) == 500 and len(adds) == 3
+    assert {p.name for p in (tmp_path / "lake" / "t").glob("*.parquet")} == {a["path"] for a in adds}
+    assert all(b"org.apache.spark.version" in pq.read_metadata(tmp_path / "lake" / "t" / a["path"]).metadata
+               for a in adds)  # Spark's writer wrote them
+    assert all(a["min.id"] <= a["max.id"] and a["null_count.note"] >= 0 for a in adds)
+    assert json.loads(table.schema().to_json())["fields"][4]["type"] == "timestamp"
+    assert [m["rows_written"] for m in sink.batches()] == [500]
+    assert not list((tmp_path / "lake" / "_onceflow" / "stage").rglob("*.parquet"))
+
+    day, at, ints = dt.date(2026, 1, 1), dt.datetime(2026, 1, 1), kinds.replace("s SHORT", "s INT")
+    wider = spark.createDataFrame([(1, 1, Decimal("1.000"), day, at, "x", True)], ints)
+    assert sink.commit_frames(1, {"t": wider}, spec, BatchStats(0, 0, 0), 0, settle=_settle)  # data source
+    too_big = spark.createDataFrame([(2, 2**20, Decimal("1.000"), day, at, "y", True)], ints)
+    with pytest.raises(ConfigError, match=r"column 's' of the batch \(int32\) does not fit the table's "
+                                          "type int16"):
+        sink.commit_frames(2, {"t": too_big}, spec, BatchStats(0, 0, 0), 0, settle=_settle)
+    table = DeltaTable(str(tmp_path / "lake" / "t"))
+    assert table.version() == 1 and table.to_pyarrow_table().num_rows == 501
+    newest = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    assert sum(b"org.apache.spark.version" not in
+               (pq.read_metadata(tmp_path / "lake" / "t" / p).metadata or {}) for p in newest) == 1
+    old = [(1000, 3, Decimal("3.000"), dt.date(1500, 1, 1), dt.datetime(1500, 1, 1, 1), "z", False)]
+    spark.conf.set("spark.sql.parquet.datetimeRebaseModeInWrite", "LEGACY")  # Spark would shift 1500-01-01
+    try:
+        assert sink.commit_frames(2, {"t": spark.createDataFrame(old, kinds)}, spec, BatchStats(0, 0, 0), 0,
+                                  settle=_settle)
+    finally:
+        spark.conf.unset("spark.sql.parquet.datetimeRebaseModeInWrite")
+    got = DeltaTable(str(tmp_path / "lake" / "t")).to_pyarrow_table().to_pylist()
+    got = [r for r in got if r["id"] == 1000]
+    assert [(r["day"], r["at"].replace(tzinfo=None)) for r in got] == [(old[0][3], old[0][4])]

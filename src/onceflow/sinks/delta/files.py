@@ -23,7 +23,8 @@ commit attempt of N draws a token (``token``), and:
    all the same — a MERGE of nothing commits nothing, and the marker would be lost); a missing
    table is created by that commit. A concurrent commit makes delta-rs refuse this one: reload, decide again.
 4. **Clean up**: the files of losing task attempts of this token (retried or speculative
-   tasks, whose messages Spark dropped) and the staging directories of batches up to N.
+   tasks, whose messages Spark dropped) and the staging directories and manifests of batches up
+   to N (:func:`clear_stage`: also what an attempt killed before its commit left).
 
 The files of an attempt that died before its commit are in no commit: readers never see them,
 and Delta's ``VACUUM`` removes them after its retention (as it does for any failed writer).
@@ -407,16 +408,29 @@ def _discard(spec: FilesSpec, files: list[dict[str, Any]]) -> None:
 
 
 def _cleanup(spec: FilesSpec, batch_id: int, files: list[dict[str, Any]]) -> None:
-    """Step 4: losing task attempts' files of this token; staging directories of batches up to N."""
+    """Step 4: losing task attempts' files of this token; what batches up to N left staged."""
     if spec.mode == "append":
         kept = {f["path"] for f in files}
         for p in spec.path.glob(f"part-{batch_id:05d}-{spec.token}-*"):
             if p.name not in kept:
                 with contextlib.suppress(OSError):
                     p.unlink()
-        return
+    clear_stage(spec, batch_id)
+
+
+def clear_stage(spec: FilesSpec, batch_id: int) -> None:
+    """Staging directories and manifests of table ``spec.table`` left by batches up to ``batch_id``.
+
+    What a merge's attempt staged, and what an attempt killed before its commit left there (its
+    files in no commit).
+    """
     staging = Path(spec.root) / STAGE / spec.table
-    for d in staging.glob("*-*") if staging.is_dir() else []:
+    for d in staging.iterdir() if staging.is_dir() else []:
         head = d.name.split("-", 1)[0]
-        if head.isdigit() and int(head) <= batch_id:
+        if not (head.isdigit() and int(head) <= batch_id):
+            continue
+        if d.is_dir():
             shutil.rmtree(d, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                d.unlink()

@@ -35,7 +35,8 @@ driver with the marker in one Delta commit (:mod:`onceflow.sinks.delta.files`, s
 the crash points are the same. Smaller batches are collected and take the steps above (one
 Spark job, no files to list). A large batch of one table without a key reaches the sink not
 cached (:attr:`onceflow.sinks.base.Sink.writes_uncached`): its tasks write it in the batch's
-only Spark job, the data source keeps their messages, and the sink commits them with the
+only Spark job (Spark's own Parquet writer where the columns have the table's types:
+:mod:`onceflow.sinks.delta.spark_files`), and the sink commits the files with the
 marker, whose numbers (the rows the tasks wrote) it learns only then; its crash point
 ``inside_sink_txn`` is between the tasks' write and that commit.
 
@@ -62,7 +63,7 @@ from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker, owners
 from onceflow.sinks.base import Settle, SinkBase, collected
-from onceflow.sinks.delta import files
+from onceflow.sinks.delta import files, spark_files
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
 
@@ -319,10 +320,11 @@ class DeltaTablesSink(SinkBase):
                          settle: Settle) -> bool:
         """Steps 1-6 for one table's frame that is not cached: written by its tasks, then committed here.
 
-        The tasks write the files in the batch's only Spark job; the data source keeps their
-        messages (``defer``); the batch's numbers come from ``settle`` once the tasks have run,
-        and the files are committed with them and the marker (:func:`files.commit`, steps 2-4
-        there: decided again on the snapshot the commit is based on).
+        The tasks write the files in the batch's only Spark job — Spark's own Parquet writer when
+        the batch's columns have the table's types (:mod:`onceflow.sinks.delta.spark_files`), else
+        the data source, which keeps their messages (``defer``); the batch's numbers come from
+        ``settle`` once the tasks have run, and the files are committed with them and the marker
+        (:func:`files.commit`, steps 2-4 there: decided again on the snapshot the commit is based on).
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -335,11 +337,15 @@ class DeltaTablesSink(SinkBase):
         if self._has(name, batch_id):  # 2
             return False
         job = self._files_spec(name, spec, batch_id, defer=True)
-        try:
-            write_frame(frame, job)  # 3: the tasks' files
-            messages = files.read_manifest(job, batch_id)
-        finally:
-            job.manifest(batch_id).unlink(missing_ok=True)
+        order = spark_files.columns(frame, path) if spec.mode == "append" else None
+        if order is not None:  # 3: the files written by Spark's Parquet writer
+            messages = spark_files.write(frame.select(*order), job, batch_id)
+        else:
+            try:
+                write_frame(frame, job)  # 3: the tasks' files
+                messages = files.read_manifest(job, batch_id)
+            finally:
+                job.manifest(batch_id).unlink(missing_ok=True)
         counts = {name: sum(int(m["rows"]) for m in messages)}
         stats, rows_out = settle(counts)
         schema = files.table_schema(path) or to_arrow_schema(frame.schema, timezone="UTC")
