@@ -291,7 +291,12 @@ class DeltaTablesSink(SinkBase):
             if counts[name] == 0:  # Spark may run no task, and no commit, for a frame without rows
                 wrote |= self._commit_one(name, spec, frame.toArrow(), batch_id, metadata)
             elif not self._has(name, batch_id):  # 2
-                write_frame(frame, self._files_spec(name, spec, batch_id, metadata=metadata))  # 3, 4
+                job = self._files_spec(name, spec, batch_id, metadata=metadata)
+                by_spark = self._by_spark(frame, spec, job)
+                if by_spark is not None:  # 3, 4: Spark's Parquet files, committed here
+                    wrote |= files.commit(job, batch_id, self._schema(name, frame), by_spark)
+                    continue
+                write_frame(frame, job)  # 3, 4: the data source's tasks and commit
                 if not self._committed(self.dl.DeltaTable(path), batch_id):
                     raise OnceflowError(f"batch {batch_id}: Spark's write of table {name!r} returned without "
                                         f"the Delta commit of the batch in {path}; the batch runs again")
@@ -316,6 +321,20 @@ class DeltaTablesSink(SinkBase):
                                merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
                                metadata=metadata, defer=defer)
 
+    def _by_spark(self, frame: Any, spec: Table, job: files.FilesSpec) -> list[dict[str, Any]] | None:
+        """An append's files written by Spark's Parquet writer, as task messages (None: not that way).
+
+        See :mod:`onceflow.sinks.delta.spark_files` for when Spark's writer writes them.
+        """
+        order = spark_files.columns(frame, job.path) if spec.mode == "append" else None
+        return None if order is None else spark_files.write(frame.select(*order), job, job.batch_id)
+
+    def _schema(self, name: str, frame: Any) -> pa.Schema:
+        """Table ``name``'s Arrow schema; the frame's if a commit of this batch creates it."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return files.table_schema(self.root / name) or to_arrow_schema(frame.schema, timezone="UTC")
+
     def _commit_uncached(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
                          settle: Settle) -> bool:
         """Steps 1-6 for one table's frame that is not cached: written by its tasks, then committed here.
@@ -326,29 +345,25 @@ class DeltaTablesSink(SinkBase):
         ``settle`` once the tasks have run, and the files are committed with them and the marker
         (:func:`files.commit`, steps 2-4 there: decided again on the snapshot the commit is based on).
         """
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         from onceflow.sinks.delta.source import write_frame
 
         self._check_start(batch_id, frames, specs)  # 1
         ((name, frame),) = frames.items()
-        spec, path = specs[name], self.root / name
+        spec = specs[name]
         check_frame(name, spec, frame)
         if self._has(name, batch_id):  # 2
             return False
         job = self._files_spec(name, spec, batch_id, defer=True)
-        order = spark_files.columns(frame, path) if spec.mode == "append" else None
-        if order is not None:  # 3: the files written by Spark's Parquet writer
-            messages = spark_files.write(frame.select(*order), job, batch_id)
-        else:
+        messages = self._by_spark(frame, spec, job)  # 3: the tasks' files
+        if messages is None:
             try:
-                write_frame(frame, job)  # 3: the tasks' files
+                write_frame(frame, job)
                 messages = files.read_manifest(job, batch_id)
             finally:
                 job.manifest(batch_id).unlink(missing_ok=True)
         counts = {name: sum(int(m["rows"]) for m in messages)}
         stats, rows_out = settle(counts)
-        schema = files.table_schema(path) or to_arrow_schema(frame.schema, timezone="UTC")
+        schema = self._schema(name, frame)
         maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)  # files written, in no commit: nothing visible
         wrote = files.commit(replace(job, metadata=self._metadata(batch_id, stats, rows_out, counts)),
                              batch_id, schema, messages)  # 2-4
