@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "RunningTask", "Settle", "Sink",
            "SinkBase", "TablesSink", "check_batch_write", "collected", "kept_messages", "read_manifest",
-           "running_task", "save_frame", "write_manifest"]
+           "run_tasks", "running_task", "save_frame", "write_manifest"]
 
 Settle = Callable[[Mapping[str, int]], "tuple[BatchStats, int]"]
 """The batch's numbers for its marker, known only once the tasks have run its plan.
@@ -298,6 +298,34 @@ def save_frame(frame: DataFrame, source: Any, options: Mapping[str, Any]) -> Non
         writer.save()
     except Exception as exc:
         raise from_spark(exc) from None
+
+
+def run_tasks(frame: DataFrame, task: Callable[[Iterator[pa.RecordBatch]], Any]) -> list[Any]:
+    """Each partition of ``frame`` through ``task`` in its Spark task; the tasks' messages on the driver.
+
+    What a data source's ``write`` does, without the data source: ``task`` runs in the Python
+    worker of each of Spark's tasks over the partition's Arrow batches (an identity
+    ``mapInArrow`` whose only output is ``task``'s message, JSON), and the driver gets one
+    message per partition — of the attempt Spark kept, as a data source's commit does — in
+    the one Spark job of the call. A Python data source write starts Python processes for its
+    lookup, its planning and its commit besides the tasks' workers, one after another, in
+    each new process; this starts none of those. ``task`` and what it holds must pickle (no
+    connection, no session).
+
+    Raises:
+        OnceflowError: A task failed (an onceflow error raised in a task reaches the caller as itself).
+    """
+    from onceflow.errors import from_spark
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        message = json.dumps(task(batches))
+        yield pa.RecordBatch.from_arrays([pa.array([message], pa.string())], names=["message"])
+
+    try:
+        found = frame.mapInArrow(run, "message string").toArrow()
+    except Exception as exc:
+        raise from_spark(exc) from None
+    return [json.loads(m) for m in found.column("message").to_pylist()]
 
 
 def kept_messages(messages: Iterable[Any], missing: str) -> list[Any]:

@@ -405,8 +405,6 @@ class SQLiteTablesSink(SinkBase):
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from onceflow.sinks.sqlite.source import write_frame
-
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before
             self._check_start(batch_id, frames, specs)
@@ -423,7 +421,7 @@ class SQLiteTablesSink(SinkBase):
             for name, frame in frames.items():  # T3
                 spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
                                       specs[name].describe(), apply=False)
-                files = write_frame(frame.coalesce(each), spec) if counts is None or counts[name] else []
+                files = tasks.run(frame.coalesce(each), spec) if counts is None or counts[name] else []
                 found[name] = (to_arrow_schema(frame.schema, timezone="UTC"), files)
             return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle)  # T4, T5
         finally:

@@ -33,6 +33,7 @@ collected instead.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import sqlite3
@@ -46,7 +47,7 @@ import pyarrow as pa
 
 from onceflow import faults
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.sinks.base import kept_messages, running_task
+from onceflow.sinks.base import kept_messages, run_tasks, running_task
 from onceflow.sinks.base import read_manifest as read_manifest_file
 from onceflow.sinks.base import write_manifest as write_manifest_file
 from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, quote, stored
@@ -177,6 +178,11 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
         return {"path": None, "rows": 0, "extents": {}}
     faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     return {"path": str(path), "rows": rows, "extents": extents}
+
+
+def run(frame: Any, spec: TaskSpec) -> list[dict[str, Any]]:
+    """Step 1 in Spark's tasks, for the sink (:func:`onceflow.sinks.base.run_tasks`): the kept files."""
+    return [m for m in run_tasks(frame, functools.partial(write_task, spec)) if m["path"] is not None]
 
 
 def write_manifest(spec: TaskSpec, batch_id: int, messages: Iterable[Any]) -> list[dict[str, Any]]:
