@@ -23,6 +23,7 @@ checkpoint). The protocols are in :mod:`onceflow.sinks.postgres.writer`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -157,3 +158,28 @@ def write_frame(frame: Any, *, dsn: str, table: str, sink_id: str, mode: str, ke
          .save())
     except Exception as exc:
         raise from_spark(exc) from None
+
+
+def _task(spec: TargetSpec, batches: Iterator[Any]) -> str:
+    """Executor side: one partition staged (protocol step 1), its message."""
+    return pg_writer.write_task(spec, batches).to_json()
+
+
+def stage_frame(frame: Any, **options: Any) -> None:
+    """The ``stage`` protocol's tasks for the driver sink, without the data source (same options).
+
+    What :func:`write_frame` does with ``protocol="stage"`` — the tables made sure of and an
+    earlier attempt's leftovers recovered, the tasks staged, the kept attempts recorded, a
+    failed write's leftovers dropped — run through :func:`onceflow.sinks.base.run_tasks`.
+    """
+    from onceflow.sinks.base import run_tasks
+
+    spec = TargetSpec.from_options(options, frame.schema)
+    pg_writer.ensure_tables(spec)
+    pg_writer.recover(spec)
+    try:
+        payloads = run_tasks(frame, functools.partial(_task, spec))
+    except BaseException:
+        pg_writer.abort(spec, spec.batch_id)
+        raise
+    stage.record_winners(spec, spec.batch_id, payloads)

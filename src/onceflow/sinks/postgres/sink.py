@@ -363,7 +363,7 @@ class PostgresTablesSink(SinkBase):
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        from onceflow.sinks.postgres.datasource import write_frame
+        from onceflow.sinks.postgres.datasource import stage_frame
 
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before
@@ -381,7 +381,7 @@ class PostgresTablesSink(SinkBase):
         for name, frame in frames.items():  # T3
             if counts is None or counts[name]:
                 try:
-                    write_frame(frame, **options[name])
+                    stage_frame(frame, **options[name])
                 except Exception as exc:
                     if "0x00" in str(exc):  # a task's COPY met a NUL: named here, on the error path only
                         _refuse_nul(name, specs[name], frame)
