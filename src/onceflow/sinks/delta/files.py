@@ -21,18 +21,18 @@ commit attempt of N draws a token (``token``), and:
    (delta-rs's transaction API: the rows are never read again); a merge runs delta-rs's MERGE
    with the staged files as a stream of Arrow batches as its source (no rows: an empty commit
    all the same — a MERGE of nothing commits nothing, and the marker would be lost); a missing
-   table is created by that commit. A concurrent commit makes delta-rs refuse this one: reload, decide again.
+   table is created by that commit. A concurrent commit makes delta-rs refuse this one: reload,
+   decide again.
 4. **Clean up**: the files of losing task attempts of this token (retried or speculative
-   tasks, whose messages Spark dropped) and the staging directories and manifests of batches up
-   to N (:func:`clear_stage`: also what an attempt killed before its commit left).
+   tasks, whose messages Spark dropped) and the staging directories of batches up to N
+   (:func:`clear_stage`: also what an attempt killed before its commit left).
 
 The files of an attempt that died before its commit are in no commit: readers never see them,
 and Delta's ``VACUUM`` removes them after its retention (as it does for any failed writer).
 
-With ``defer`` (the sink's write of a frame that is not cached), the data source's commit only
-records the winning tasks' messages as the attempt's manifest (:func:`write_manifest`): the sink
-then runs steps 2-4 itself with the batch's numbers, which it knows only once the tasks have run
-the batch's plan (:data:`onceflow.sinks.base.Settle`).
+The sink runs step 1 through :func:`onceflow.sinks.base.run_tasks` (no data source) and steps
+2-4 itself — for a frame that is not cached, with the batch's numbers, which it knows only once
+the tasks have run the batch's plan (:data:`onceflow.sinks.base.Settle`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,6 @@ import pyarrow as pa
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.sinks.base import kept_messages, running_task
-from onceflow.sinks.base import read_manifest as read_manifest_file
-from onceflow.sinks.base import write_manifest as write_manifest_file
 
 _log = logging.getLogger("onceflow.retry")
 RETRIES = 5
@@ -79,7 +77,6 @@ class FilesSpec:
         mode: ``append`` or ``merge`` (``upsert`` is a merge without merged columns).
         metadata: The batch's metrics, the commit's ``onceflow`` metadata (JSON).
         schema: The table's Arrow schema (IPC, base64), when it exists: every batch is cast to it.
-        defer: The data source's commit writes the manifest, and the caller commits (see the module).
     """
 
     root: str
@@ -92,7 +89,6 @@ class FilesSpec:
     mode: str = "append"
     metadata: str = "{}"
     schema: str = ""
-    defer: bool = False
 
     @property
     def app_id(self) -> str:
@@ -107,10 +103,6 @@ class FilesSpec:
     def stage(self, batch_id: int) -> Path:
         """The staging directory of this attempt of ``batch_id`` (merge tables)."""
         return Path(self.root) / STAGE / self.table / f"{batch_id}-{self.token}"
-
-    def manifest(self, batch_id: int) -> Path:
-        """The manifest of this attempt of ``batch_id`` (``defer``)."""
-        return Path(self.root) / STAGE / self.table / f"{batch_id}-{self.token}.manifest.json"
 
     def options(self) -> dict[str, str]:
         """As data source options."""
@@ -139,8 +131,7 @@ class FilesSpec:
         return cls(root=opts["root"], table=opts["table"], sink_id=opts.get("sink_id", "default"),
                    batch_id=int(opts.get("batch_id", "-1")), token=opts.get("token") or uuid.uuid4().hex[:12],
                    key=key, merged=dict(merged), mode="append" if mode == "append" else "merge",
-                   metadata=opts.get("metadata", "{}"), schema=opts.get("schema", ""),
-                   defer=opts.get("defer", "false").lower() == "true")
+                   metadata=opts.get("metadata", "{}"), schema=opts.get("schema", ""))
 
     def arrow_schema(self) -> pa.Schema | None:
         """The table's schema, when the spec carries it."""
@@ -260,26 +251,6 @@ def write_task(spec: FilesSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, 
     written = {"path": where, "size": st.st_size, "mtime_ms": int(st.st_mtime * 1000), "rows": stats.rows,
                "stats": stats.to_json()}
     return {"files": [written], "rows": stats.rows}
-
-
-def write_manifest(spec: FilesSpec, batch_id: int, messages: Iterable[Any]) -> None:
-    """The winning task attempts' messages of a ``defer`` write, for the caller's commit.
-
-    Raises:
-        OnceflowError: A task's message is missing (Spark passes None for a task that failed).
-    """
-    write_manifest_file(spec.manifest(batch_id), kept_messages(messages, _no_message(spec, batch_id)))
-
-
-def read_manifest(spec: FilesSpec, batch_id: int) -> list[dict[str, Any]]:
-    """The messages :func:`write_manifest` kept (the caller removes the manifest).
-
-    Raises:
-        OnceflowError: No manifest (Spark's write returned without its commit).
-    """
-    target = spec.manifest(batch_id)
-    return read_manifest_file(target, f"batch {batch_id}: Spark's write of Delta table {spec.table!r} "
-                              f"returned without its manifest {target}; the batch runs again")
 
 
 def _no_message(spec: FilesSpec, batch_id: int) -> str:
@@ -419,7 +390,7 @@ def _cleanup(spec: FilesSpec, batch_id: int, files: list[dict[str, Any]]) -> Non
 
 
 def clear_stage(spec: FilesSpec, batch_id: int) -> None:
-    """Staging directories and manifests of table ``spec.table`` left by batches up to ``batch_id``.
+    """Staging directories (and any file) of table ``spec.table`` left by batches up to ``batch_id``.
 
     What a merge's attempt staged, and what an attempt killed before its commit left there (its
     files in no commit).

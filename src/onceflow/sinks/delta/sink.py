@@ -275,7 +275,7 @@ class DeltaTablesSink(SinkBase):
             BatchRejectedError: A null or repeated key (nothing written).
             ConfigError: A table lacks a column of the batch, or a value does not fit its type.
         """
-        from onceflow.sinks.delta.source import write_frame
+        from onceflow.sinks.delta.source import write_files
 
         if settle is not None:
             return self._commit_uncached(batch_id, frames, specs, settle)
@@ -287,7 +287,7 @@ class DeltaTablesSink(SinkBase):
         metadata = self._metadata(batch_id, stats, rows_out, counts)
         wrote = False
         for i, (name, frame) in enumerate(frames.items()):
-            path, spec = str(self.root / name), specs[name]
+            spec = specs[name]
             if counts[name] == 0:  # Spark may run no task, and no commit, for a frame without rows
                 wrote |= self._commit_one(name, spec, frame.toArrow(), batch_id, metadata)
             elif not self._has(name, batch_id):  # 2
@@ -296,11 +296,8 @@ class DeltaTablesSink(SinkBase):
                 if by_spark is not None:  # 3, 4: Spark's Parquet files, committed here
                     wrote |= files.commit(job, batch_id, self._schema(name, frame), by_spark)
                     continue
-                write_frame(frame, job)  # 3, 4: the data source's tasks and commit
-                if not self._committed(self.dl.DeltaTable(path), batch_id):
-                    raise OnceflowError(f"batch {batch_id}: Spark's write of table {name!r} returned without "
-                                        f"the Delta commit of the batch in {path}; the batch runs again")
-                wrote = True
+                schema, messages = write_files(frame, job)  # 3, 4: the tasks' files, committed here
+                wrote |= files.commit(job, batch_id, schema, messages)
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
@@ -314,12 +311,11 @@ class DeltaTablesSink(SinkBase):
             return False
         return self._committed(self.dl.DeltaTable(path), batch_id)
 
-    def _files_spec(self, name: str, spec: Table, batch_id: int, metadata: str = "{}",
-                    defer: bool = False) -> files.FilesSpec:
+    def _files_spec(self, name: str, spec: Table, batch_id: int, metadata: str = "{}") -> files.FilesSpec:
         """Table ``name``'s write of ``batch_id`` by Spark's tasks (:mod:`onceflow.sinks.delta.files`)."""
         return files.FilesSpec(str(self.root), name, self.sink_id, batch_id, key=tuple(spec.key),
                                merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
-                               metadata=metadata, defer=defer)
+                               metadata=metadata)
 
     def _by_spark(self, frame: Any, spec: Table, job: files.FilesSpec) -> list[dict[str, Any]] | None:
         """An append's files written by Spark's Parquet writer, as task messages (None: not that way).
@@ -341,11 +337,11 @@ class DeltaTablesSink(SinkBase):
 
         The tasks write the files in the batch's only Spark job — Spark's own Parquet writer when
         the batch's columns have the table's types (:mod:`onceflow.sinks.delta.spark_files`), else
-        the data source, which keeps their messages (``defer``); the batch's numbers come from
+        :func:`files.write_task` (through ``run_tasks``); the batch's numbers come from
         ``settle`` once the tasks have run, and the files are committed with them and the marker
         (:func:`files.commit`, steps 2-4 there: decided again on the snapshot the commit is based on).
         """
-        from onceflow.sinks.delta.source import write_frame
+        from onceflow.sinks.delta.source import write_files
 
         self._check_start(batch_id, frames, specs)  # 1
         ((name, frame),) = frames.items()
@@ -353,14 +349,10 @@ class DeltaTablesSink(SinkBase):
         check_frame(name, spec, frame)
         if self._has(name, batch_id):  # 2
             return False
-        job = self._files_spec(name, spec, batch_id, defer=True)
+        job = self._files_spec(name, spec, batch_id)
         messages = self._by_spark(frame, spec, job)  # 3: the tasks' files
         if messages is None:
-            try:
-                write_frame(frame, job)
-                messages = files.read_manifest(job, batch_id)
-            finally:
-                job.manifest(batch_id).unlink(missing_ok=True)
+            messages = write_files(frame, job)[1]
         counts = {name: sum(int(m["rows"]) for m in messages)}
         stats, rows_out = settle(counts)
         schema = self._schema(name, frame)

@@ -24,6 +24,7 @@ the driver commits them with the marker: :mod:`onceflow.sinks.delta.files`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,11 +71,8 @@ class _Writer:
         return DeltaCommitMessage(files.write_task(self.spec, iterator))
 
     def _commit(self, messages: list[Any], batch_id: int) -> None:
-        """Driver side: commit the batch (replays are no-ops), or keep its manifest for the sink."""
-        if self.spec.defer:
-            files.write_manifest(self.spec, batch_id, _written(messages))
-        else:
-            files.commit(self.spec, batch_id, self.commit_schema, _written(messages))
+        """Driver side: commit the batch (replays are no-ops)."""
+        files.commit(self.spec, batch_id, self.commit_schema, _written(messages))
 
 
 class DeltaStreamWriter(_Writer, DataSourceStreamArrowWriter):
@@ -130,3 +128,15 @@ def register(spark: Any) -> None:
 def write_frame(frame: Any, spec: FilesSpec) -> None:
     """Write one micro-batch's DataFrame to one Delta table through ``onceflow_delta``, exactly once."""
     save_frame(frame, DeltaDataSource, spec.options())
+
+
+def write_files(frame: Any, spec: FilesSpec) -> tuple[pa.Schema, list[dict[str, Any]]]:
+    """Step 1 for the sink, without the data source (:func:`onceflow.sinks.base.run_tasks`).
+
+    Returns:
+        The schema a commit that creates the table gives it, and the kept attempts' messages.
+    """
+    from onceflow.sinks.base import run_tasks
+
+    writer = _Writer(spec, frame.schema)
+    return writer.commit_schema, run_tasks(frame, functools.partial(files.write_task, writer.spec))
