@@ -288,7 +288,7 @@ class KafkaTopicsSink(SinkBase):
            produces its partition in a transaction of its own with its task marker, fenced per
            partition, and skips a partition an earlier attempt committed
            (:func:`onceflow.sinks.kafka_tasks.write_task`, K1-K6; crash point
-           ``task_after_write``). The data source's commit checks that every task answered and
+           ``task_after_write``). The driver checks that every task answered and
            that the records per topic are the batch's rows.
         4. **Mark** (T4): the batch's marker in the sink's own transaction. Crash point
            ``inside_sink_txn``: the tasks' records are committed, the marker is not; the re-run
@@ -319,7 +319,7 @@ class KafkaTopicsSink(SinkBase):
         if live:  # T3
             spec = kt.TaskSpec(self._conf, self.sink_id, self.tasks_topic, batch_id, str(self._query_id),
                                self.batch_headers, {n: counts[n] for n in live}, mark=False)
-            kt.write_frame(kt.records_frame(live, specs, tasks), spec)
+            kt.run(kt.records_frame(live, specs, tasks), spec)
         self._transaction(batch_id, lambda: None, self._marker(batch_id, stats, rows_out, counts))  # T4, T5
         return True  # T6
 

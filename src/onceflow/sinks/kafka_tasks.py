@@ -31,6 +31,7 @@ writes the batch's marker; :class:`onceflow.sinks.kafka.KafkaTopicsSink` writes 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -49,7 +50,7 @@ from pyspark.sql.datasource import (
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.sinks import kafka_records
-from onceflow.sinks.base import check_batch_write, running_task, save_frame
+from onceflow.sinks.base import check_batch_write, run_tasks, running_task, save_frame
 from onceflow.tables import Table, check_json_frame
 
 NAME = "onceflow_kafka_topics"
@@ -327,6 +328,29 @@ def sums(batch_id: int, messages: Iterable[Any]) -> dict[str, int]:
     return out
 
 
+def checked_sums(spec: TaskSpec, batch_id: int, found: Iterable[Any]) -> dict[str, int]:
+    """The records per topic of the tasks' messages, checked against ``spec.expected``.
+
+    Raises:
+        OnceflowError: A task's message missing, or the tasks' records not the batch's.
+    """
+    got = sums(batch_id, found)
+    want = spec.expected
+    if want is not None and {t: n for t, n in got.items() if n} != {t: n for t, n in want.items() if n}:
+        raise OnceflowError(f"batch {batch_id}: the tasks of Kafka sink {spec.sink_id!r} produced "
+                            f"{got} records per topic, the batch has {want}; the batch runs again")
+    return got
+
+
+def run(frame: Any, spec: TaskSpec) -> dict[str, int]:
+    """Steps K1-K6 in Spark's tasks, for the sink (:func:`onceflow.sinks.base.run_tasks`): the checked sums.
+
+    Raises:
+        OnceflowError: A task failed, or the tasks' records are not the batch's.
+    """
+    return checked_sums(spec, spec.batch_id, run_tasks(frame, functools.partial(write_task, spec)))
+
+
 class _Writer:
     """What the streaming and the batch writer share."""
 
@@ -353,11 +377,7 @@ class _Writer:
             OnceflowError: A task's message missing, or the tasks' records not the batch's.
         """
         found = [m.found if isinstance(m, KafkaCommitMessage) else None for m in messages]
-        got = sums(batch_id, found)
-        want = self.spec.expected
-        if want is not None and {t: n for t, n in got.items() if n} != {t: n for t, n in want.items() if n}:
-            raise OnceflowError(f"batch {batch_id}: the tasks of Kafka sink {self.spec.sink_id!r} produced "
-                                f"{got} records per topic, the batch has {want}; the batch runs again")
+        got = checked_sums(self.spec, batch_id, found)
         if self.spec.mark:
             sink = self._sink()
             query_id = self.spec.query_id or next((str(m["query_id"]) for m in found if m), "")
