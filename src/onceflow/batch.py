@@ -77,7 +77,7 @@ from onceflow.errors import (
     UncountableInputError,
 )
 from onceflow.retry import retrying
-from onceflow.sinks.base import BatchStats, CollectingSink, DriverSink, ExecutorSink, TablesSink
+from onceflow.sinks.base import BatchStats, CollectingSink, DriverSink, ExecutorSink, Settle, TablesSink
 from onceflow.stable import Persisted, StableOutputs
 from onceflow.tables import Table
 
@@ -316,14 +316,17 @@ class BatchWriter:
         """
         if self._collecting is None:
             return False
+        rows = self._input_rows(a)
+        return rows is not None and rows < self._collecting.collect_below
+
+    def _input_rows(self, a: _Attempt) -> int | None:
+        """N's input rows as known before it runs (see :meth:`_small`; the same in every attempt)."""
         counted, batch = a.counted.result()
         if counted is not None:
-            rows: int | None = counted.rows
-        elif batch is not None and all(f.is_file() for f in batch.files):  # (not on a remote store)
-            rows = sum(f.stat().st_size for f in batch.files) // BYTES_PER_ROW
-        else:
-            rows = a.planned.records()
-        return rows is not None and rows < self._collecting.collect_below
+            return int(counted.rows)
+        if batch is not None and all(f.is_file() for f in batch.files):  # (not on a remote store)
+            return sum(f.stat().st_size for f in batch.files) // BYTES_PER_ROW
+        return a.planned.records()
 
     def _recomputable(self) -> bool:
         """Whether a damaged stable copy of N may be computed again: no sink can hold part of the copy.
@@ -468,8 +471,9 @@ class BatchWriter:
         def commit() -> bool:
             sink = self.sink
             if a.uncached and isinstance(sink, ExecutorSink):
+                settle = Settle(functools.partial(self._settle, a), self._input_rows(a))
                 return sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out,
-                                          settle=functools.partial(self._settle, a))
+                                          settle=settle)
             if a.executor_side and isinstance(sink, ExecutorSink):
                 return sink.commit_frames(a.batch_id, a.frames, self.o.specs, a.stats, a.rows_out,
                                           written=a.written)

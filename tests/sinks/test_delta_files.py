@@ -21,7 +21,7 @@ import pytest
 from deltalake import DeltaTable
 
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks.base import BatchStats, Settle
 from onceflow.sinks.delta import DeltaTablesSink
 from onceflow.tables import Table
 from tests.helpers import table_frames
@@ -146,6 +146,9 @@ def _settle(counts: Any) -> tuple[BatchStats, int]:
     return BatchStats(n, 0, 0), n
 
 
+SETTLE = Settle(_settle)
+
+
 def test_an_uncached_append_is_written_by_spark_when_its_types_fit(spark: Any, tmp_path: Path) -> None:
     """Spark's own Parquet writer for flat columns of the table's types; the data source otherwise."""
     from decimal import Decimal
@@ -158,8 +161,8 @@ def test_an_uncached_append_is_written_by_spark_when_its_types_fit(spark: Any, t
              dt.datetime(1600 + i % 500, 3, 1, 12, 0, i % 60, 7), "é\u00e8" * (i % 3) or None, i % 2 == 0)
             for i in range(500)]
     frame = spark.createDataFrame(rows, kinds).repartition(3)
-    assert sink.commit_frames(0, {"t": frame}, spec, BatchStats(0, 0, 0), 0, settle=_settle)
-    assert not sink.commit_frames(0, {"t": frame}, spec, BatchStats(0, 0, 0), 0, settle=_settle)  # a replay
+    assert sink.commit_frames(0, {"t": frame}, spec, BatchStats(0, 0, 0), 0, settle=SETTLE)
+    assert not sink.commit_frames(0, {"t": frame}, spec, BatchStats(0, 0, 0), 0, settle=SETTLE)  # a replay
     table = DeltaTable(str(tmp_path / "lake" / "t"))
     got = sorted(table.to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
     back = [(r["id"], r["s"], r["d"], r["day"], r["at"].replace(tzinfo=None), r["note"], r["ok"])
@@ -177,11 +180,11 @@ def test_an_uncached_append_is_written_by_spark_when_its_types_fit(spark: Any, t
 
     day, at, ints = dt.date(2026, 1, 1), dt.datetime(2026, 1, 1), kinds.replace("s SHORT", "s INT")
     wider = spark.createDataFrame([(1, 1, Decimal("1.000"), day, at, "x", True)], ints)
-    assert sink.commit_frames(1, {"t": wider}, spec, BatchStats(0, 0, 0), 0, settle=_settle)  # data source
+    assert sink.commit_frames(1, {"t": wider}, spec, BatchStats(0, 0, 0), 0, settle=SETTLE)  # data source
     too_big = spark.createDataFrame([(2, 2**20, Decimal("1.000"), day, at, "y", True)], ints)
     with pytest.raises(ConfigError, match=r"column 's' of the batch \(int32\) does not fit the table's "
                                           "type int16"):
-        sink.commit_frames(2, {"t": too_big}, spec, BatchStats(0, 0, 0), 0, settle=_settle)
+        sink.commit_frames(2, {"t": too_big}, spec, BatchStats(0, 0, 0), 0, settle=SETTLE)
     table = DeltaTable(str(tmp_path / "lake" / "t"))
     assert table.version() == 1 and table.to_pyarrow_table().num_rows == 501
     newest = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
@@ -191,7 +194,7 @@ def test_an_uncached_append_is_written_by_spark_when_its_types_fit(spark: Any, t
     spark.conf.set("spark.sql.parquet.datetimeRebaseModeInWrite", "LEGACY")  # Spark would shift 1500-01-01
     try:
         assert sink.commit_frames(2, {"t": spark.createDataFrame(old, kinds)}, spec, BatchStats(0, 0, 0), 0,
-                                  settle=_settle)
+                                  settle=SETTLE)
     finally:
         spark.conf.unset("spark.sql.parquet.datetimeRebaseModeInWrite")
     got = DeltaTable(str(tmp_path / "lake" / "t")).to_pyarrow_table().to_pylist()

@@ -156,6 +156,44 @@ def test_a_partition_unlike_its_committed_attempt_is_refused(spark: Any, broker:
     sink.close()
 
 
+def test_an_uncached_frame_is_encoded_by_the_tasks_that_produce_it(spark: Any, broker: KafkaServer) -> None:
+    """One append table not cached (``settle``): tasks by the input rows, each record once, a replay none."""
+    from onceflow.sinks.base import Settle
+
+    specs = {"u_events": Table()}
+    sink = KafkaTopicsSink(broker.bootstrap, sink_id="tasks-u", partitions=3, collect_below=0)
+    sink.check(specs, {})
+    sink.bind("q1")
+    seen: list[dict[str, int]] = []
+
+    def numbers(written: Any) -> tuple[BatchStats, int]:
+        seen.append(dict(written))
+        return BatchStats(4000, 0, 0), sum(written.values())
+
+    rows = _rows(0, 3000)
+    frame = spark.createDataFrame(rows, SCHEMA).repartition(5)
+    settle = Settle(numbers, input_rows=kt.ROWS_PER_TASK + 1)  # two tasks, whatever the frame's partitions
+    assert sink.commit_frames(0, {"u_events": frame}, specs, BatchStats(0, 0, 0), 0, settle=settle)
+    assert not sink.commit_frames(0, {"u_events": frame}, specs, BatchStats(0, 0, 0), 0, settle=settle)
+    with_map = spark.createDataFrame([(1, {"a": 1})], "id LONG, m MAP<STRING, LONG>")  # no hash in Spark
+    assert sink.commit_frames(1, {"u_events": with_map}, specs, BatchStats(0, 0, 0), 0,
+                              settle=Settle(numbers))
+    time.sleep(1)
+    got = read_records(broker.bootstrap, "u_events")
+    want = Counter(json.dumps(_event(r), default=str, sort_keys=True) for r in rows)
+    assert Counter(json.dumps(_parsed(json.loads(v)), default=str, sort_keys=True)
+                   for _, v in got if b'"m"' not in v) == want
+    assert [json.loads(v) for _, v in got if b'"m"' in v] == [{"id": 1, "m": [["a", 1]]}]  # a map's pairs
+    assert seen == [{"u_events": 3000}, {"u_events": 1}]
+    markers = read_markers(broker.bootstrap, "tasks-u")
+    assert [(m["batch_id"], json.loads(m["tables"])) for m in markers] == [(0, {"u_events": 3000}),
+                                                                            (1, {"u_events": 1})]
+    task_markers = [json.loads(m.value()) for m in read_messages(broker.bootstrap, sink.tasks_topic)]
+    first = sorted((m["batch_id"], m["partition"]) for m in task_markers if m["batch_id"] == 0)
+    assert first == [(0, 0), (0, 1)]
+    sink.close()
+
+
 def test_a_value_json_cannot_hold_is_refused_before_any_task(spark: Any, broker: KafkaServer) -> None:
     specs = {"c_events": Table(key="id")}
     sink = KafkaTopicsSink(broker.bootstrap, sink_id="tasks-c", collect_below=0)

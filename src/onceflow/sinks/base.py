@@ -65,13 +65,28 @@ __all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "Runnin
            "SinkBase", "TablesSink", "check_batch_write", "collected", "kept_messages", "read_manifest",
            "run_tasks", "running_task", "save_frame", "write_manifest"]
 
-Settle = Callable[[Mapping[str, int]], "tuple[BatchStats, int]"]
-"""The batch's numbers for its marker, known only once the tasks have run its plan.
+@dataclass(frozen=True)
+class Settle:
+    """The batch's numbers for its marker, known only once the tasks have run its plan.
 
-Given to :meth:`ExecutorSink.commit_frames` for a frame that is not cached (it is computed once,
-by the write): called with the rows each table got (summed from the tasks' messages), after the
-tasks' write and before the marker; returns the batch's :class:`BatchStats` and ``rows_out``.
-"""
+    Given to :meth:`ExecutorSink.commit_frames` for a frame that is not cached (it is computed
+    once, by the write): called with the rows each table got (summed from the tasks' messages),
+    after the tasks' write and before the marker; returns the batch's :class:`BatchStats` and
+    ``rows_out``.
+
+    Attributes:
+        numbers: What a call runs.
+        input_rows: The batch's input rows as known before it runs (its files' row counts, its
+            offsets, or its files' bytes over a row's size) — the same in every attempt of the
+            batch, so a sink may size its tasks by it; None: unknown.
+    """
+
+    numbers: Callable[[Mapping[str, int]], tuple[BatchStats, int]]
+    input_rows: int | None = None
+
+    def __call__(self, written: Mapping[str, int]) -> tuple[BatchStats, int]:
+        """The batch's :class:`BatchStats` and ``rows_out``, given the rows each table got."""
+        return self.numbers(written)
 
 
 class Sink(Protocol):

@@ -61,7 +61,7 @@ import pyarrow as pa
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import kafka_owners, kafka_records, marker
-from onceflow.sinks.base import SinkBase, collected
+from onceflow.sinks.base import Settle, SinkBase, collected
 from onceflow.sinks.kafka_records import encode
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_frame, check_outputs
@@ -108,6 +108,7 @@ class KafkaTopicsSink(SinkBase):
     all_or_nothing = False
     """A collected batch commits in one transaction; a batch the tasks produce commits one
     transaction per task, so a ``read_committed`` reader may see part of it before the rest."""
+    writes_uncached = True
 
     tables_are_topics = True
     """Table names are topic names (``.`` and ``-`` allowed; see :func:`onceflow.tables.check_specs`)."""
@@ -274,7 +275,8 @@ class KafkaTopicsSink(SinkBase):
         return True  # 6
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
-                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None) -> bool:
+                      stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None,
+                      settle: Settle | None = None) -> bool:
         """Batch ``batch_id``'s DataFrames: a small batch collected, a large one produced by the tasks.
 
         Under ``collect_below`` rows: collected, steps 1-6 of the module. Otherwise steps T1-T6:
@@ -303,6 +305,8 @@ class KafkaTopicsSink(SinkBase):
         """
         from onceflow.sinks import kafka_tasks as kt
 
+        if settle is not None:
+            return self._commit_uncached(batch_id, frames, specs, settle)
         counts = self._counted(batch_id, frames, specs, written)  # T1
         if sum(counts.values()) < self.collect_below:
             return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
@@ -320,6 +324,37 @@ class KafkaTopicsSink(SinkBase):
             spec = kt.TaskSpec(self._conf, self.sink_id, self.tasks_topic, batch_id, str(self._query_id),
                                self.batch_headers, {n: counts[n] for n in live}, mark=False)
             kt.run(kt.records_frame(live, specs, tasks), spec)
+        self._transaction(batch_id, lambda: None, self._marker(batch_id, stats, rows_out, counts))  # T4, T5
+        return True  # T6
+
+    def _commit_uncached(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
+                         settle: Settle) -> bool:
+        """T1-T6 for one table's frame that is not cached: its tasks encode and produce, then the marker.
+
+        The frame is computed once, by the tasks that produce it: partitioned by Spark's hash of
+        each row into as many tasks as the batch's input rows call for (known before it runs,
+        the same in every attempt: :attr:`onceflow.sinks.base.Settle.input_rows`), each task
+        encoding its rows and producing them in its transaction (K1-K6,
+        :func:`onceflow.sinks.kafka_tasks.run_rows`); the batch's numbers come from ``settle``
+        once they have run, then T4-T5 mark the batch.
+        """
+        from onceflow.sinks import kafka_tasks as kt
+
+        self._check_start(batch_id, frames, specs)  # T1
+        ((name, frame),) = frames.items()
+        check_frame(name, specs[name], frame)
+        kt.check_frame_values(name, specs[name], frame)
+        if self._decided(batch_id):  # T2
+            return False
+        self.ensure_topic(name, self.partitions)
+        self.ensure_topic(self.tasks_topic, kt.TASK_PARTITIONS, kt.TASKS_TOPIC_CONFIG)
+        most = self._partitions_of(self.tasks_topic)
+        tasks = kt.task_count(settle.input_rows, most) if settle.input_rows is not None else most
+        spec = kt.TaskSpec(self._conf, self.sink_id, self.tasks_topic, batch_id, str(self._query_id),
+                           self.batch_headers, None, mark=False)
+        got = kt.run_rows(kt.rows_frame(frame, tasks), name, specs[name], spec)  # T3
+        counts = {name: got.get(name, 0)}
+        stats, rows_out = settle(counts)
         self._transaction(batch_id, lambda: None, self._marker(batch_id, stats, rows_out, counts))  # T4, T5
         return True  # T6
 

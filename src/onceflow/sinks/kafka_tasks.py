@@ -168,6 +168,57 @@ def records_frame(frames: Mapping[str, Any], specs: Mapping[str, Table], tasks: 
             .withColumn("h", F.xxhash64("topic", "key", "value")))
 
 
+HASH = "onceflow_row_hash"
+"""The column of Spark's ``xxhash64`` of each row, in :func:`rows_frame` (the tasks' digest)."""
+
+
+def rows_frame(frame: Any, tasks: int) -> Any:
+    """One table's rows in ``tasks`` partitions by Spark's ``xxhash64`` of the row, as column :data:`HASH`.
+
+    For a frame the tasks encode themselves (:func:`run_rows`): a replay of the batch puts the
+    same rows in each partition, as :func:`records_frame` does with the records. A map column
+    has no hash in Spark: a row with one is hashed as its JSON.
+    """
+    from pyspark.sql import functions as F
+
+    if HASH in frame.columns:
+        raise ConfigError(f"column {HASH!r} is onceflow's own in a Kafka write; rename it")
+    cols = [F.col("`" + f.name.replace("`", "``") + "`") for f in frame.schema.fields]
+    plain = all("map<" not in f.dataType.simpleString() for f in frame.schema.fields)
+    digest = F.xxhash64(*cols) if plain else F.xxhash64(F.to_json(F.struct(*cols)))
+    return frame.withColumn(HASH, digest).repartition(tasks, HASH)
+
+
+def _encoded(name: str, spec: Table, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A partition of :func:`rows_frame` as records ``topic, key, value, h`` (the driver-side bytes)."""
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        rows = pa.Table.from_batches([batch])
+        hashes = rows.column(HASH).combine_chunks()
+        keys, values = kafka_records.encode_arrays(rows.drop_columns([HASH]), spec)
+        topics = pa.array([name] * batch.num_rows, pa.string())
+        yield pa.RecordBatch.from_arrays([topics, keys, values, hashes], names=["topic", "key", "value", "h"])
+
+
+def _rows_task(spec: TaskSpec, name: str, table: Table, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
+    """A task of :func:`run_rows`: its rows encoded where they are, then K1-K6."""
+    return write_task(spec, _encoded(name, table, batches))
+
+
+def run_rows(frame: Any, name: str, table: Table, spec: TaskSpec) -> dict[str, int]:
+    """One table's rows (:func:`rows_frame`) encoded and produced by Spark's tasks; the checked sums.
+
+    One Python crossing per row: the writing task encodes its partition (:func:`encoder` runs in
+    a Spark stage of its own before the shuffle on the record).
+
+    Raises:
+        OnceflowError: A task failed, or the tasks' records are not the batch's.
+    """
+    task = functools.partial(_rows_task, spec, name, table)
+    return checked_sums(spec, spec.batch_id, run_tasks(frame, task))
+
+
 @dataclass
 class Digest:
     """What a task's records were: per topic the records, and over all the bytes and the hashes."""
