@@ -291,7 +291,7 @@ class HttpEffectsSink(SinkBase):
              "confirm_every_s": self.confirm_every_s},
             batch_id, asdict(stats), rows_out, time.time())
         if live:  # T3
-            tasks.write_frame(tasks.effects_frame(live, specs, self.sink_id, batch_id), spec)
+            tasks.run(tasks.effects_frame(live, specs, self.sink_id, batch_id), spec)
         else:  # no task runs, no commit: the marker from here
             tasks.finish(spec, batch_id, [])
         if not self.ledger.conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():

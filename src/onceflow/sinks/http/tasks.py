@@ -27,6 +27,7 @@ The ``onceflow_http`` format's rows are ``key`` and ``payload`` (strings); optio
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -43,7 +44,7 @@ from pyspark.sql.datasource import (
 
 from onceflow import faults
 from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
-from onceflow.sinks.base import check_batch_write, running_task, save_frame
+from onceflow.sinks.base import check_batch_write, run_tasks, running_task, save_frame
 from onceflow.sinks.http.ledger import METRICS, Effect
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table
@@ -274,3 +275,11 @@ class HttpDataSource(DataSource):
 def write_frame(frame: Any, spec: HttpTaskSpec) -> None:
     """Call one micro-batch's effects (``key, payload``) through ``onceflow_http``."""
     save_frame(frame, HttpDataSource, spec.options())
+
+
+def run(frame: Any, spec: HttpTaskSpec) -> None:
+    """The effects called by Spark's tasks for the sink (:func:`onceflow.sinks.base.run_tasks`).
+
+    Then :func:`finish` on the driver with their counts: what the format's write and commit do.
+    """
+    finish(spec, spec.batch_id, run_tasks(frame, functools.partial(send_task, spec)))
