@@ -275,8 +275,6 @@ class DeltaTablesSink(SinkBase):
             BatchRejectedError: A null or repeated key (nothing written).
             ConfigError: A table lacks a column of the batch, or a value does not fit its type.
         """
-        from onceflow.sinks.delta.source import write_files
-
         if settle is not None:
             return self._commit_uncached(batch_id, frames, specs, settle)
         counts = self._counted(batch_id, frames, specs, written)  # 1
@@ -292,12 +290,8 @@ class DeltaTablesSink(SinkBase):
                 wrote |= self._commit_one(name, spec, frame.toArrow(), batch_id, metadata)
             elif not self._has(name, batch_id):  # 2
                 job = self._files_spec(name, spec, batch_id, metadata=metadata)
-                by_spark = self._by_spark(frame, spec, job)
-                if by_spark is not None:  # 3, 4: Spark's Parquet files, committed here
-                    wrote |= files.commit(job, batch_id, self._schema(name, frame), by_spark)
-                    continue
-                schema, messages = write_files(frame, job)  # 3, 4: the tasks' files, committed here
-                wrote |= files.commit(job, batch_id, schema, messages)
+                messages = self._task_files(frame, spec, job)  # 3, 4: the tasks' files, committed here
+                wrote |= files.commit(job, batch_id, self._schema(name, frame), messages)
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
@@ -317,13 +311,19 @@ class DeltaTablesSink(SinkBase):
                                merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
                                metadata=metadata)
 
-    def _by_spark(self, frame: Any, spec: Table, job: files.FilesSpec) -> list[dict[str, Any]] | None:
-        """An append's files written by Spark's Parquet writer, as task messages (None: not that way).
+    def _task_files(self, frame: Any, spec: Table, job: files.FilesSpec) -> list[dict[str, Any]]:
+        """Step 3's files of one table, written by Spark's tasks; their messages (for ``files.commit``).
 
-        See :mod:`onceflow.sinks.delta.spark_files` for when Spark's writer writes them.
+        Spark's own Parquet writer writes an append whose columns have the table's types
+        (:mod:`onceflow.sinks.delta.spark_files` says when); otherwise :func:`files.write_task`
+        in each task, through :func:`onceflow.sinks.base.run_tasks`.
         """
+        from onceflow.sinks.delta.source import write_files
+
         order = spark_files.columns(frame, job.path) if spec.mode == "append" else None
-        return None if order is None else spark_files.write(frame.select(*order), job, job.batch_id)
+        if order is not None:
+            return spark_files.write(frame.select(*order), job, job.batch_id)
+        return write_files(frame, job)
 
     def _schema(self, name: str, frame: Any) -> pa.Schema:
         """Table ``name``'s Arrow schema; the frame's if a commit of this batch creates it."""
@@ -341,8 +341,6 @@ class DeltaTablesSink(SinkBase):
         ``settle`` once the tasks have run, and the files are committed with them and the marker
         (:func:`files.commit`, steps 2-4 there: decided again on the snapshot the commit is based on).
         """
-        from onceflow.sinks.delta.source import write_files
-
         self._check_start(batch_id, frames, specs)  # 1
         ((name, frame),) = frames.items()
         spec = specs[name]
@@ -350,9 +348,7 @@ class DeltaTablesSink(SinkBase):
         if self._has(name, batch_id):  # 2
             return False
         job = self._files_spec(name, spec, batch_id)
-        messages = self._by_spark(frame, spec, job)  # 3: the tasks' files
-        if messages is None:
-            messages = write_files(frame, job)[1]
+        messages = self._task_files(frame, spec, job)  # 3: the tasks' files
         counts = {name: sum(int(m["rows"]) for m in messages)}
         stats, rows_out = settle(counts)
         schema = self._schema(name, frame)

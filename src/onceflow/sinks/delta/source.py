@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from onceflow.sinks.base import check_batch_write, save_frame
+from onceflow.sinks.base import check_batch_write
 from onceflow.sinks.delta import files
 from onceflow.sinks.delta.files import FilesSpec
 
@@ -125,18 +125,15 @@ def register(spark: Any) -> None:
     spark.dataSource.register(DeltaDataSource)
 
 
-def write_frame(frame: Any, spec: FilesSpec) -> None:
-    """Write one micro-batch's DataFrame to one Delta table through ``onceflow_delta``, exactly once."""
-    save_frame(frame, DeltaDataSource, spec.options())
-
-
-def write_files(frame: Any, spec: FilesSpec) -> tuple[pa.Schema, list[dict[str, Any]]]:
+def write_files(frame: Any, spec: FilesSpec) -> list[dict[str, Any]]:
     """Step 1 for the sink, without the data source (:func:`onceflow.sinks.base.run_tasks`).
 
+    Each task casts its rows to the table's schema, as the format's tasks do.
+
     Returns:
-        The schema a commit that creates the table gives it, and the kept attempts' messages.
+        The kept attempts' messages.
     """
     from onceflow.sinks.base import run_tasks
 
     writer = _Writer(spec, frame.schema)
-    return writer.commit_schema, run_tasks(frame, functools.partial(files.write_task, writer.spec))
+    return run_tasks(frame, functools.partial(files.write_task, writer.spec))

@@ -23,8 +23,8 @@ and a column the table declares not null is not nullable in the batch, and a bat
 timestamps only when the session writes them without rebasing (``spark.sql.parquet.
 datetimeRebaseModeInWrite=CORRECTED``, Spark's default: proleptic Gregorian, as Arrow and
 delta-rs read them; ``LEGACY`` would shift a date before 1582 by days); otherwise
-(:func:`columns` returns None) the ``onceflow_delta`` data source writes the files, casting
-each value safely or refusing it. Timestamps are written as ``TIMESTAMP_MICROS`` (Delta's
+(:func:`columns` returns None) onceflow's own task writer (``files.write_task``) writes the
+files, casting each value safely or refusing it. Timestamps are written as ``TIMESTAMP_MICROS`` (Delta's
 timestamp; Spark's default ``INT96`` is not), whatever the session sets.
 
 Task faults (``task_mid_write``, ``task_after_write``) need Python in the task: when one is armed
@@ -75,7 +75,7 @@ def columns(frame: Any, table: Path) -> list[str] | None:
         The columns to select (the table's order; the frame's when the table does not exist), or
         None: a nested type, a type or a column set that differs from the table's, a column the
         table declares not null that the batch may hold nulls in, or dates and times the session
-        would rebase (the data source decides).
+        would rebase (onceflow's own task writer writes it).
     """
     from deltalake import DeltaTable
 
