@@ -46,10 +46,8 @@ of an :class:`ExecutorSink` run on executors (inside the DataSource it starts).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import pyarrow as pa
@@ -62,8 +60,8 @@ if TYPE_CHECKING:
     from onceflow.tables import Table
 
 __all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "RunningTask", "Settle", "Sink",
-           "SinkBase", "TablesSink", "check_batch_write", "collected", "kept_messages", "read_manifest",
-           "run_tasks", "running_task", "save_frame", "write_manifest"]
+           "SinkBase", "TablesSink", "check_batch_write", "collected", "kept_messages", "run_tasks",
+           "running_task", "save_frame"]
 
 @dataclass(frozen=True)
 class Settle:
@@ -354,32 +352,6 @@ def kept_messages(messages: Iterable[Any], missing: str) -> list[Any]:
     found = list(messages)
     if any(m is None for m in found):
         raise OnceflowError(missing)
-    return found
-
-
-def write_manifest(path: Path, messages: list[Any]) -> None:
-    """A write's kept task messages as JSON at ``path``, whole or not at all (written, then renamed).
-
-    Written by a data source's commit on the driver for the sink that commits the batch after it.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_suffix(".part")
-    part.write_text(json.dumps(messages))
-    os.replace(part, path)
-
-
-def read_manifest(path: Path, missing: str) -> list[Any]:
-    """What :func:`write_manifest` wrote at ``path``.
-
-    Raises:
-        OnceflowError: ``missing``: no manifest (Spark's write returned without its commit).
-    """
-    from onceflow.errors import OnceflowError
-
-    try:
-        found: list[Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise OnceflowError(missing) from None
     return found
 
 

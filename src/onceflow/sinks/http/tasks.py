@@ -44,7 +44,7 @@ from pyspark.sql.datasource import (
 
 from onceflow import faults
 from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
-from onceflow.sinks.base import check_batch_write, run_tasks, running_task, save_frame
+from onceflow.sinks.base import check_batch_write, run_tasks, running_task
 from onceflow.sinks.http.ledger import METRICS, Effect
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table
@@ -270,11 +270,6 @@ class HttpDataSource(DataSource):
     def streamWriter(self, schema: Any, overwrite: bool) -> HttpStreamWriter:  # noqa: N802
         """A streaming writer (batch ids from Spark)."""
         return HttpStreamWriter(HttpTaskSpec.from_options(self.options))
-
-
-def write_frame(frame: Any, spec: HttpTaskSpec) -> None:
-    """Call one micro-batch's effects (``key, payload``) through ``onceflow_http``."""
-    save_frame(frame, HttpDataSource, spec.options())
 
 
 def run(frame: Any, spec: HttpTaskSpec) -> None:

@@ -420,7 +420,7 @@ class SQLiteTablesSink(SinkBase):
         try:
             for name, frame in frames.items():  # T3
                 spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
-                                      specs[name].describe(), apply=False)
+                                      specs[name].describe())
                 files = tasks.run(frame.coalesce(each), spec) if counts is None or counts[name] else []
                 found[name] = (to_arrow_schema(frame.schema, timezone="UTC"), files)
             return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle)  # T4, T5

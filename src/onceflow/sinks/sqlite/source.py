@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from onceflow.sinks.base import check_batch_write, save_frame
+from onceflow.sinks.base import check_batch_write
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.tasks import TaskSpec
@@ -68,11 +68,9 @@ class _Writer:
         return SQLiteCommitMessage(tasks.write_task(self.spec, iterator))
 
     def _commit(self, messages: list[Any], batch_id: int) -> None:
-        """Driver side: the manifest (step 2), then, on its own, the batch applied (steps 3-4)."""
+        """Driver side: the kept files (step 2), then the batch applied (steps 3-4)."""
         spec = replace(self.spec, batch_id=batch_id)
-        files = tasks.write_manifest(spec, batch_id, tasks.messages_of(iter(messages)))
-        if not spec.apply:  # the sink applies every table of the batch in one transaction
-            return
+        files = tasks.kept_files(spec, batch_id, tasks.messages_of(iter(messages)))
         from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 
         sink = SQLiteTablesSink(spec.db, sink_id=spec.sink_id)
@@ -105,7 +103,7 @@ class SQLiteBatchWriter(_Writer, DataSourceArrowWriter):
     """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
 
     def commit(self, messages: list[Any]) -> None:
-        """Driver side: apply the batch (a replay is a no-op), or write its manifest for the sink."""
+        """Driver side: apply the batch (a replay is a no-op)."""
         self._commit(messages, self.spec.batch_id)
 
     def abort(self, messages: list[Any]) -> None:
@@ -139,9 +137,3 @@ class SQLiteDataSource(DataSource):
 def register(spark: Any) -> None:
     """Register ``onceflow_sqlite`` with a session (idempotent)."""
     spark.dataSource.register(SQLiteDataSource)
-
-
-def write_frame(frame: Any, spec: TaskSpec) -> list[dict[str, Any]]:
-    """Write one batch's DataFrame to one table through ``onceflow_sqlite``; the kept files (no apply)."""
-    save_frame(frame, SQLiteDataSource, spec.options())
-    return tasks.read_manifest(spec, spec.batch_id)

@@ -16,9 +16,9 @@ tasks, in parallel. For table T and batch N, each commit attempt of N draws a to
    ``rows``, no journal: nobody reads the file unless the task returned). It returns the file's
    path, its rows, and the lowest and highest value of each integer ``add`` column — a few
    hundred bytes, whatever the rows.
-2. **Manifest** (the driver, the data source's ``commit``): the messages of the attempts Spark
-   kept, one per partition, written as ``<T>.json`` in the attempt's directory (write, then
-   rename). Files of attempts Spark dropped are in no manifest.
+2. **Kept files** (the driver: the format's ``commit``, or the sink through
+   :func:`onceflow.sinks.base.run_tasks`): the messages of the attempts Spark kept, one per
+   partition (:func:`kept_files`). Files of attempts Spark dropped are in none.
 3. **Apply** (the driver, :meth:`SQLiteTablesSink.commit_frames`, or the format's ``commit``):
    one transaction for every table of N and its marker — the files attached and copied by
    SQLite itself (``INSERT ... SELECT``, in key order; each file's row count checked against its
@@ -48,8 +48,6 @@ import pyarrow as pa
 from onceflow import faults
 from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.sinks.base import kept_messages, run_tasks, running_task
-from onceflow.sinks.base import read_manifest as read_manifest_file
-from onceflow.sinks.base import write_manifest as write_manifest_file
 from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, quote, stored
 from onceflow.tables import Table
 
@@ -75,8 +73,6 @@ class TaskSpec:
         batch_id: The micro-batch (-1: a streaming write, where Spark gives it).
         token: This commit attempt's token (names its directory).
         spec: The table's spec (:meth:`onceflow.tables.Table.describe`).
-        apply: Whether the data source's ``commit`` applies the batch (the format on its own);
-            False: it writes the manifest and the sink applies every table in one transaction.
     """
 
     db: str
@@ -85,15 +81,10 @@ class TaskSpec:
     batch_id: int = -1
     token: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     spec: dict[str, Any] = field(default_factory=lambda: {"mode": "append"})
-    apply: bool = True
 
     def folder(self, batch_id: int) -> Path:
         """This attempt's directory of scratch files."""
         return stage_root(self.db, self.sink_id) / f"{batch_id}-{self.token}"
-
-    def manifest(self, batch_id: int) -> Path:
-        """The table's manifest (step 2)."""
-        return self.folder(batch_id) / f"{self.table}.json"
 
     def table_spec(self) -> Table:
         """The spec as a :class:`onceflow.tables.Table` (an unknown keyword refused, naming it)."""
@@ -119,7 +110,7 @@ class TaskSpec:
             spec["key"] = [k.strip() for k in opts["key"].split(",") if k.strip()]
         made = cls(db=opts["db"], table=opts["table"], sink_id=opts.get("sink_id", "default"),
                    batch_id=int(opts.get("batch_id", "-1")), token=opts.get("token") or uuid.uuid4().hex[:12],
-                   spec=spec, apply=opts.get("apply", "true").lower() != "false")
+                   spec=spec)
         try:
             made.table_spec()
         except (ConfigError, TypeError, ValueError) as exc:
@@ -185,28 +176,15 @@ def run(frame: Any, spec: TaskSpec) -> list[dict[str, Any]]:
     return [m for m in run_tasks(frame, functools.partial(write_task, spec)) if m["path"] is not None]
 
 
-def write_manifest(spec: TaskSpec, batch_id: int, messages: Iterable[Any]) -> list[dict[str, Any]]:
-    """Step 2: the kept attempts' files as the table's manifest; those files.
+def kept_files(spec: TaskSpec, batch_id: int, messages: Iterable[Any]) -> list[dict[str, Any]]:
+    """Step 2: the files of the attempts Spark kept (a partition without rows has none).
 
     Raises:
         OnceflowError: A task's message is missing (Spark passes None for a task that failed).
     """
     missing = (f"batch {batch_id}: a task writing SQLite table {spec.table!r} sent no message; the batch "
                "runs again")
-    found = [m for m in kept_messages(messages, missing) if m["path"] is not None]
-    write_manifest_file(spec.manifest(batch_id), found)
-    return found
-
-
-def read_manifest(spec: TaskSpec, batch_id: int) -> list[dict[str, Any]]:
-    """The files step 2 kept for ``spec``'s table.
-
-    Raises:
-        OnceflowError: No manifest (Spark's write returned without its commit).
-    """
-    return read_manifest_file(spec.manifest(batch_id), f"batch {batch_id}: Spark's write of SQLite table "
-                              f"{spec.table!r} returned without its manifest in {spec.folder(batch_id)}; the "
-                              "batch runs again")
+    return [m for m in kept_messages(messages, missing) if m["path"] is not None]
 
 
 def discard(spec: TaskSpec, batch_id: int) -> None:
