@@ -310,15 +310,10 @@ class KafkaTopicsSink(SinkBase):
         counts = self._counted(batch_id, frames, specs, written)  # T1
         if sum(counts.values()) < self.collect_below:
             return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
-        for name, frame in frames.items():
-            check_frame(name, specs[name], frame)
-            kt.check_frame_values(name, specs[name], frame)
-        if self._decided(batch_id):  # T2
+        most = self._ready(batch_id, frames, specs)  # T1's checks, T2
+        if most is None:
             return False
-        for name in frames:
-            self.ensure_topic(name, self.partitions)
-        self.ensure_topic(self.tasks_topic, kt.TASK_PARTITIONS, kt.TASKS_TOPIC_CONFIG)
-        tasks = kt.task_count(sum(counts.values()), self._partitions_of(self.tasks_topic))
+        tasks = kt.task_count(sum(counts.values()), most)
         live = {n: f for n, f in frames.items() if counts[n]}
         if live:  # T3
             spec = kt.TaskSpec(self._conf, self.sink_id, self.tasks_topic, batch_id, str(self._query_id),
@@ -342,13 +337,9 @@ class KafkaTopicsSink(SinkBase):
 
         self._check_start(batch_id, frames, specs)  # T1
         ((name, frame),) = frames.items()
-        check_frame(name, specs[name], frame)
-        kt.check_frame_values(name, specs[name], frame)
-        if self._decided(batch_id):  # T2
+        most = self._ready(batch_id, frames, specs)  # T1's checks, T2
+        if most is None:
             return False
-        self.ensure_topic(name, self.partitions)
-        self.ensure_topic(self.tasks_topic, kt.TASK_PARTITIONS, kt.TASKS_TOPIC_CONFIG)
-        most = self._partitions_of(self.tasks_topic)
         tasks = kt.task_count(settle.input_rows, most) if settle.input_rows is not None else most
         spec = kt.TaskSpec(self._conf, self.sink_id, self.tasks_topic, batch_id, str(self._query_id),
                            self.batch_headers, None, mark=False)
@@ -357,6 +348,28 @@ class KafkaTopicsSink(SinkBase):
         stats, rows_out = settle(counts)
         self._transaction(batch_id, lambda: None, self._marker(batch_id, stats, rows_out, counts))  # T4, T5
         return True  # T6
+
+    def _ready(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table]) -> int | None:
+        """T1's checks by Spark, T2, and the topics made sure of, before any task produces.
+
+        Returns:
+            The partitions of the tasks topic (the most tasks a batch may have); None: the batch
+            has its marker already (a replay).
+
+        Raises:
+            BatchRejectedError: A null or repeated key, or a value JSON cannot hold (nothing produced).
+        """
+        from onceflow.sinks import kafka_tasks as kt
+
+        for name, frame in frames.items():
+            check_frame(name, specs[name], frame)
+            kt.check_frame_values(name, specs[name], frame)
+        if self._decided(batch_id):  # T2
+            return None
+        for name in frames:
+            self.ensure_topic(name, self.partitions)
+        self.ensure_topic(self.tasks_topic, kt.TASK_PARTITIONS, kt.TASKS_TOPIC_CONFIG)
+        return self._partitions_of(self.tasks_topic)
 
     def mark(self, batch_id: int, written: Mapping[str, int]) -> bool:
         """The marker of a batch the ``onceflow_kafka_topics`` format's tasks produced (steps 2, 4, 5).
