@@ -97,11 +97,16 @@ def make_input(folder: Path, rows: int) -> None:
 
 
 STEPS = {"cache and count": ("onceflow.batch", "BatchWriter", "_materialize"),
-         "tasks write (sqlite)": ("onceflow.sinks.sqlite.source", None, "write_frame"),
+         "tasks write (sqlite)": ("onceflow.sinks.sqlite.tasks", None, "run"),
          "copy (sqlite)": ("onceflow.sinks.sqlite.sink", "SQLiteTablesSink", "apply_files"),
-         "tasks stage (postgres)": ("onceflow.sinks.postgres.datasource", None, "write_frame"),
+         "tasks stage (postgres)": ("onceflow.sinks.postgres.datasource", None, "stage_frame"),
          "move (postgres)": ("onceflow.sinks.postgres.sink", "PostgresTablesSink", "_move"),
-         "tasks write + commit (delta)": ("onceflow.sinks.delta.source", None, "write_frame")}
+         "tasks write (delta)": ("onceflow.sinks.delta.sink", "DeltaTablesSink", "_task_files"),
+         "commit (delta)": ("onceflow.sinks.delta.files", None, "commit"),
+         "tasks produce (kafka)": ("onceflow.sinks.kafka_tasks", None, "run_rows"),
+         "bind (kafka)": ("onceflow.sinks.kafka", "KafkaTopicsSink", "bind"),
+         "checks, decide, topics (kafka)": ("onceflow.sinks.kafka", "KafkaTopicsSink", "_ready"),
+         "mark (kafka)": ("onceflow.sinks.kafka", "KafkaTopicsSink", "_transaction")}
 """What ``--steps`` times: label -> (module, class or None, function)."""
 
 

@@ -239,7 +239,9 @@ def read_span(consumer: Any, topic: str, start: int, high: int, what: str,
         if time.monotonic() > deadline:
             raise OnceflowError(f"onceflow.kafka: reading {what} did not reach offset {high} in "
                                 f"{timeout_s:.0f} s")
-        for m in consumer.consume(1000, timeout=1.0):
+        # a short wait: a span that ends in a transaction's commit marker has no message left to
+        # return, and consume() would wait out its whole timeout before the position moves past it
+        for m in consumer.consume(1000, timeout=0.02):
             offset = m.offset()
             if m.error() is None and offset is not None and offset < high:
                 yield m
@@ -249,30 +251,23 @@ def produce(producer: Any, topic: str, keys: list[bytes | None], values: list[by
             headers: list[tuple[str, bytes]] | None) -> None:
     """Queue records to ``topic`` in order (a table's slice, or a marker); they leave with the flush.
 
-    Without headers in one librdkafka batch call; the records a full local queue refused are then
-    queued one by one after the rest, waiting while the queue is full (a keyed table has each key
-    once per batch, so no key's order changes). With headers one ``produce`` each (librdkafka's
-    batch call takes none).
+    One ``produce`` call per record: librdkafka's batch call needs a dict per record, which costs
+    more than it saves (BENCHMARKS.md). A full local queue is waited out before the record is
+    queued, so the order stays the given one.
 
     Raises:
         KafkaException: librdkafka refused a record for another reason than a full queue.
     """
-    from confluent_kafka import KafkaError, KafkaException
-
-    if headers is None:
-        messages: list[dict[str, Any]] = [{"key": k, "value": v} for k, v in zip(keys, values, strict=True)]
-        if producer.produce_batch(topic, messages) == len(messages):
-            return
-        missed = [m for m in messages if "_error" in m]
-        for m in missed:
-            if m["_error"].code() != KafkaError._QUEUE_FULL:
-                raise KafkaException(m["_error"])
-        keys, values = [m["key"] for m in missed], [m["value"] for m in missed]
+    send = producer.produce
     extra = {"headers": headers} if headers else {}
     for key, value in zip(keys, values, strict=True):
-        while True:
-            try:
-                producer.produce(topic, value, key, **extra)
-                break
-            except BufferError:  # the local queue is full: let it drain
+        try:
+            send(topic, value, key, **extra)
+        except BufferError:  # the local queue is full: let it drain, then queue the record
+            while True:
                 producer.poll(0.1)
+                try:
+                    send(topic, value, key, **extra)
+                    break
+                except BufferError:
+                    continue

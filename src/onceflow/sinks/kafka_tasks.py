@@ -32,8 +32,10 @@ writes the batch's marker; :class:`onceflow.sinks.kafka.KafkaTopicsSink` writes 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -64,6 +66,8 @@ TASKS_TOPIC_CONFIG = {"cleanup.policy": "compact"}
 RECORDS_SCHEMA = "topic string, key binary, value binary, h long"
 _TIMEOUT_S = 60.0
 _MASK = (1 << 32) - 1
+AHEAD_BYTES = 64 << 20
+"""The most encoded bytes a task holds while it waits for its fence (:class:`_Fencing`)."""
 
 
 def task_count(records: int, partitions: int = TASK_PARTITIONS) -> int:
@@ -189,16 +193,17 @@ def rows_frame(frame: Any, tasks: int) -> Any:
     return frame.withColumn(HASH, digest).repartition(tasks, HASH)
 
 
-def _encoded(name: str, spec: Table, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A partition of :func:`rows_frame` as records ``topic, key, value, h`` (the driver-side bytes)."""
+Slice = tuple[str, pa.Array, pa.Array, pa.Array | None]
+"""One topic's records of a task: ``(topic, keys, values, hashes)`` (hashes None: none)."""
+
+
+def _encoded(name: str, spec: Table, batches: Iterable[pa.RecordBatch]) -> Iterator[Slice]:
+    """A partition of :func:`rows_frame` as one topic's records (the driver-side bytes) and hashes."""
     for batch in batches:
-        if not batch.num_rows:
-            continue
-        rows = pa.Table.from_batches([batch])
-        hashes = rows.column(HASH).combine_chunks()
-        keys, values = kafka_records.encode_arrays(rows.drop_columns([HASH]), spec)
-        topics = pa.array([name] * batch.num_rows, pa.string())
-        yield pa.RecordBatch.from_arrays([topics, keys, values, hashes], names=["topic", "key", "value", "h"])
+        if batch.num_rows:
+            rows = pa.Table.from_batches([batch])
+            keys, values = kafka_records.encode_arrays(rows.drop_columns([HASH]), spec)
+            yield name, keys, values, rows.column(HASH).combine_chunks()
 
 
 def _rows_task(spec: TaskSpec, name: str, table: Table, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
@@ -245,18 +250,24 @@ class Digest:
         return theirs == (self.records, self.size, self.hash_lo, self.hash_hi)
 
 
-def _slices(batch: pa.RecordBatch) -> Iterator[tuple[str, pa.Array, pa.Array, pa.Array | None]]:
-    """A batch of records split by topic: ``(topic, keys, values, hashes)``."""
-    names = batch.schema.names
-    topics = batch.column(names.index("topic"))
-    keys, values = (pc.cast(batch.column(names.index(c)), pa.binary()) for c in ("key", "value"))
-    hashes = batch.column(names.index("h")) if "h" in names else None
-    for topic in pc.unique(topics).to_pylist():
-        if topic is None:
-            raise OnceflowError(f"{NAME}: a record without a topic (column 'topic' is null)")
-        mask = pc.equal(topics, topic)
-        yield (topic, pc.filter(keys, mask), pc.filter(values, mask),
-               pc.filter(hashes, mask) if hashes is not None else None)
+def _slices(batches: Iterable[pa.RecordBatch]) -> Iterator[Slice]:
+    """Batches of records (``topic, key, value`` and maybe ``h``) split by topic."""
+    for batch in batches:
+        names = batch.schema.names
+        topics = batch.column(names.index("topic"))
+        keys, values = (pc.cast(batch.column(names.index(c)), pa.binary()) for c in ("key", "value"))
+        hashes = batch.column(names.index("h")) if "h" in names else None
+        for topic in pc.unique(topics).to_pylist():
+            if topic is None:
+                raise OnceflowError(f"{NAME}: a record without a topic (column 'topic' is null)")
+            mask = pc.equal(topics, topic)
+            yield (topic, pc.filter(keys, mask), pc.filter(values, mask),
+                   pc.filter(hashes, mask) if hashes is not None else None)
+
+
+def records_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
+    """A task of records ``topic, key, value`` (and maybe ``h``): steps K1-K6 (:func:`write_task`)."""
+    return write_task(spec, _slices(batches))
 
 
 def last_marker(conf: Mapping[str, Any], topic: str, partition: int, sink_id: str) -> dict[str, Any] | None:
@@ -287,11 +298,58 @@ def last_marker(conf: Mapping[str, Any], topic: str, partition: int, sink_id: st
         consumer.close()
 
 
-def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
-    """One task's records in one transaction with its task marker; steps K1-K6.
+class _Fencing(threading.Thread):
+    """Steps K1 and K2 of a task in a thread of their own, while the task encodes its first slices.
+
+    ``init_transactions`` waits on the brokers (the coordinator found, the producer id given;
+    librdkafka's waits there are often whole retry intervals) without holding the GIL, so the
+    task's encoding goes on meanwhile. At most :data:`AHEAD_BYTES` of slices are held before
+    the fence's result is waited for; none is produced before it.
+    """
+
+    def __init__(self, producer: Any, spec: TaskSpec, partition: int) -> None:
+        super().__init__(name=f"onceflow-fence-{partition}", daemon=True)
+        self._run = (producer, spec, partition)
+        self._out: tuple[dict[str, Any] | None, BaseException | None] = (None, None)
+        self.start()
+
+    def run(self) -> None:
+        producer, spec, p = self._run
+        try:
+            producer.init_transactions(_TIMEOUT_S)  # K1
+            self._out = (last_marker(spec.conf, spec.tasks_topic, p, spec.sink_id), None)  # K2
+        except BaseException as exc:  # noqa: BLE001 - raised again in the task's own thread
+            self._out = (None, exc)
+
+    def result(self, slices: Iterable[Slice]) -> tuple[Iterable[Slice], dict[str, Any] | None]:
+        """The slices (those read ahead first) and the partition's last task marker, once fenced.
+
+        Raises:
+            KafkaException: ``init_transactions`` failed.
+            OnceflowError: The marker could not be read.
+        """
+        rest = iter(slices)
+        ahead: list[Slice] = []
+        held = 0
+        while self.is_alive() and held < AHEAD_BYTES:
+            item = next(rest, None)
+            if item is None:
+                break
+            ahead.append(item)
+            held += item[2].nbytes + item[1].nbytes
+        self.join()
+        done, failed = self._out
+        if failed is not None:
+            raise failed
+        return itertools.chain(ahead, rest), done
+
+
+def write_task(spec: TaskSpec, slices: Iterable[Slice]) -> dict[str, Any]:
+    """One task's records (each topic's slices) in one transaction with its task marker; steps K1-K6.
 
     1. **Fence**: a producer with the transactional id ``onceflow.<sink_id>.task.<p>`` runs
        ``init_transactions``: an earlier attempt's open transaction is aborted, its producer fenced.
+       Steps 1 and 2 run in a thread while the task encodes its first slices (:class:`_Fencing`).
     2. **Decide**: the last committed task marker of partition ``p`` (stable: no transaction of
        this id is open any more). This batch's, of this query: an earlier attempt committed the
        partition — its digest must be this attempt's (else refused: the batch's partitions are
@@ -325,15 +383,14 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
                          "delivery.report.only.error": True, "on_delivery": delivered})
     digest = Digest()
     try:
-        producer.init_transactions(_TIMEOUT_S)  # K1
-        done = last_marker(spec.conf, spec.tasks_topic, p, spec.sink_id)  # K2
+        fencing = _Fencing(producer, spec, p)  # K1, K2 in a thread, the first slices encoded meanwhile
+        slices, done = fencing.result(slices)
         if done is not None and str(done.get("query_id")) == query_id and int(done["batch_id"]) > batch_id:
             raise OnceflowError(f"{where}: the tasks topic {spec.tasks_topic} has batch {done['batch_id']} "
                                 "already, a later one; the sink is ahead of the checkpoint")
         if done is not None and str(done.get("query_id")) == query_id and int(done["batch_id"]) == batch_id:
-            for batch in batches:
-                for topic, keys, values, hashes in _slices(batch):
-                    digest.add(topic, keys, values, hashes)
+            for topic, keys, values, hashes in slices:
+                digest.add(topic, keys, values, hashes)
             if not digest.same(done):
                 raise OnceflowError(
                     f"{where}: an earlier attempt committed this partition with other records "
@@ -344,10 +401,9 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
         headers = ([("onceflow.sink", spec.sink_id.encode()), ("onceflow.batch", str(batch_id).encode())]
                    if spec.headers else None)
         producer.begin_transaction()  # K3
-        for batch in batches:
-            for topic, keys, values, hashes in _slices(batch):
-                digest.add(topic, keys, values, hashes)
-                kafka_records.produce(producer, topic, keys.to_pylist(), values.to_pylist(), headers)
+        for topic, keys, values, hashes in slices:
+            digest.add(topic, keys, values, hashes)
+            kafka_records.produce(producer, topic, keys.to_pylist(), values.to_pylist(), headers)
         faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # txn open
         value = json.dumps({"sink_id": spec.sink_id, "batch_id": batch_id, "query_id": query_id,
                             "partition": p, "attempt": task.attempt, **asdict(digest)}).encode()
@@ -399,7 +455,7 @@ def run(frame: Any, spec: TaskSpec) -> dict[str, int]:
     Raises:
         OnceflowError: A task failed, or the tasks' records are not the batch's.
     """
-    return checked_sums(spec, spec.batch_id, run_tasks(frame, functools.partial(write_task, spec)))
+    return checked_sums(spec, spec.batch_id, run_tasks(frame, functools.partial(records_task, spec)))
 
 
 class _Writer:
@@ -419,7 +475,7 @@ class _Writer:
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaCommitMessage:
         """Executor side: one partition's records (steps K1-K6)."""
-        return KafkaCommitMessage(write_task(self.spec, iterator))
+        return KafkaCommitMessage(records_task(self.spec, iterator))
 
     def _commit(self, messages: list[Any], batch_id: int) -> None:
         """Driver side: every task's message there, the counts the expected ones; the marker if asked.
