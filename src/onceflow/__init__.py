@@ -7,19 +7,56 @@ The names a user needs::
     query = onceflow.write_stream(clean, sink=onceflow.sqlite("app.db"), checkpoint="ck/",
                                   tables={"revenue": onceflow.Table(key=["account"], add=["amount"])},
                                   per_batch=to_revenue)
+
+The names are imported when first used: a Spark worker that runs one of onceflow's task
+functions imports the modules of that function only, not the whole library.
 """
 
-from onceflow.api import deduplicate, delta, http, kafka, postgres, sqlite, write_stream
-from onceflow.contract import expect
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
-from onceflow.query import OnceQuery
-from onceflow.realtime import write_realtime
-from onceflow.sources.kafka import read_kafka
-from onceflow.sources.log import EventLog
-from onceflow.tables import Table
+
+if TYPE_CHECKING:
+    from onceflow.api import deduplicate, delta, http, kafka, postgres, sqlite, write_stream
+    from onceflow.contract import expect
+    from onceflow.query import OnceQuery
+    from onceflow.realtime import write_realtime
+    from onceflow.sources.kafka import read_kafka
+    from onceflow.sources.log import EventLog
+    from onceflow.tables import Table
 
 __version__ = "0.1.0"
+
+_WHERE = {**dict.fromkeys(("deduplicate", "delta", "http", "kafka", "postgres", "sqlite", "write_stream"),
+                          "onceflow.api"),
+          "expect": "onceflow.contract", "OnceQuery": "onceflow.query",
+          "write_realtime": "onceflow.realtime", "read_kafka": "onceflow.sources.kafka",
+          "EventLog": "onceflow.sources.log", "Table": "onceflow.tables"}
+"""Each public name the package imports on first use -> its module."""
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
            "__version__", "deduplicate", "delta", "expect", "http", "kafka", "postgres", "read_kafka",
            "sqlite", "write_realtime", "write_stream"]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name (or a submodule), imported the first time it is asked for."""
+    module = _WHERE.get(name)
+    if module is None:
+        try:
+            return importlib.import_module(f"onceflow.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"onceflow.{name}":
+                raise
+            raise AttributeError(f"module 'onceflow' has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """The package's names, those not imported yet included."""
+    return sorted({*globals(), *__all__})

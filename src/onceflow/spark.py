@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from onceflow import faults, idstore, scalac
 from onceflow.errors import ConfigError
 from onceflow.java import find_java
-from onceflow.jvmstart import JAVA_OPTIONS_ENV
+from onceflow.jvmstart import DAEMON_MODULE, JAVA_OPTIONS_ENV
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -175,6 +175,8 @@ def session(
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     conf = dict(conf or {})
+    if (master or "local").startswith("local"):  # the workers run this Python: PySpark compiled
+        conf.setdefault("spark.python.daemon.module", DAEMON_MODULE)
     if os.environ.get(faults.CRASH_ENV, "").strip():  # an armed crash point reaches the executors too
         for name in (faults.CRASH_ENV, faults.DRIVER_PID_ENV):
             conf.setdefault(f"spark.executorEnv.{name}", os.environ[name])
