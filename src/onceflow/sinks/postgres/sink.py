@@ -46,7 +46,7 @@ T3 is the batch's only Spark job; T4 settles the marker's numbers from the rows 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -171,6 +171,31 @@ def _refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
                         "the batch was written", row=r.asDict())
 
 
+def _overflowing(conn: Any, name: str, spec: Table, cols: Sequence[str], source: Any,
+                 params: Sequence[Any]) -> str | None:
+    """The end of a bigint refusal: the first row of ``source`` whose sum with the stored row leaves bigint.
+
+    ``source`` is a relation with the key and the ``add`` columns ``cols``; None: no such row.
+    Runs inside the batch's transaction, in the server: nothing of the batch is read again.
+    """
+    from psycopg import sql
+
+    on = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in spec.key)
+    keys = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(k)) for k in spec.key)
+    for c in cols:
+        found = conn.execute(sql.SQL(
+            "SELECT {keys}, t.{c}, s.{c} FROM {target} t JOIN {source} s ON {on} WHERE "
+            "t.{c}::numeric + s.{c}::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 "
+            "LIMIT 1").format(keys=keys, c=sql.Identifier(c), target=sql.Identifier(name), source=source,
+                              on=on), list(params)).fetchone()
+        if found:
+            key = dict(zip(spec.key, found[:len(spec.key)], strict=True))
+            old, new = found[-2], found[-1]
+            return (f": add column {c!r} of the row with key {key} would become {old} + {new} = "
+                    f"{old + new}, outside PostgreSQL's bigint")
+    return None
+
+
 def _stage_options(dsn: str, sink_id: str, name: str, spec: Table, batch_id: int) -> dict[str, Any]:
     """The ``onceflow_postgres`` options of one table's T3 (protocol ``stage``, the sink's marker)."""
     mode = "append" if spec.mode == "append" else "upsert"
@@ -269,7 +294,7 @@ class PostgresTablesSink(SinkBase):
 
         Runs in the batch's transaction after the failed savepoint (the caller then refuses the
         batch, so the transaction rolls back): the batch's keys and ``add`` values go into a
-        temporary table, joined with the stored rows.
+        temporary table, joined with the stored rows (:func:`_overflowing`).
         """
         from psycopg import sql
 
@@ -279,30 +304,15 @@ class PostgresTablesSink(SinkBase):
             return None
         names = [*spec.key, *cols]
         tmp = sql.Identifier(pg.derived_name(name, prefix="onceflow_chk_"))
-        target = sql.Identifier(name)
+        made = sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
         try:
             with conn.transaction():
-                conn.execute(sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
-                             .format(tmp, sql.SQL(", ").join(map(sql.Identifier, names)), target))
+                listed = sql.SQL(", ").join(map(sql.Identifier, names))
+                conn.execute(made.format(tmp, listed, sql.Identifier(name)))
                 pg.copy_arrow(conn, tmp, names, rows.select(names))
-                on = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k))
-                                           for k in spec.key)
-                keys = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(k)) for k in spec.key)
-                for c in cols:
-                    col = sql.Identifier(c)
-                    found = conn.execute(sql.SQL(
-                        "SELECT {keys}, t.{c}, s.{c} FROM {target} t JOIN {tmp} s ON {on} WHERE "
-                        "t.{c}::numeric + s.{c}::numeric NOT BETWEEN -9223372036854775808 AND "
-                        "9223372036854775807 LIMIT 1").format(keys=keys, c=col, target=target, tmp=tmp,
-                                                            on=on)).fetchone()
-                    if found:
-                        key = dict(zip(spec.key, found[:len(spec.key)], strict=True))
-                        old, new = found[-2], found[-1]
-                        return (f": add column {c!r} of the row with key {key} would become {old} + {new} = "
-                                f"{old + new}, outside PostgreSQL's bigint")
+                return _overflowing(conn, name, spec, cols, tmp, ())
         except Exception:  # noqa: BLE001 - the diagnosis is a courtesy; the refusal stands without it
             return None
-        return None
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
@@ -387,14 +397,14 @@ class PostgresTablesSink(SinkBase):
                         _refuse_nul(name, specs[name], frame)
                     raise
         targets = {n: TargetSpec.from_options(o, frames[n].schema) for n, o in options.items()}
-        return self._move(batch_id, targets, counts, frames, specs, stats, rows_out, settle)
+        return self._move(batch_id, targets, counts, specs, stats, rows_out, settle)
 
     def _move(self, batch_id: int, targets: Mapping[str, TargetSpec], counts: Mapping[str, int] | None,
-              frames: Mapping[str, Any], specs: Mapping[str, Table], stats: BatchStats,
+              specs: Mapping[str, Table], stats: BatchStats,
               rows_out: int, settle: Settle | None = None) -> bool:
         """T4-T5: every table's staged rows and the marker, in one transaction (``settle``: its numbers)."""
         psycopg = require_psycopg()
-        conn, overflow = self.conn, None
+        conn = self.conn
         try:
             with conn.transaction():  # T4
                 pg.lock_sink(conn, self.sink_id)
@@ -408,26 +418,36 @@ class PostgresTablesSink(SinkBase):
                             moved = counts is None or counts[name]
                             written[name] = stage.move(conn, target, batch_id) if moved else 0
                     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
-                        if isinstance(exc, psycopg.errors.NumericValueOutOfRange):
-                            overflow = name
+                        which = self._staged_overflow(conn, name, specs[name], target, batch_id) \
+                            if isinstance(exc, psycopg.errors.NumericValueOutOfRange) else None
                         raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the "
-                                                 f"table ({str(exc).strip()}); nothing of the batch was "
-                                                 "written") from None
+                                                 f"table ({str(exc).strip()}){which or ''}; nothing of the "
+                                                 "batch was written") from None
                 if settle is not None:
                     stats, rows_out = settle(written)
                 conn.execute(_MARKER, marker.marker_row(self.sink_id, batch_id, stats, rows_out, written))
                 stage.forget(conn, targets.values(), self.sink_id, batch_id)
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
-        except BatchRejectedError:
-            if overflow is not None:  # which key left bigint (reads the batch again, on this path only)
-                _refuse_overflow(self.dsn, overflow, specs[overflow], frames[overflow])
-            raise
         except psycopg.Error as exc:
             raise PostgresError(f"batch {batch_id} of sink {self.sink_id!r} failed in PostgreSQL: "
                                 f"{pg.scrub(str(exc), self.dsn).strip()}") from None
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # T5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
+
+    @staticmethod
+    def _staged_overflow(conn: Any, name: str, spec: Table, target: TargetSpec, batch_id: int) -> str | None:
+        """:meth:`_overflow` for a staged batch, after its failed move: its winners' staged rows."""
+        cols = [c for c, t in zip(target.columns, target.types, strict=True)
+                if c in spec.add and t.lower() in ("smallint", "integer", "bigint")]
+        if not cols or not spec.key:
+            return None
+        try:
+            with conn.transaction():
+                staged = stage.winners(conn, target, batch_id)
+                return None if staged is None else _overflowing(conn, name, spec, cols, *staged)
+        except Exception:  # noqa: BLE001 - the diagnosis is a courtesy; the refusal stands without it
+            return None
 
     def _committed(self, conn: Any, batch_id: int) -> bool:
         """Step 2's check, inside the transaction: whether the marker of ``batch_id`` is there."""

@@ -82,6 +82,22 @@ def move(conn: Any, spec: TargetSpec, batch_id: int) -> int:
     return int(rows)
 
 
+def winners(conn: Any, spec: TargetSpec, batch_id: int) -> tuple[Any, tuple[Any, ...]] | None:
+    """The winners' staged rows of ``batch_id`` as a relation to select from, and its parameters.
+
+    For a diagnosis inside the sink's transaction (e.g. which key's merge left bigint) from the
+    rows already in the server. None: no winners recorded.
+    """
+    from psycopg import sql
+
+    found = conn.execute("SELECT tokens FROM onceflow_stage_winners WHERE sink_id = %s AND batch_id = %s "
+                         "AND tbl = %s", (spec.sink_id, batch_id, spec.table)).fetchone()
+    if found is None:
+        return None
+    relation = sql.SQL("(SELECT * FROM {} WHERE _of_batch = %s AND _of_token = ANY(%s))").format(spec.stage)
+    return relation, (batch_id, found[0])
+
+
 def forget(conn: Any, specs: Iterable[TargetSpec], sink_id: str, batch_id: int) -> None:
     """Step 4, inside the sink's transaction: staged rows and winners of batches up to ``batch_id``."""
     from psycopg import sql
