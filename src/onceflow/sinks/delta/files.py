@@ -149,9 +149,12 @@ def table_schema(path: Path) -> pa.Schema | None:
     """The Arrow schema of the Delta table at ``path`` (None: there is none)."""
     from deltalake import DeltaTable
 
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    return pa.schema(DeltaTable(str(path)).schema().to_arrow())
+    return arrow_schema(DeltaTable(str(path)) if DeltaTable.is_deltatable(str(path)) else None)
+
+
+def arrow_schema(table: Any | None) -> pa.Schema | None:
+    """The Arrow schema of a loaded ``DeltaTable`` (None: no table)."""
+    return None if table is None else pa.schema(table.schema().to_arrow())
 
 
 def _fit(batch: pa.RecordBatch, target: pa.Schema | None, table: str) -> pa.RecordBatch:

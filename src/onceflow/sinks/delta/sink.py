@@ -288,22 +288,24 @@ class DeltaTablesSink(SinkBase):
             spec = specs[name]
             if counts[name] == 0:  # Spark may run no task, and no commit, for a frame without rows
                 wrote |= self._commit_one(name, spec, frame.toArrow(), batch_id, metadata)
-            elif not self._has(name, batch_id):  # 2
+            elif not self._has(table := self._table(name), batch_id):  # 2
                 job = self._files_spec(name, spec, batch_id, metadata=metadata)
-                messages = self._task_files(frame, spec, job)  # 3, 4: the tasks' files, committed here
-                wrote |= files.commit(job, batch_id, self._schema(name, frame), messages)
+                messages = self._task_files(frame, spec, job, table)  # 3, 4: the tasks' files, committed here
+                wrote |= files.commit(job, batch_id, self._schema(table, frame), messages)
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return wrote  # 6
 
-    def _has(self, name: str, batch_id: int) -> bool:
-        """Step 2 before any task runs: whether table ``name`` exists and has ``batch_id``."""
+    def _table(self, name: str) -> Any | None:
+        """Table ``name`` as it is now (a ``DeltaTable``; None: none yet), read once for steps 2-3."""
         path = str(self.root / name)
-        if not self.dl.DeltaTable.is_deltatable(path):
-            return False
-        return self._committed(self.dl.DeltaTable(path), batch_id)
+        return self.dl.DeltaTable(path) if self.dl.DeltaTable.is_deltatable(path) else None
+
+    def _has(self, table: Any | None, batch_id: int) -> bool:
+        """Step 2 before any task runs: whether the table (:meth:`_table`) exists and has ``batch_id``."""
+        return table is not None and self._committed(table, batch_id)
 
     def _files_spec(self, name: str, spec: Table, batch_id: int, metadata: str = "{}") -> files.FilesSpec:
         """Table ``name``'s write of ``batch_id`` by Spark's tasks (:mod:`onceflow.sinks.delta.files`)."""
@@ -311,7 +313,8 @@ class DeltaTablesSink(SinkBase):
                                merged=dict(spec.merged), mode="append" if spec.mode == "append" else "merge",
                                metadata=metadata)
 
-    def _task_files(self, frame: Any, spec: Table, job: files.FilesSpec) -> list[dict[str, Any]]:
+    def _task_files(self, frame: Any, spec: Table, job: files.FilesSpec,
+                    table: Any | None) -> list[dict[str, Any]]:
         """Step 3's files of one table, written by Spark's tasks; their messages (for ``files.commit``).
 
         Spark's own Parquet writer writes an append whose columns have the table's types
@@ -320,16 +323,17 @@ class DeltaTablesSink(SinkBase):
         """
         from onceflow.sinks.delta.source import write_files
 
-        order = spark_files.columns(frame, job.path) if spec.mode == "append" else None
+        order = spark_files.columns(frame, table) if spec.mode == "append" else None
         if order is not None:
             return spark_files.write(frame.select(*order), job, job.batch_id)
-        return write_files(frame, job)
+        return write_files(frame, job, files.arrow_schema(table))
 
-    def _schema(self, name: str, frame: Any) -> pa.Schema:
-        """Table ``name``'s Arrow schema; the frame's if a commit of this batch creates it."""
+    @staticmethod
+    def _schema(table: Any | None, frame: Any) -> pa.Schema:
+        """The table's Arrow schema (:meth:`_table`); the frame's if a commit of this batch creates it."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        return files.table_schema(self.root / name) or to_arrow_schema(frame.schema, timezone="UTC")
+        return files.arrow_schema(table) or to_arrow_schema(frame.schema, timezone="UTC")
 
     def _commit_uncached(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
                          settle: Settle) -> bool:
@@ -345,13 +349,14 @@ class DeltaTablesSink(SinkBase):
         ((name, frame),) = frames.items()
         spec = specs[name]
         check_frame(name, spec, frame)
-        if self._has(name, batch_id):  # 2
+        table = self._table(name)
+        if self._has(table, batch_id):  # 2
             return False
         job = self._files_spec(name, spec, batch_id)
-        messages = self._task_files(frame, spec, job)  # 3: the tasks' files
+        messages = self._task_files(frame, spec, job, table)  # 3: the tasks' files
         counts = {name: sum(int(m["rows"]) for m in messages)}
         stats, rows_out = settle(counts)
-        schema = self._schema(name, frame)
+        schema = self._schema(table, frame)
         maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)  # files written, in no commit: nothing visible
         wrote = files.commit(replace(job, metadata=self._metadata(batch_id, stats, rows_out, counts)),
                              batch_id, schema, messages)  # 2-4

@@ -58,11 +58,13 @@ def _written(messages: list[Any]) -> list[dict[str, Any] | None]:
 class _Writer:
     """What the streaming and the batch writer share: the table's schema read once, on the driver."""
 
-    def __init__(self, spec: FilesSpec, schema: Any) -> None:
+    def __init__(self, spec: FilesSpec, schema: Any, found: pa.Schema | None = None,
+                 read: bool = True) -> None:
+        """The table's schema read from ``spec.path`` (``read``), or the one the caller read (``found``)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.rows_schema = to_arrow_schema(schema, timezone="UTC")
-        found = files.table_schema(spec.path)
+        found = files.table_schema(spec.path) if read else found
         self.spec = replace(spec, schema=files.encode_schema(found)) if found is not None else spec
         self.commit_schema = found if found is not None else self.rows_schema
 
@@ -125,15 +127,16 @@ def register(spark: Any) -> None:
     spark.dataSource.register(DeltaDataSource)
 
 
-def write_files(frame: Any, spec: FilesSpec) -> list[dict[str, Any]]:
+def write_files(frame: Any, spec: FilesSpec, found: pa.Schema | None) -> list[dict[str, Any]]:
     """Step 1 for the sink, without the data source (:func:`onceflow.sinks.base.run_tasks`).
 
-    Each task casts its rows to the table's schema, as the format's tasks do.
+    Each task casts its rows to the table's schema ``found`` (the sink read it; None: no table
+    yet), as the format's tasks do.
 
     Returns:
         The kept attempts' messages.
     """
     from onceflow.sinks.base import run_tasks
 
-    writer = _Writer(spec, frame.schema)
+    writer = _Writer(spec, frame.schema, found, read=False)
     return run_tasks(frame, functools.partial(files.write_task, writer.spec))

@@ -64,12 +64,12 @@ def _type_name(raw: Any) -> str | None:
     return None
 
 
-def columns(frame: Any, table: Path) -> list[str] | None:
+def columns(frame: Any, table: Any | None) -> list[str] | None:
     """The table's columns in its order, when Spark's Parquet writer may write ``frame`` into it.
 
     Args:
         frame: The batch's rows of the table (a DataFrame).
-        table: The Delta table's directory (it may not exist yet).
+        table: The Delta table, loaded (a ``DeltaTable``; None: it does not exist yet).
 
     Returns:
         The columns to select (the table's order; the frame's when the table does not exist), or
@@ -77,17 +77,15 @@ def columns(frame: Any, table: Path) -> list[str] | None:
         table declares not null that the batch may hold nulls in, or dates and times the session
         would rebase (onceflow's own task writer writes it).
     """
-    from deltalake import DeltaTable
-
     mine = {f["name"]: f for f in frame.schema.jsonValue()["fields"]}
     if any(_type_name(f["type"]) is None for f in mine.values()):
         return None
     timed = any(f["type"] in ("date", "timestamp", "timestamp_ntz") for f in mine.values())
     if timed and str(frame.sparkSession.conf.get(REBASE, "CORRECTED")).upper() != "CORRECTED":
         return None
-    if not DeltaTable.is_deltatable(str(table)):
+    if table is None:
         return list(mine)
-    theirs = json.loads(DeltaTable(str(table)).schema().to_json())["fields"]
+    theirs = json.loads(table.schema().to_json())["fields"]
     if {f["name"] for f in theirs} != set(mine):
         return None
     for f in theirs:
