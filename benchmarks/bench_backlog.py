@@ -264,13 +264,14 @@ def _count_topic(bootstrap: str, topic: str) -> int:
         parts = c.list_topics(topic, timeout=60).topics[topic].partitions
         ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=60)[1] for p in parts}
         c.assign([TopicPartition(topic, p, 0) for p in parts])
-        n, deadline = 0, time.monotonic() + 600
+        limit = max(600.0, sum(ends.values()) / 20_000)  # a 60M-row topic takes minutes to read back
+        n, deadline = 0, time.monotonic() + limit
         while time.monotonic() < deadline:
             n += sum(1 for m in c.consume(50_000, timeout=1.0) if m.error() is None)
             at = {tp.partition: tp.offset for tp in c.position([TopicPartition(topic, p) for p in parts])}
             if all(at[p] >= ends[p] for p in parts):
                 return n
-        raise RuntimeError(f"counting {topic} did not reach its end in 600 s")
+        raise RuntimeError(f"counting {topic} did not reach its end in {limit:.0f} s")
     finally:
         c.close()
 
