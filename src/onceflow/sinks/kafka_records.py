@@ -261,13 +261,9 @@ def produce(producer: Any, topic: str, keys: list[bytes | None], values: list[by
     send = producer.produce
     extra = {"headers": headers} if headers else {}
     for key, value in zip(keys, values, strict=True):
-        try:
-            send(topic, value, key, **extra)
-        except BufferError:  # the local queue is full: let it drain, then queue the record
-            while True:
+        while True:
+            try:
+                send(topic, value, key, **extra)
+                break
+            except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.1)
-                try:
-                    send(topic, value, key, **extra)
-                    break
-                except BufferError:
-                    continue

@@ -309,12 +309,12 @@ class _Fencing(threading.Thread):
 
     def __init__(self, producer: Any, spec: TaskSpec, partition: int) -> None:
         super().__init__(name=f"onceflow-fence-{partition}", daemon=True)
-        self._run = (producer, spec, partition)
+        self._job = (producer, spec, partition)
         self._out: tuple[dict[str, Any] | None, BaseException | None] = (None, None)
         self.start()
 
     def run(self) -> None:
-        producer, spec, p = self._run
+        producer, spec, p = self._job
         try:
             producer.init_transactions(_TIMEOUT_S)  # K1
             self._out = (last_marker(spec.conf, spec.tasks_topic, p, spec.sink_id), None)  # K2

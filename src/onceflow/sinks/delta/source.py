@@ -58,13 +58,11 @@ def _written(messages: list[Any]) -> list[dict[str, Any] | None]:
 class _Writer:
     """What the streaming and the batch writer share: the table's schema read once, on the driver."""
 
-    def __init__(self, spec: FilesSpec, schema: Any, found: pa.Schema | None = None,
-                 read: bool = True) -> None:
-        """The table's schema read from ``spec.path`` (``read``), or the one the caller read (``found``)."""
+    def __init__(self, spec: FilesSpec, schema: Any, found: pa.Schema | None) -> None:
+        """``found``: the table's Arrow schema as the caller read it (None: no table yet)."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.rows_schema = to_arrow_schema(schema, timezone="UTC")
-        found = files.table_schema(spec.path) if read else found
         self.spec = replace(spec, schema=files.encode_schema(found)) if found is not None else spec
         self.commit_schema = found if found is not None else self.rows_schema
 
@@ -115,11 +113,12 @@ class DeltaDataSource(DataSource):
         """
         spec = FilesSpec.from_options(self.options)
         check_batch_write(NAME, spec.batch_id, overwrite)
-        return DeltaBatchWriter(spec, schema)
+        return DeltaBatchWriter(spec, schema, files.table_schema(spec.path))
 
     def streamWriter(self, schema: Any, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
         """A streaming writer (batch ids from Spark)."""
-        return DeltaStreamWriter(FilesSpec.from_options(self.options), schema)
+        spec = FilesSpec.from_options(self.options)
+        return DeltaStreamWriter(spec, schema, files.table_schema(spec.path))
 
 
 def register(spark: Any) -> None:
@@ -138,5 +137,5 @@ def write_files(frame: Any, spec: FilesSpec, found: pa.Schema | None) -> list[di
     """
     from onceflow.sinks.base import run_tasks
 
-    writer = _Writer(spec, frame.schema, found, read=False)
+    writer = _Writer(spec, frame.schema, found)
     return run_tasks(frame, functools.partial(files.write_task, writer.spec))

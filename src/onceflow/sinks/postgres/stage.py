@@ -53,6 +53,13 @@ def record_winners(spec: TargetSpec, batch_id: int, messages: Iterable[str | Non
                      (spec.sink_id, batch_id, spec.table, tokens, rows, any(t.skipped for t in tasks)))
 
 
+def _winners_row(conn: Any, spec: TargetSpec, batch_id: int) -> tuple[Any, ...] | None:
+    """Step 2's row of ``(sink_id, batch_id, table)``: ``(tokens, rows, skipped)``; None: not recorded."""
+    row = conn.execute("SELECT tokens, rows, skipped FROM onceflow_stage_winners WHERE sink_id = %s AND "
+                       "batch_id = %s AND tbl = %s", (spec.sink_id, batch_id, spec.table)).fetchone()
+    return None if row is None else tuple(row)
+
+
 def move(conn: Any, spec: TargetSpec, batch_id: int) -> int:
     """Step 3, inside the sink's transaction: the winners' staged rows into the table; their count.
 
@@ -62,8 +69,7 @@ def move(conn: Any, spec: TargetSpec, batch_id: int) -> int:
     """
     from psycopg import sql
 
-    found = conn.execute("SELECT tokens, rows, skipped FROM onceflow_stage_winners WHERE sink_id = %s AND "
-                         "batch_id = %s AND tbl = %s", (spec.sink_id, batch_id, spec.table)).fetchone()
+    found = _winners_row(conn, spec, batch_id)
     if found is None:
         raise PostgresError(f"batch {batch_id} of sink {spec.sink_id!r}: Spark's write of table "
                             f"{spec.table!r} returned without recording its tasks; the batch runs again")
@@ -90,8 +96,7 @@ def winners(conn: Any, spec: TargetSpec, batch_id: int) -> tuple[Any, tuple[Any,
     """
     from psycopg import sql
 
-    found = conn.execute("SELECT tokens FROM onceflow_stage_winners WHERE sink_id = %s AND batch_id = %s "
-                         "AND tbl = %s", (spec.sink_id, batch_id, spec.table)).fetchone()
+    found = _winners_row(conn, spec, batch_id)
     if found is None:
         return None
     relation = sql.SQL("(SELECT * FROM {} WHERE _of_batch = %s AND _of_token = ANY(%s))").format(spec.stage)
