@@ -40,13 +40,13 @@ Two kinds of sink, as types:
   transaction that makes its rows visible (or records the decision to).
 
 Every method runs on the driver, in the process that started the query; only the row writes
-of an :class:`ExecutorSink` run on executors (inside the DataSource it starts).
+of an :class:`ExecutorSink` run on executors: their contract (a task function returning a message,
+the driver committing the messages) is :mod:`onceflow.sinks.formats`.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -59,9 +59,8 @@ if TYPE_CHECKING:
 
     from onceflow.tables import Table
 
-__all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "RunningTask", "Settle", "Sink",
-           "SinkBase", "TablesSink", "check_batch_write", "collected", "kept_messages", "run_tasks",
-           "running_task", "save_frame"]
+__all__ = ["BatchStats", "CollectingSink", "DriverSink", "ExecutorSink", "Settle", "Sink", "SinkBase",
+           "TablesSink", "collected"]
 
 @dataclass(frozen=True)
 class Settle:
@@ -278,107 +277,3 @@ TablesSink = DriverSink | ExecutorSink
 def collected(frames: Mapping[str, DataFrame]) -> dict[str, pa.Table]:
     """A small batch's DataFrames as Arrow tables on the driver (the collected path)."""
     return {n: f.toArrow() for n, f in frames.items()}
-
-
-def check_batch_write(fmt: str, batch_id: int, overwrite: bool) -> None:
-    """A batch write to one of onceflow's formats names its micro-batch and appends.
-
-    Raises:
-        ConfigError: No ``batch_id`` option, or overwrite mode.
-    """
-    from onceflow.errors import ConfigError
-
-    if batch_id < 0:
-        raise ConfigError(f"a batch write to {fmt} needs option 'batch_id' (the micro-batch id foreachBatch "
-                          "passes): exactly once is defined per batch id")
-    if overwrite:
-        raise ConfigError(f"{fmt} does not overwrite; use mode('append')")
-
-
-def save_frame(frame: DataFrame, source: Any, options: Mapping[str, Any]) -> None:
-    """``frame`` written through the data source class ``source`` (registered here) with ``options``.
-
-    An onceflow error raised in Spark's Python workers reaches the caller as itself
-    (:func:`onceflow.errors.from_spark`).
-    """
-    from onceflow.errors import from_spark
-
-    frame.sparkSession.dataSource.register(source)
-    writer = frame.write.format(source.name()).mode("append")
-    for k, v in options.items():
-        writer = writer.option(k, v)
-    try:
-        writer.save()
-    except Exception as exc:
-        raise from_spark(exc) from None
-
-
-def run_tasks(frame: DataFrame, task: Callable[[Iterator[pa.RecordBatch]], Any]) -> list[Any]:
-    """Each partition of ``frame`` through ``task`` in its Spark task; the tasks' messages on the driver.
-
-    What a data source's ``write`` does, without the data source: ``task`` runs in the Python
-    worker of each of Spark's tasks over the partition's Arrow batches (an identity
-    ``mapInArrow`` whose only output is ``task``'s message, JSON), and the driver gets one
-    message per partition — of the attempt Spark kept, as a data source's commit does — in
-    the one Spark job of the call. A Python data source write starts Python processes for its
-    lookup, its planning and its commit besides the tasks' workers, one after another, in
-    each new process; this starts none of those. ``task`` and what it holds must pickle (no
-    connection, no session).
-
-    Raises:
-        OnceflowError: A task failed (an onceflow error raised in a task reaches the caller as itself).
-    """
-    from onceflow.errors import from_spark
-
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        message = json.dumps(task(batches))
-        yield pa.RecordBatch.from_arrays([pa.array([message], pa.string())], names=["message"])
-
-    try:
-        found = frame.mapInArrow(run, "message string").toArrow()
-    except Exception as exc:
-        raise from_spark(exc) from None
-    return [json.loads(m) for m in found.column("message").to_pylist()]
-
-
-def kept_messages(messages: Iterable[Any], missing: str) -> list[Any]:
-    """The task messages Spark's commit passes (one per task), all of them there.
-
-    Raises:
-        OnceflowError: ``missing``: Spark passes None for a task that failed.
-    """
-    from onceflow.errors import OnceflowError
-
-    found = list(messages)
-    if any(m is None for m in found):
-        raise OnceflowError(missing)
-    return found
-
-
-@dataclass(frozen=True)
-class RunningTask:
-    """The Spark task a sink's row writer runs in (on an executor).
-
-    Attributes:
-        batch_id: The streaming micro-batch (-1: not a streaming write, or not in a task).
-        partition: The task's partition.
-        attempt: Spark's attempt number (retries and speculative copies count up).
-        query_id: The streaming query's id ("" outside one).
-    """
-
-    batch_id: int
-    partition: int
-    attempt: int
-    query_id: str
-
-
-def running_task() -> RunningTask:
-    """The running Spark task (batch -1, partition 0, attempt 0 outside a task)."""
-    from pyspark import TaskContext
-
-    tc = TaskContext.get()
-    if tc is None:
-        return RunningTask(-1, 0, 0, "")
-    raw = tc.getLocalProperty("streaming.sql.batchId")
-    return RunningTask(int(raw) if raw else -1, tc.partitionId(), tc.attemptNumber(),
-                       tc.getLocalProperty("sql.streaming.queryId") or "")

@@ -42,17 +42,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.sinks import kafka_records
-from onceflow.sinks.base import check_batch_write, run_tasks, running_task, save_frame
+from onceflow.sinks.formats import (
+    BatchCommits,
+    FormatWriter,
+    StreamCommits,
+    WriteFormat,
+    run_tasks,
+    running_task,
+    save_frame,
+)
 from onceflow.tables import Table, check_json_frame
 
 NAME = "onceflow_kafka_topics"
@@ -450,7 +453,7 @@ def checked_sums(spec: TaskSpec, batch_id: int, found: Iterable[Any]) -> dict[st
 
 
 def run(frame: Any, spec: TaskSpec) -> dict[str, int]:
-    """Steps K1-K6 in Spark's tasks, for the sink (:func:`onceflow.sinks.base.run_tasks`): the checked sums.
+    """Steps K1-K6 in Spark's tasks for the sink (:func:`onceflow.sinks.formats.run_tasks`): the checked sums.
 
     Raises:
         OnceflowError: A task failed, or the tasks' records are not the batch's.
@@ -458,8 +461,8 @@ def run(frame: Any, spec: TaskSpec) -> dict[str, int]:
     return checked_sums(spec, spec.batch_id, run_tasks(frame, functools.partial(records_task, spec)))
 
 
-class _Writer:
-    """What the streaming and the batch writer share."""
+class KafkaWriter(FormatWriter):
+    """The format's write of a batch (:mod:`onceflow.sinks.formats`): records from the tasks, checked sums."""
 
     def __init__(self, spec: TaskSpec) -> None:
         self.spec = spec
@@ -473,21 +476,22 @@ class _Writer:
         return KafkaTopicsSink(str(self.spec.conf["bootstrap.servers"]), sink_id=self.spec.sink_id,
                                options=conf, tasks_topic=self.spec.tasks_topic)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> KafkaCommitMessage:
+    def task(self, iterator: Iterator[pa.RecordBatch]) -> dict[str, Any]:
         """Executor side: one partition's records (steps K1-K6)."""
-        return KafkaCommitMessage(records_task(self.spec, iterator))
+        return records_task(self.spec, iterator)
 
-    def _commit(self, messages: list[Any], batch_id: int) -> None:
+    def apply(self, bodies: list[Any], batch_id: int) -> None:
         """Driver side: every task's message there, the counts the expected ones; the marker if asked.
+
+        Nothing to undo on abort: a committed task's records are the batch's, kept by its marker.
 
         Raises:
             OnceflowError: A task's message missing, or the tasks' records not the batch's.
         """
-        found = [m.found if isinstance(m, KafkaCommitMessage) else None for m in messages]
-        got = checked_sums(self.spec, batch_id, found)
+        got = checked_sums(self.spec, batch_id, bodies)
         if self.spec.mark:
             sink = self._sink()
-            query_id = self.spec.query_id or next((str(m["query_id"]) for m in found if m), "")
+            query_id = self.spec.query_id or next((str(m["query_id"]) for m in bodies if m), "")
             if not query_id:  # no task ran: nothing produced, nothing to mark
                 return
             try:
@@ -497,56 +501,30 @@ class _Writer:
                 sink.close()
 
 
-@dataclass
-class KafkaCommitMessage(WriterCommitMessage):
-    """A task's digest (:func:`write_task`)."""
-
-    found: dict[str, Any]
-
-
-class KafkaStreamWriter(_Writer, DataSourceStreamArrowWriter):
+class KafkaStreamWriter(StreamCommits, KafkaWriter, DataSourceStreamArrowWriter):
     """Streaming writer: Spark supplies the batch id."""
 
-    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: check the tasks' messages; the batch's marker."""
-        self._commit(messages, batchId)
 
-    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: nothing to undo (a committed task's records are the batch's, kept by its marker)."""
-
-
-class KafkaBatchWriter(_Writer, DataSourceArrowWriter):
+class KafkaBatchWriter(BatchCommits, KafkaWriter, DataSourceArrowWriter):
     """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
 
-    def commit(self, messages: list[Any]) -> None:
-        """Driver side: check the tasks' messages; the batch's marker if asked."""
-        self._commit(messages, self.spec.batch_id)
 
-    def abort(self, messages: list[Any]) -> None:
-        """Driver side: nothing to undo (a committed task's records are the batch's, kept by its marker)."""
-
-
-class KafkaDataSource(DataSource):
+class KafkaDataSource(WriteFormat):
     """The ``onceflow_kafka_topics`` format (write only; ``onceflow_kafka`` is onceflow's Kafka reader)."""
 
-    @classmethod
-    def name(cls) -> str:
-        """The format name."""
-        return NAME
+    NAME = NAME
 
-    def writer(self, schema: Any, overwrite: bool) -> KafkaBatchWriter:
-        """A batch writer; needs the ``batch_id`` option.
+    def spec(self, schema: Any) -> TaskSpec:
+        """The options parsed."""
+        return TaskSpec.from_options(self.options)
 
-        Raises:
-            ConfigError: No ``batch_id``, or overwrite mode.
-        """
-        spec = TaskSpec.from_options(self.options)
-        check_batch_write(NAME, spec.batch_id, overwrite)
+    def batch_writer(self, spec: TaskSpec, schema: Any) -> KafkaBatchWriter:
+        """A batch writer."""
         return KafkaBatchWriter(spec)
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> KafkaStreamWriter:  # noqa: N802
-        """A streaming writer (batch ids from Spark)."""
-        return KafkaStreamWriter(TaskSpec.from_options(self.options))
+    def stream_writer(self, spec: TaskSpec, schema: Any) -> KafkaStreamWriter:
+        """A streaming writer."""
+        return KafkaStreamWriter(spec)
 
 
 def write_frame(frame: Any, spec: TaskSpec) -> None:

@@ -319,7 +319,7 @@ class DeltaTablesSink(SinkBase):
 
         Spark's own Parquet writer writes an append whose columns have the table's types
         (:mod:`onceflow.sinks.delta.spark_files` says when); otherwise :func:`files.write_task`
-        in each task, through :func:`onceflow.sinks.base.run_tasks`.
+        in each task, through :func:`onceflow.sinks.formats.run_tasks`.
         """
         from onceflow.sinks.delta.source import write_files
 

@@ -26,37 +26,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
-from onceflow.sinks.base import check_batch_write
 from onceflow.sinks.delta import files
 from onceflow.sinks.delta.files import FilesSpec
+from onceflow.sinks.formats import BatchCommits, FormatWriter, StreamCommits, WriteFormat
 
 NAME = "onceflow_delta"
 
 
-@dataclass
-class DeltaCommitMessage(WriterCommitMessage):
-    """A task's files (:func:`onceflow.sinks.delta.files.write_task`)."""
-
-    written: dict[str, Any]
-
-
-def _written(messages: list[Any]) -> list[dict[str, Any] | None]:
-    return [m.written if isinstance(m, DeltaCommitMessage) else None for m in messages]
-
-
-class _Writer:
-    """What the streaming and the batch writer share: the table's schema read once, on the driver."""
+class DeltaWriter(FormatWriter):
+    """The format's write of a batch (:mod:`onceflow.sinks.formats`); the table's schema from the driver."""
 
     def __init__(self, spec: FilesSpec, schema: Any, found: pa.Schema | None) -> None:
         """``found``: the table's Arrow schema as the caller read it (None: no table yet)."""
@@ -66,58 +50,38 @@ class _Writer:
         self.spec = replace(spec, schema=files.encode_schema(found)) if found is not None else spec
         self.commit_schema = found if found is not None else self.rows_schema
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> DeltaCommitMessage:
+    def task(self, iterator: Iterator[pa.RecordBatch]) -> dict[str, Any]:
         """Executor side: one partition's file (step 1)."""
-        return DeltaCommitMessage(files.write_task(self.spec, iterator))
+        return files.write_task(self.spec, iterator)
 
-    def _commit(self, messages: list[Any], batch_id: int) -> None:
-        """Driver side: commit the batch (replays are no-ops)."""
-        files.commit(self.spec, batch_id, self.commit_schema, _written(messages))
+    def apply(self, bodies: list[Any], batch_id: int) -> None:
+        """Driver side: commit the batch (replays are no-ops; uncommitted files are in no commit)."""
+        files.commit(self.spec, batch_id, self.commit_schema, bodies)
 
 
-class DeltaStreamWriter(_Writer, DataSourceStreamArrowWriter):
+class DeltaStreamWriter(StreamCommits, DeltaWriter, DataSourceStreamArrowWriter):
     """Streaming writer: Spark supplies the batch id."""
 
-    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: commit the batch (replays are no-ops)."""
-        self._commit(messages, batchId)
 
-    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: nothing to undo (uncommitted files are in no commit)."""
-
-
-class DeltaBatchWriter(_Writer, DataSourceArrowWriter):
+class DeltaBatchWriter(BatchCommits, DeltaWriter, DataSourceArrowWriter):
     """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
 
-    def commit(self, messages: list[Any]) -> None:
-        """Driver side: commit the batch (replays are no-ops)."""
-        self._commit(messages, self.spec.batch_id)
 
-    def abort(self, messages: list[Any]) -> None:
-        """Driver side: nothing to undo (uncommitted files are in no commit)."""
-
-
-class DeltaDataSource(DataSource):
+class DeltaDataSource(WriteFormat):
     """The ``onceflow_delta`` format (write only)."""
 
-    @classmethod
-    def name(cls) -> str:
-        """The format name."""
-        return NAME
+    NAME = NAME
 
-    def writer(self, schema: Any, overwrite: bool) -> DeltaBatchWriter:
-        """A batch writer; needs the ``batch_id`` option.
+    def spec(self, schema: Any) -> FilesSpec:
+        """The options parsed."""
+        return FilesSpec.from_options(self.options)
 
-        Raises:
-            ConfigError: No ``batch_id``, or overwrite mode.
-        """
-        spec = FilesSpec.from_options(self.options)
-        check_batch_write(NAME, spec.batch_id, overwrite)
+    def batch_writer(self, spec: FilesSpec, schema: Any) -> DeltaBatchWriter:
+        """A batch writer (the table's schema read here, on the driver)."""
         return DeltaBatchWriter(spec, schema, files.table_schema(spec.path))
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> DeltaStreamWriter:  # noqa: N802
-        """A streaming writer (batch ids from Spark)."""
-        spec = FilesSpec.from_options(self.options)
+    def stream_writer(self, spec: FilesSpec, schema: Any) -> DeltaStreamWriter:
+        """A streaming writer (the table's schema read here, on the driver)."""
         return DeltaStreamWriter(spec, schema, files.table_schema(spec.path))
 
 
@@ -127,7 +91,7 @@ def register(spark: Any) -> None:
 
 
 def write_files(frame: Any, spec: FilesSpec, found: pa.Schema | None) -> list[dict[str, Any]]:
-    """Step 1 for the sink, without the data source (:func:`onceflow.sinks.base.run_tasks`).
+    """Step 1 for the sink, without the data source (:func:`onceflow.sinks.formats.run_tasks`).
 
     Each task casts its rows to the table's schema ``found`` (the sink read it; None: no table
     yet), as the format's tasks do.
@@ -135,7 +99,7 @@ def write_files(frame: Any, spec: FilesSpec, found: pa.Schema | None) -> list[di
     Returns:
         The kept attempts' messages.
     """
-    from onceflow.sinks.base import run_tasks
+    from onceflow.sinks.formats import run_tasks
 
-    writer = _Writer(spec, frame.schema, found)
+    writer = DeltaWriter(spec, frame.schema, found)
     return run_tasks(frame, functools.partial(files.write_task, writer.spec))

@@ -27,7 +27,6 @@ The ``onceflow_http`` format's rows are ``key`` and ``payload`` (strings); optio
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -35,16 +34,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
 from onceflow import faults
 from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
-from onceflow.sinks.base import check_batch_write, run_tasks, running_task
+from onceflow.sinks.formats import BatchCommits, FormatWriter, StreamCommits, WriteFormat, running_task
 from onceflow.sinks.http.ledger import METRICS, Effect
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table
@@ -207,74 +201,54 @@ def finish(spec: HttpTaskSpec, batch_id: int, messages: Iterable[Any]) -> None:
         sink.close()
 
 
-@dataclass
-class HttpCommitMessage(WriterCommitMessage):
-    """A task's counts (:func:`send_task`)."""
+class HttpWriter(FormatWriter):
+    """The format's write of a batch (:mod:`onceflow.sinks.formats`): calls in the tasks, then the marker."""
 
-    counts: dict[str, int]
-
-
-def _counts(messages: list[Any]) -> list[dict[str, int] | None]:
-    return [m.counts if isinstance(m, HttpCommitMessage) else None for m in messages]
-
-
-class _Writer:
     def __init__(self, spec: HttpTaskSpec) -> None:
         self.spec = spec
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> HttpCommitMessage:
+    def task(self, iterator: Iterator[pa.RecordBatch]) -> dict[str, int]:
         """Executor side: one task's effects (:func:`send_task`)."""
-        return HttpCommitMessage(send_task(self.spec, iterator))
+        return send_task(self.spec, iterator)
+
+    def apply(self, bodies: list[Any], batch_id: int) -> None:
+        """Driver side: the batch's metrics and marker (:func:`finish`).
+
+        Nothing to undo on abort: the ledger keeps every key's state; the re-run goes on from it.
+        """
+        finish(self.spec, batch_id, bodies)
 
 
-class HttpStreamWriter(_Writer, DataSourceStreamArrowWriter):
+class HttpStreamWriter(StreamCommits, HttpWriter, DataSourceStreamArrowWriter):
     """Streaming writer: Spark supplies the batch id."""
 
-    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: the batch's metrics and marker."""
-        finish(self.spec, batchId, _counts(messages))
 
-    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: nothing to undo (the ledger keeps every key's state; the re-run goes on from it)."""
-
-
-class HttpBatchWriter(_Writer, DataSourceArrowWriter):
+class HttpBatchWriter(BatchCommits, HttpWriter, DataSourceArrowWriter):
     """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
 
-    def commit(self, messages: list[Any]) -> None:
-        """Driver side: the batch's metrics and marker."""
-        finish(self.spec, self.spec.batch_id, _counts(messages))
 
-    def abort(self, messages: list[Any]) -> None:
-        """Driver side: nothing to undo (the ledger keeps every key's state; the re-run goes on from it)."""
-
-
-class HttpDataSource(DataSource):
+class HttpDataSource(WriteFormat):
     """The ``onceflow_http`` format (write only)."""
 
-    @classmethod
-    def name(cls) -> str:
-        """The format name."""
-        return NAME
+    NAME = NAME
 
-    def writer(self, schema: Any, overwrite: bool) -> HttpBatchWriter:
-        """A batch writer; needs the ``batch_id`` option.
+    def spec(self, schema: Any) -> HttpTaskSpec:
+        """The options parsed."""
+        return HttpTaskSpec.from_options(self.options)
 
-        Raises:
-            ConfigError: No ``batch_id``, or overwrite mode.
-        """
-        spec = HttpTaskSpec.from_options(self.options)
-        check_batch_write(NAME, spec.batch_id, overwrite)
+    def batch_writer(self, spec: HttpTaskSpec, schema: Any) -> HttpBatchWriter:
+        """A batch writer."""
         return HttpBatchWriter(spec)
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> HttpStreamWriter:  # noqa: N802
-        """A streaming writer (batch ids from Spark)."""
-        return HttpStreamWriter(HttpTaskSpec.from_options(self.options))
+    def stream_writer(self, spec: HttpTaskSpec, schema: Any) -> HttpStreamWriter:
+        """A streaming writer."""
+        return HttpStreamWriter(spec)
 
 
 def run(frame: Any, spec: HttpTaskSpec) -> None:
-    """The effects called by Spark's tasks for the sink (:func:`onceflow.sinks.base.run_tasks`).
+    """The effects called by Spark's tasks for the sink, then :func:`finish` on the driver.
 
-    Then :func:`finish` on the driver with their counts: what the format's write and commit do.
+    What the format's write and commit do, without the data source
+    (:meth:`onceflow.sinks.formats.FormatWriter.run`).
     """
-    finish(spec, spec.batch_id, run_tasks(frame, functools.partial(send_task, spec)))
+    HttpWriter(spec).run(frame, spec.batch_id)

@@ -23,19 +23,13 @@ checkpoint). The protocols are in :mod:`onceflow.sinks.postgres.writer`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
-from onceflow.errors import ConfigError, from_spark
+from onceflow.errors import ConfigError
+from onceflow.sinks.formats import BatchCommits, FormatWriter, StreamCommits, WriteFormat, save_frame
 from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres import writer as pg_writer
 from onceflow.sinks.postgres.writer import TargetSpec
@@ -43,88 +37,57 @@ from onceflow.sinks.postgres.writer import TargetSpec
 NAME = "onceflow_postgres"
 
 
-@dataclass
-class PgCommitMessage(WriterCommitMessage):
-    """A task's :class:`onceflow.sinks.postgres.writer.TaskMessage`, serialized."""
-
-    payload: str
-
-
-def _payloads(messages: list[Any]) -> list[str | None]:
-    return [m.payload if isinstance(m, PgCommitMessage) else None for m in messages]
-
-
-class _Writer:
-    """What the streaming and the batch writer share: prepare on creation, write a task."""
+class PgWriter(FormatWriter):
+    """The format's write of a batch (:mod:`onceflow.sinks.formats`), prepared on creation (on the driver)."""
 
     def __init__(self, spec: TargetSpec) -> None:
         self.spec = spec
         pg_writer.ensure_tables(spec)
         pg_writer.recover(spec)
 
-    def write(self, iterator: Iterator[Any]) -> PgCommitMessage:
-        """Executor side: write one partition (protocol step 1)."""
-        return PgCommitMessage(pg_writer.write_task(self.spec, iterator).to_json())
+    def task(self, iterator: Iterator[Any]) -> str:
+        """Executor side: one partition written (protocol step 1)."""
+        return pg_writer.write_task(self.spec, iterator).to_json()
 
-
-class PgStreamWriter(_Writer, DataSourceStreamArrowWriter):
-    """Streaming writer: Spark supplies the batch id."""
-
-    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: commit the batch (replays are no-ops)."""
-        pg_writer.commit(self.spec, batchId, _payloads(messages))
-
-    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: drop what failed attempts left."""
-        pg_writer.abort(self.spec, batchId)
-
-
-class PgBatchWriter(_Writer, DataSourceArrowWriter):
-    """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
-
-    def commit(self, messages: list[Any]) -> None:
+    def apply(self, bodies: list[Any], batch_id: int) -> None:
         """Driver side: commit the batch (replays are no-ops); ``stage``: record its tasks for the sink."""
         if self.spec.protocol == "stage":
-            stage.record_winners(self.spec, self.spec.batch_id, _payloads(messages))
+            stage.record_winners(self.spec, batch_id, bodies)
             return
-        pg_writer.commit(self.spec, self.spec.batch_id, _payloads(messages))
+        pg_writer.commit(self.spec, batch_id, bodies)
 
-    def abort(self, messages: list[Any]) -> None:
+    def discard(self, batch_id: int) -> None:
         """Driver side: drop what failed attempts left."""
-        pg_writer.abort(self.spec, self.spec.batch_id)
+        pg_writer.abort(self.spec, batch_id)
 
 
-class PostgresDataSource(DataSource):
+class PgStreamWriter(StreamCommits, PgWriter, DataSourceStreamArrowWriter):
+    """Streaming writer: Spark supplies the batch id."""
+
+
+class PgBatchWriter(BatchCommits, PgWriter, DataSourceArrowWriter):
+    """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
+
+
+class PostgresDataSource(WriteFormat):
     """The ``onceflow_postgres`` format (write only)."""
 
-    @classmethod
-    def name(cls) -> str:
-        """The format name."""
-        return NAME
+    NAME = NAME
 
-    def writer(self, schema: Any, overwrite: bool) -> PgBatchWriter:
-        """A batch writer; needs the ``batch_id`` option.
+    def spec(self, schema: Any) -> TargetSpec:
+        """The options parsed."""
+        return TargetSpec.from_options(self.options, schema)
 
-        Raises:
-            ConfigError: No ``batch_id``, or overwrite mode.
-        """
-        spec = TargetSpec.from_options(self.options, schema)
-        if spec.batch_id < 0:
-            raise ConfigError(
-                "a batch write to onceflow_postgres needs option 'batch_id' (the micro-batch id "
-                "foreachBatch passes): exactly once is defined per batch id"
-            )
-        if overwrite:
-            raise ConfigError("onceflow_postgres does not overwrite; use mode('append')")
+    def batch_writer(self, spec: TargetSpec, schema: Any) -> PgBatchWriter:
+        """A batch writer."""
         return PgBatchWriter(spec)
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> PgStreamWriter:  # noqa: N802
-        """A streaming writer (batch ids from Spark).
+    def stream_writer(self, spec: TargetSpec, schema: Any) -> PgStreamWriter:
+        """A streaming writer.
 
         Raises:
             ConfigError: Protocol ``stage`` (the driver sink's own, for batch writes only).
         """
-        spec = TargetSpec.from_options(self.options, schema)
         if spec.protocol == "stage":
             raise ConfigError("option 'protocol' must be 'staged' or '2pc' for a streaming write")
         return PgStreamWriter(spec)
@@ -147,22 +110,9 @@ def write_frame(frame: Any, *, dsn: str, table: str, sink_id: str, mode: str, ke
     The options are those of the module; an onceflow error raised in Spark's Python workers
     reaches the caller as itself (:func:`onceflow.errors.from_spark`).
     """
-    register(frame.sparkSession)
-    try:
-        (frame.write.format(NAME).mode("append")
-         .option("dsn", dsn).option("table", table).option("sink_id", sink_id)
-         .option("mode", mode).option("key", key).option("add", add)
-         .option("max", max).option("min", min)
-         .option("protocol", protocol).option("batch_id", batch_id)
-         .option("query_id", query_id).option("metrics", metrics)
-         .save())
-    except Exception as exc:
-        raise from_spark(exc) from None
-
-
-def _task(spec: TargetSpec, batches: Iterator[Any]) -> str:
-    """Executor side: one partition staged (protocol step 1), its message."""
-    return pg_writer.write_task(spec, batches).to_json()
+    save_frame(frame, PostgresDataSource, {
+        "dsn": dsn, "table": table, "sink_id": sink_id, "mode": mode, "key": key, "add": add, "max": max,
+        "min": min, "protocol": protocol, "batch_id": batch_id, "query_id": query_id, "metrics": metrics})
 
 
 def stage_frame(frame: Any, **options: Any) -> None:
@@ -170,16 +120,7 @@ def stage_frame(frame: Any, **options: Any) -> None:
 
     What :func:`write_frame` does with ``protocol="stage"`` — the tables made sure of and an
     earlier attempt's leftovers recovered, the tasks staged, the kept attempts recorded, a
-    failed write's leftovers dropped — run through :func:`onceflow.sinks.base.run_tasks`.
+    failed write's leftovers dropped — run through :meth:`onceflow.sinks.formats.FormatWriter.run`.
     """
-    from onceflow.sinks.base import run_tasks
-
     spec = TargetSpec.from_options(options, frame.schema)
-    pg_writer.ensure_tables(spec)
-    pg_writer.recover(spec)
-    try:
-        payloads = run_tasks(frame, functools.partial(_task, spec))
-    except BaseException:
-        pg_writer.abort(spec, spec.batch_id)
-        raise
-    stage.record_winners(spec, spec.batch_id, payloads)
+    PgWriter(spec).run(frame, spec.batch_id)

@@ -66,7 +66,7 @@ from typing import Any
 
 from onceflow.errors import ConfigError, PostgresError, refuse_unknown
 from onceflow.faults import CrashPoint, maybe_crash, maybe_kill_executor, maybe_kill_task
-from onceflow.sinks.base import running_task
+from onceflow.sinks.formats import running_task
 from onceflow.sinks.postgres import sql as pg
 from onceflow.tables import merges
 

@@ -28,18 +28,13 @@ every table of the batch in one transaction.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
-    DataSource,
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
+from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
-from onceflow.sinks.base import check_batch_write
+from onceflow.sinks.formats import BatchCommits, FormatWriter, StreamCommits, WriteFormat
 from onceflow.sinks.marker import BatchStats
 from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.tasks import TaskSpec
@@ -47,15 +42,8 @@ from onceflow.sinks.sqlite.tasks import TaskSpec
 NAME = "onceflow_sqlite"
 
 
-@dataclass
-class SQLiteCommitMessage(WriterCommitMessage):
-    """A task's scratch file (:func:`onceflow.sinks.sqlite.tasks.write_task`)."""
-
-    written: dict[str, Any]
-
-
-class _Writer:
-    """What the streaming and the batch writer share."""
+class SQLiteWriter(FormatWriter):
+    """The format's write of one batch (:mod:`onceflow.sinks.formats`): scratch files, then one copy."""
 
     def __init__(self, spec: TaskSpec, schema: Any) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -63,14 +51,14 @@ class _Writer:
         self.spec = spec
         self.schema = to_arrow_schema(schema, timezone="UTC")
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> SQLiteCommitMessage:
+    def task(self, iterator: Iterator[pa.RecordBatch]) -> dict[str, Any]:
         """Executor side: one partition's scratch file (step 1)."""
-        return SQLiteCommitMessage(tasks.write_task(self.spec, iterator))
+        return tasks.write_task(self.spec, iterator)
 
-    def _commit(self, messages: list[Any], batch_id: int) -> None:
+    def apply(self, bodies: list[Any], batch_id: int) -> None:
         """Driver side: the kept files (step 2), then the batch applied (steps 3-4)."""
         spec = replace(self.spec, batch_id=batch_id)
-        files = tasks.kept_files(spec, batch_id, tasks.messages_of(iter(messages)))
+        files = tasks.kept_files(spec, batch_id, bodies)
         from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 
         sink = SQLiteTablesSink(spec.db, sink_id=spec.sink_id)
@@ -82,56 +70,35 @@ class _Writer:
             sink.close()
             tasks.discard(spec, batch_id)
 
-    def _abort(self, batch_id: int) -> None:
+    def discard(self, batch_id: int) -> None:
         """Driver side: the attempt's scratch files removed (nothing of them is in a table)."""
         tasks.discard(self.spec, batch_id)
 
 
-class SQLiteStreamWriter(_Writer, DataSourceStreamArrowWriter):
+class SQLiteStreamWriter(StreamCommits, SQLiteWriter, DataSourceStreamArrowWriter):
     """Streaming writer: Spark supplies the batch id."""
 
-    def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: apply the batch (a replay is a no-op)."""
-        self._commit(messages, batchId)
 
-    def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803
-        """Driver side: remove the attempt's files."""
-        self._abort(batchId)
-
-
-class SQLiteBatchWriter(_Writer, DataSourceArrowWriter):
+class SQLiteBatchWriter(BatchCommits, SQLiteWriter, DataSourceArrowWriter):
     """Batch writer for ``foreachBatch``: the ``batch_id`` option names the micro-batch."""
 
-    def commit(self, messages: list[Any]) -> None:
-        """Driver side: apply the batch (a replay is a no-op)."""
-        self._commit(messages, self.spec.batch_id)
 
-    def abort(self, messages: list[Any]) -> None:
-        """Driver side: remove the attempt's files."""
-        self._abort(self.spec.batch_id)
-
-
-class SQLiteDataSource(DataSource):
+class SQLiteDataSource(WriteFormat):
     """The ``onceflow_sqlite`` format (write only)."""
 
-    @classmethod
-    def name(cls) -> str:
-        """The format name."""
-        return NAME
+    NAME = NAME
 
-    def writer(self, schema: Any, overwrite: bool) -> SQLiteBatchWriter:
-        """A batch writer; needs the ``batch_id`` option.
+    def spec(self, schema: Any) -> TaskSpec:
+        """The options parsed."""
+        return TaskSpec.from_options(self.options)
 
-        Raises:
-            ConfigError: No ``batch_id``, or overwrite mode.
-        """
-        spec = TaskSpec.from_options(self.options)
-        check_batch_write(NAME, spec.batch_id, overwrite)
+    def batch_writer(self, spec: TaskSpec, schema: Any) -> SQLiteBatchWriter:
+        """A batch writer."""
         return SQLiteBatchWriter(spec, schema)
 
-    def streamWriter(self, schema: Any, overwrite: bool) -> SQLiteStreamWriter:  # noqa: N802
-        """A streaming writer (batch ids from Spark)."""
-        return SQLiteStreamWriter(TaskSpec.from_options(self.options), schema)
+    def stream_writer(self, spec: TaskSpec, schema: Any) -> SQLiteStreamWriter:
+        """A streaming writer."""
+        return SQLiteStreamWriter(spec, schema)
 
 
 def register(spark: Any) -> None:

@@ -17,7 +17,7 @@ tasks, in parallel. For table T and batch N, each commit attempt of N draws a to
    path, its rows, and the lowest and highest value of each integer ``add`` column — a few
    hundred bytes, whatever the rows.
 2. **Kept files** (the driver: the format's ``commit``, or the sink through
-   :func:`onceflow.sinks.base.run_tasks`): the messages of the attempts Spark kept, one per
+   :func:`onceflow.sinks.formats.run_tasks`): the messages of the attempts Spark kept, one per
    partition (:func:`kept_files`). Files of attempts Spark dropped are in none.
 3. **Apply** (the driver, :meth:`SQLiteTablesSink.commit_frames`, or the format's ``commit``):
    one transaction for every table of N and its marker — the files attached and copied by
@@ -38,7 +38,7 @@ import json
 import shutil
 import sqlite3
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ import pyarrow as pa
 
 from onceflow import faults
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.sinks.base import kept_messages, run_tasks, running_task
+from onceflow.sinks.formats import kept_messages, run_tasks, running_task
 from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, quote, stored
 from onceflow.tables import Table
 
@@ -172,7 +172,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
 
 
 def run(frame: Any, spec: TaskSpec) -> list[dict[str, Any]]:
-    """Step 1 in Spark's tasks, for the sink (:func:`onceflow.sinks.base.run_tasks`): the kept files."""
+    """Step 1 in Spark's tasks, for the sink (:func:`onceflow.sinks.formats.run_tasks`): the kept files."""
     return [m for m in run_tasks(frame, functools.partial(write_task, spec)) if m["path"] is not None]
 
 
@@ -228,8 +228,3 @@ def folded(files: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
 def frames_per_table(tables: int) -> int:
     """How many files (tasks) each of ``tables`` tables may have: :data:`MAX_FILES` in all."""
     return max(1, MAX_FILES // max(1, tables))
-
-
-def messages_of(raw: Iterator[Any]) -> list[dict[str, Any] | None]:
-    """The tasks' messages out of the data source's commit messages."""
-    return [getattr(m, "written", None) for m in raw]
