@@ -195,11 +195,12 @@ def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: boo
     ``<sink_id>/<table>/<key values>``. Pair it with ``write_stream(..., stable=True)`` when
     ``per_batch`` is not deterministic. A batch whose input has ``collect_below`` rows or more (a
     backlog) is called by Spark's tasks against the same ledger (:mod:`onceflow.sinks.http.tasks`:
-    the ledger must be a path every task reaches).
+    every task must reach the ledger — a SQLite path they share, or a PostgreSQL database).
 
     Args:
         url: Where effects are POSTed (the row as JSON, an ``Idempotency-Key`` header).
-        ledger: SQLite file of the ledger of started and confirmed keys.
+        ledger: The ledger of started and confirmed keys: a SQLite file, or a PostgreSQL
+            database's ``postgresql://`` URL (reached by a cluster's tasks over the network).
         sink_id: Namespace of keys and markers.
         idempotent: The service honours ``Idempotency-Key``: effects exactly once. False: at
             most one completed call per key; ambiguous ones are listed for reconciliation.

@@ -23,7 +23,7 @@ import pytest
 
 from onceflow import checkpoint as ckpt
 from onceflow.faults import CRASH_ENV
-from onceflow.sinks.http.ledger import Ledger
+from onceflow.sinks.http.ledger import SQLiteLedger
 from onceflow.sources.log import EventLog
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 from onceflow.verify.service import ServiceProcess, read_effects
@@ -85,7 +85,7 @@ def test_every_crash_point_with_a_changing_price_charges_each_key_once(tmp_path:
         charged[(e["payload"]["account"], e["payload"]["window_start_ms"])] += e["payload"]["bytes"]
     expected, _ = billing_expectation(tmp_path / "ck")
     assert dict(charged) == {k: b for k, (b, _) in expected.items()}  # nothing lost
-    ledger = Ledger(tmp_path / "ledger.db", "charges")
+    ledger = SQLiteLedger(tmp_path / "ledger.db", "charges")
     assert ledger.unconfirmed() == []
     assert sum(b["confirmed"] for b in ledger.batches()) >= len(effects) - sum(
         b["replayed"] for b in ledger.batches())

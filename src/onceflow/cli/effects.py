@@ -11,13 +11,14 @@ from onceflow.errors import ConfigError
 
 
 @click.command()
-@click.option("--ledger", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="The ledger database of an onceflow.http sink (its ledger= argument).")
+@click.option("--ledger", required=True, metavar="PATH|URL",
+              help="The ledger of an onceflow.http sink (its ledger= argument): a SQLite file, or a "
+                   "PostgreSQL database's postgresql:// URL.")
 @click.option("--sink-id", default="default", show_default=True,
               help="The sink's id (onceflow run --sink http uses the pipeline's name).")
 @click.option("--unconfirmed", is_flag=True,
               help="Print the keys started and never confirmed, one JSON object per line, instead.")
-def effects(ledger: Path, sink_id: str, unconfirmed: bool) -> None:
+def effects(ledger: str, sink_id: str, unconfirmed: bool) -> None:
     """Show a side-effect sink's ledger: per batch, what was processed and what was committed.
 
     Keys left 'started' (a service without idempotency answered ambiguously, or a driver died
@@ -27,11 +28,12 @@ def effects(ledger: Path, sink_id: str, unconfirmed: bool) -> None:
     from rich.console import Console
     from rich.table import Table as RichTable
 
-    from onceflow.sinks.http.ledger import METRICS, Ledger
+    from onceflow.sinks.http.ledger import METRICS, is_dsn, open_ledger
 
-    if not ledger.exists():
-        raise ConfigError(f"no ledger at {ledger}: pass the ledger= path of the onceflow.http sink")
-    book = Ledger(ledger, sink_id)
+    if not is_dsn(ledger) and not Path(ledger).exists():
+        raise ConfigError(f"no ledger at {ledger}: pass the ledger= path (or postgresql:// URL) of the "
+                          "onceflow.http sink")
+    book = open_ledger(ledger, sink_id)
     try:
         left = book.unconfirmed()
         if unconfirmed:
@@ -39,7 +41,7 @@ def effects(ledger: Path, sink_id: str, unconfirmed: bool) -> None:
                 click.echo(json.dumps(row, sort_keys=True))
             return
         batches = book.batches()
-        table = RichTable(title=f"effects of sink {sink_id!r} in {ledger}")
+        table = RichTable(title=f"effects of sink {sink_id!r} in {book.where}")
         for col in ("batch", *METRICS, "seconds"):
             table.add_column(col, justify="right")
         for b in batches:

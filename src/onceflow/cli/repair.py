@@ -10,12 +10,12 @@ import click
 from onceflow.errors import ConfigError
 
 
-def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | None, kafka: str | None,
+def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: str | None, kafka: str | None,
           sink_id: str) -> Any:
     """The sink whose markers the checkpoint is compared with (reads only)."""
     if sum(x is not None for x in (db, dsn, delta, ledger, kafka)) != 1:
         raise ConfigError("onceflow repair needs exactly one of --db FILE, --dsn DSN, --delta DIR, "
-                          "--ledger FILE or --kafka HOST:PORT (the query's sink)")
+                          "--ledger FILE|URL or --kafka HOST:PORT (the query's sink)")
     if kafka is not None:
         from onceflow.sinks.kafka import KafkaTopicsSink
 
@@ -24,7 +24,9 @@ def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | N
             raise ConfigError(f"no marker topic {sink.marker_topic} on the brokers {kafka}: give the brokers "
                               "and --sink-id the query writes with")
         return sink
-    for path in (db, delta, ledger):
+    from onceflow.sinks.http.ledger import is_dsn
+
+    for path in (db, delta, None if ledger is None or is_dsn(ledger) else Path(ledger)):
         if path is not None and not path.exists():
             raise ConfigError(f"no sink at {path}: give the path the query writes to (a database restored "
                               "from a backup goes back in its place first)")
@@ -44,15 +46,15 @@ def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | N
 
 
 class _LedgerMarkers:
-    """The markers of an HTTP sink's ledger (a SQLite file), read as a sink's ``batches()``."""
+    """An HTTP sink's markers in its ledger (a SQLite file or a PostgreSQL URL), as a sink's ``batches()``."""
 
-    def __init__(self, ledger_path: Path, sink_id: str) -> None:
-        self.ledger_path, self.sink_id = ledger_path, sink_id
+    def __init__(self, ledger: str, sink_id: str) -> None:
+        self.ledger, self.sink_id = ledger, sink_id
 
     def batches(self) -> list[dict[str, Any]]:
-        from onceflow.sinks.sqlite.db import read_batches
+        from onceflow.sinks.http.ledger import read_batches
 
-        return read_batches(self.ledger_path, self.sink_id)
+        return read_batches(self.ledger, self.sink_id)
 
 
 @click.command()
@@ -61,13 +63,14 @@ class _LedgerMarkers:
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), help="A SQLite sink's database.")
 @click.option("--dsn", help="A PostgreSQL sink's connection string ('' for $ONCEFLOW_PG_DSN).")
 @click.option("--delta", type=click.Path(file_okay=False, path_type=Path), help="A Delta sink's root.")
-@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), help="An HTTP sink's ledger.")
+@click.option("--ledger", metavar="PATH|URL",
+              help="An HTTP sink's ledger: a SQLite file or a PostgreSQL postgresql:// URL.")
 @click.option("--kafka", metavar="HOST:PORT", help="A Kafka sink's brokers (its markers: the topic "
               "onceflow_batches.<sink id>).")
 @click.option("--sink-id", default="default", show_default=True,
               help="The sink's id (write_stream's sink_id; onceflow run writes under 'user_counts').")
 @click.option("--dry-run", is_flag=True, help="Print what would change, change nothing.")
-def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | None, ledger: Path | None,
+def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | None, ledger: str | None,
            kafka: str | None, sink_id: str, dry_run: bool) -> None:
     """Bring a query's checkpoint back into agreement with its sink after either was restored.
 

@@ -41,12 +41,15 @@ def _kafka_rows(bootstrap: str, hand_over: str | None,
     return registry.listed(), before
 
 
-def _rows(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str | None,
+def _rows(db: Path | None, dsn: str | None, ledger: str | None, hand_over: str | None,
           to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
     """The registry's rows (after a hand-over, if asked) and the sink ids that held the table before."""
     from onceflow.sinks import owners
+    from onceflow.sinks.http.ledger import is_dsn
 
-    path = db or ledger
+    if ledger is not None and is_dsn(ledger):  # a PostgreSQL ledger: the registry of that database
+        dsn, ledger = ledger, None
+    path = db or (Path(ledger) if ledger is not None else None)
     if path is not None:
         if not path.exists():
             raise ConfigError(f"no database at {path}: give the file the query writes to")
@@ -66,14 +69,15 @@ def _rows(db: Path | None, dsn: str | None, ledger: Path | None, hand_over: str 
 @click.command()
 @click.option("--db", type=click.Path(dir_okay=False, path_type=Path), help="A SQLite sink's database.")
 @click.option("--dsn", help="A PostgreSQL sink's connection string ('' for $ONCEFLOW_PG_DSN).")
-@click.option("--ledger", type=click.Path(dir_okay=False, path_type=Path), help="An HTTP sink's ledger.")
+@click.option("--ledger", metavar="PATH|URL",
+              help="An HTTP sink's ledger: a SQLite file or a PostgreSQL postgresql:// URL.")
 @click.option("--delta", type=click.Path(file_okay=False, path_type=Path), help="A Delta sink's root.")
 @click.option("--kafka", metavar="HOST:PORT", help="A Kafka sink's brokers (the registry topic "
               "onceflow_tables).")
 @click.option("--hand-over", "hand_over", metavar="TABLE", help="Give TABLE to the sink id --to (stop the "
               "queries that write it first).")
 @click.option("--to", metavar="SINK_ID", help="The sink id that writes the table from now on.")
-def tables(db: Path | None, dsn: str | None, ledger: Path | None, delta: Path | None, kafka: str | None,
+def tables(db: Path | None, dsn: str | None, ledger: str | None, delta: Path | None, kafka: str | None,
            hand_over: str | None, to: str | None) -> None:
     """List which sink ids write each table of a sink's database, or hand a table over.
 

@@ -1,7 +1,11 @@
 """The side-effect sink's ledger: which effect keys were started, which the service confirmed.
 
-A SQLite database (WAL, ``synchronous=FULL``) with onceflow's usual tables (the batch marker
-``onceflow_batches``, the checkpoint binding ``onceflow_sinks``) and two of its own:
+A database every process of the query reaches — the driver, and Spark's tasks when they call a
+large batch's effects: a SQLite file (WAL, ``synchronous=FULL``; on a cluster, a path every
+executor reaches) or a PostgreSQL database (``ledger="postgresql://..."``: reached over the
+network, no shared file system). Either holds onceflow's usual tables (the batch marker
+``onceflow_batches``, the checkpoint binding ``onceflow_sinks``, the table registry) and two of
+its own:
 
 * ``onceflow_effects`` — one row per effect key ever started by a sink id: the batch that
   started it, the SHA-256 of its payload, ``state`` (``started``: recorded before its call,
@@ -21,34 +25,80 @@ service after a crash (see :mod:`onceflow.sinks.http.sink` for when there are an
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import hashlib
-import sqlite3
+import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onceflow.sinks import marker
+from onceflow.sinks import marker, owners
 from onceflow.sinks.marker import BatchStats
-from onceflow.sinks.sqlite.db import HAS_MARKER, META_SCHEMA, bind_query, connect
+from onceflow.sinks.sqlite import db as sqlite_db
+from onceflow.tables import Table
 
-SCHEMA = META_SCHEMA + """
+_EFFECTS = """
 CREATE TABLE IF NOT EXISTS onceflow_effects(
-    sink_id TEXT NOT NULL, key TEXT NOT NULL, batch_id INTEGER NOT NULL, payload_sha TEXT NOT NULL,
-    state TEXT NOT NULL, calls INTEGER NOT NULL DEFAULT 0, status INTEGER,
-    started_ms INTEGER NOT NULL, confirmed_ms INTEGER, PRIMARY KEY(sink_id, key)) WITHOUT ROWID;
+    sink_id TEXT NOT NULL, key TEXT NOT NULL, batch_id {int} NOT NULL, payload_sha TEXT NOT NULL,
+    state TEXT NOT NULL, calls {int} NOT NULL DEFAULT 0, status {int},
+    started_ms {int} NOT NULL, confirmed_ms {int}, PRIMARY KEY(sink_id, key)){rowid};
 CREATE TABLE IF NOT EXISTS onceflow_effect_batches(
-    sink_id TEXT NOT NULL, batch_id INTEGER NOT NULL, effects INTEGER NOT NULL,
-    new_keys INTEGER NOT NULL, known_keys INTEGER NOT NULL, resent INTEGER NOT NULL,
-    held INTEGER NOT NULL, calls INTEGER NOT NULL, applied INTEGER NOT NULL,
-    replayed INTEGER NOT NULL, confirmed INTEGER NOT NULL, unconfirmed INTEGER NOT NULL,
-    seconds REAL NOT NULL, PRIMARY KEY(sink_id, batch_id));
+    sink_id TEXT NOT NULL, batch_id {int} NOT NULL, effects {int} NOT NULL,
+    new_keys {int} NOT NULL, known_keys {int} NOT NULL, resent {int} NOT NULL,
+    held {int} NOT NULL, calls {int} NOT NULL, applied {int} NOT NULL,
+    replayed {int} NOT NULL, confirmed {int} NOT NULL, unconfirmed {int} NOT NULL,
+    seconds {real} NOT NULL, PRIMARY KEY(sink_id, batch_id));
 """
+SCHEMA = sqlite_db.META_SCHEMA + _EFFECTS.format(int="INTEGER", real="REAL", rowid=" WITHOUT ROWID")
+"""The SQLite ledger's tables."""
+PG_SCHEMA = _EFFECTS.format(int="bigint", real="double precision", rowid="")
+"""The PostgreSQL ledger's own tables (onceflow's metadata tables are the PostgreSQL sink's)."""
 
-_MARKER = marker.insert_sql("?")
 METRICS = ("effects", "new_keys", "known_keys", "resent", "held", "calls", "applied", "replayed",
            "confirmed", "unconfirmed")
+_HAS_MARKER = "SELECT 1 FROM onceflow_batches WHERE sink_id = ? AND batch_id = ?"
+
+
+_KEY_VALUES = re.compile(r"\s*(\w+\s*=\s*('[^']*'|\S*)\s*)+")
+
+
+def is_dsn(ledger: str | Path) -> bool:
+    """Whether ``ledger`` names a PostgreSQL database, not a SQLite file.
+
+    A ``postgresql://`` or ``postgres://`` URL, or libpq's ``key=value`` form naming a
+    ``host`` or a ``dbname`` (``host=db1 dbname=app``).
+    """
+    if not isinstance(ledger, str):
+        return False
+    if ledger.startswith(("postgresql://", "postgres://")):
+        return True
+    return bool(_KEY_VALUES.fullmatch(ledger)) and bool(re.search(r"\b(host|dbname)\s*=", ledger))
+
+
+def where(ledger: str | Path) -> str:
+    """How to name a ledger in messages (a DSN without its password)."""
+    if is_dsn(ledger):
+        from onceflow.sinks.postgres.conn import redact
+
+        return redact(str(ledger))
+    return str(ledger)
+
+
+def open_ledger(ledger: str | Path, sink_id: str) -> Ledger:
+    """The ledger ``ledger`` names: a PostgreSQL URL or a SQLite file."""
+    return PgLedger(str(ledger), sink_id) if is_dsn(ledger) else SQLiteLedger(Path(ledger), sink_id)
+
+
+def read_batches(ledger: str | Path, sink_id: str) -> list[dict[str, Any]]:
+    """The sink's marker rows in a ledger, by batch id (without opening the ledger's own tables)."""
+    if is_dsn(ledger):
+        from onceflow.sinks.postgres import sql as pg
+
+        return pg.read_batches(str(ledger), sink_id)
+    return sqlite_db.read_batches(ledger, sink_id)
 
 
 @dataclass(frozen=True)
@@ -73,23 +123,50 @@ class Plan:
     changed: list[str]
 
 
-class Ledger:
-    """One ledger database (see the module).
+class Ledger(abc.ABC):
+    """One ledger database (see the module): the steps' reads and writes, in the database's SQL.
 
-    Args:
-        path: SQLite file (created with its directory if missing).
+    Statements are written with ``?`` placeholders; a backend runs them in its driver's style.
+
+    Attributes:
         sink_id: The sink's namespace in it.
+        where: How messages name the database.
     """
 
-    def __init__(self, path: str | Path, sink_id: str) -> None:
-        self.path = Path(path)
-        self.sink_id = sink_id
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.conn: sqlite3.Connection = connect(self.path, SCHEMA)
+    sink_id: str
+    where: str
 
+    @abc.abstractmethod
     def bind(self, query_id: str) -> None:
-        """Tie the sink id to a checkpoint (see :func:`onceflow.sinks.sqlite.db.bind_query`)."""
-        bind_query(self.conn, self.path, self.sink_id, query_id)
+        """Tie the sink id to a checkpoint (the sink's ``bind``)."""
+
+    @abc.abstractmethod
+    def claim(self, specs: Mapping[str, Table], tool: str) -> None:
+        """Claim the tables for this sink id (:mod:`onceflow.sinks.owners`)."""
+
+    @abc.abstractmethod
+    def _tx(self) -> contextlib.AbstractContextManager[None]:
+        """One write transaction, exclusive against the sink's other writers; rolled back on error."""
+
+    @abc.abstractmethod
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """A statement's rows (none for a write)."""
+
+    @abc.abstractmethod
+    def _many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """A statement for each of ``rows``."""
+
+    @abc.abstractmethod
+    def _dicts(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        """A query's rows as dicts by column name."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the connection."""
+
+    def has_marker(self, batch_id: int) -> bool:
+        """Whether the batch's marker is in the ledger (committed)."""
+        return bool(self._rows(_HAS_MARKER, (self.sink_id, batch_id)))
 
     def start(self, batch_id: int, effects: Sequence[Effect], resend_started: bool) -> Plan | None:
         """Step 2: record every new key as ``started``, durably, before any call; None for a replay.
@@ -103,20 +180,17 @@ class Ledger:
         Returns:
             The calls to make, or None if the batch's marker exists.
         """
-        conn = self.conn
         now = int(time.time() * 1000)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():
-                conn.execute("ROLLBACK")
+        with self._tx():
+            if self.has_marker(batch_id):
                 return None
             known: dict[str, tuple[str, str, int]] = {}
             keys = [e.key for e in effects]
             for i in range(0, len(keys), 500):
                 chunk = keys[i:i + 500]
-                rows = conn.execute(f"SELECT key, state, payload_sha, batch_id FROM onceflow_effects "
-                                    f"WHERE sink_id = ? AND key IN ({','.join('?' * len(chunk))})",
-                                    (self.sink_id, *chunk))
+                rows = self._rows(f"SELECT key, state, payload_sha, batch_id FROM onceflow_effects "
+                                  f"WHERE sink_id = ? AND key IN ({','.join('?' * len(chunk))})",
+                                  (self.sink_id, *chunk))
                 known.update({k: (s, h, b) for k, s, h, b in rows})
             plan = Plan([], dict.fromkeys(METRICS, 0), [])
             plan.counts["effects"] = len(effects)
@@ -137,13 +211,8 @@ class Ledger:
                     plan.counts["resent"] += 1
                 else:
                     plan.counts["held"] += 1
-            conn.executemany("INSERT INTO onceflow_effects(sink_id, key, batch_id, payload_sha, state, "
-                             "started_ms) VALUES (?,?,?,?,?,?)", fresh)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+            self._many("INSERT INTO onceflow_effects(sink_id, key, batch_id, payload_sha, state, "
+                       "started_ms) VALUES (?,?,?,?,?,?)", fresh)
         return plan
 
     def forget(self, keys: Iterable[str]) -> None:
@@ -157,16 +226,9 @@ class Ledger:
                         rows)
 
     def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
-        """``executemany`` in one transaction."""
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(sql, rows)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        """``sql`` for each of ``rows``, in one transaction."""
+        with self._tx():
+            self._many(sql, rows)
 
     def confirm(self, answers: Iterable[tuple[str, int, int]]) -> int:
         """Record 2xx answers: ``(key, status, calls)`` -> ``confirmed``; one transaction.
@@ -196,23 +258,15 @@ class Ledger:
             stats: The batch's input rows and late drops.
             rows_out: Rows of the batch's DataFrame.
         """
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():  # committed already
-                conn.execute("ROLLBACK")
+        with self._tx():
+            if self.has_marker(batch_id):  # committed already
                 return
-            conn.executemany("UPDATE onceflow_effects SET status = ?, calls = calls + ? WHERE sink_id = ? "
-                             "AND key = ?", [(s or None, c, self.sink_id, k) for k, s, c in unanswered])
-            conn.execute("INSERT INTO onceflow_effect_batches VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                         (self.sink_id, batch_id, *(counts[m] for m in METRICS), seconds))
-            conn.execute(_MARKER, marker.marker_row(self.sink_id, batch_id, stats, rows_out,
-                                                    {"effects": counts["confirmed"]}))
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+            self._many("UPDATE onceflow_effects SET status = ?, calls = calls + ? WHERE sink_id = ? "
+                       "AND key = ?", [(s or None, c, self.sink_id, k) for k, s, c in unanswered])
+            self._rows("INSERT INTO onceflow_effect_batches VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (self.sink_id, batch_id, *(counts[m] for m in METRICS), seconds))
+            self._rows(marker.insert_sql("?"), marker.marker_row(self.sink_id, batch_id, stats, rows_out,
+                                                                 {"effects": counts["confirmed"]}))
 
     def note(self, unanswered: Iterable[tuple[str, int, int]]) -> None:
         """Record the calls and last status of keys left ``started`` (``(key, status, calls)``)."""
@@ -223,19 +277,111 @@ class Ledger:
 
     def unconfirmed(self) -> list[dict[str, Any]]:
         """Keys started and never confirmed: applied by the service or not — reconcile them."""
-        cur = self.conn.execute("SELECT key, batch_id, payload_sha, calls, status, started_ms FROM "
-                                "onceflow_effects WHERE sink_id = ? AND state = 'started' "
-                                "ORDER BY batch_id, key",
-                                (self.sink_id,))
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, r, strict=True)) for r in cur]
+        return self._dicts("SELECT key, batch_id, payload_sha, calls, status, started_ms FROM "
+                           "onceflow_effects WHERE sink_id = ? AND state = 'started' ORDER BY batch_id, key",
+                           (self.sink_id,))
 
     def batches(self) -> list[dict[str, Any]]:
         """Per-batch effect metrics, by batch id."""
-        cur = self.conn.execute("SELECT * FROM onceflow_effect_batches WHERE sink_id = ? ORDER BY batch_id",
-                                (self.sink_id,))
+        return self._dicts("SELECT * FROM onceflow_effect_batches WHERE sink_id = ? ORDER BY batch_id",
+                           (self.sink_id,))
+
+
+class SQLiteLedger(Ledger):
+    """A ledger in a SQLite file (created with its directory if missing)."""
+
+    def __init__(self, path: Path, sink_id: str) -> None:
+        self.path, self.sink_id, self.where = path, sink_id, str(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite_db.connect(path, SCHEMA)
+
+    def bind(self, query_id: str) -> None:
+        """See :func:`onceflow.sinks.sqlite.db.bind_query`."""
+        sqlite_db.bind_query(self.conn, self.path, self.sink_id, query_id)
+
+    def claim(self, specs: Mapping[str, Table], tool: str) -> None:
+        """See :func:`onceflow.sinks.owners.sqlite_claim`."""
+        owners.sqlite_claim(self.conn, self.where, self.sink_id, specs, tool)
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        with sqlite_db.immediate(self.conn):
+            yield
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def _many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        self.conn.executemany(sql, rows)
+
+    def _dicts(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        cur = self.conn.execute(sql, params)
         names = [d[0] for d in cur.description]
         return [dict(zip(names, r, strict=True)) for r in cur]
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.conn.close()
+
+
+class PgLedger(Ledger):
+    """A ledger in a PostgreSQL database (its tables created if missing; the sink's writers serialized).
+
+    Args:
+        dsn: A ``postgresql://`` URL.
+        sink_id: The sink's namespace (the PostgreSQL sink's rules for a sink id).
+    """
+
+    def __init__(self, dsn: str, sink_id: str) -> None:
+        from onceflow.sinks.postgres import sql as pg
+        from onceflow.sinks.postgres.conn import connect, redact
+
+        self.sink_id, self.where = pg.check_sink_id(sink_id), redact(dsn)
+        self.conn = connect(dsn)
+        try:
+            pg.ensure_meta(self.conn)
+            if self.conn.execute("SELECT to_regclass('onceflow_effect_batches')").fetchone()[0] is None:
+                with self.conn.transaction():
+                    self.conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow:ddl'))")
+                    self.conn.execute(PG_SCHEMA)
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def bind(self, query_id: str) -> None:
+        """See :func:`onceflow.sinks.postgres.sql.bind_sink`."""
+        from onceflow.sinks.postgres import sql as pg
+
+        pg.bind_sink(self.conn, self.sink_id, query_id, self.where)
+
+    def claim(self, specs: Mapping[str, Table], tool: str) -> None:
+        """See :func:`onceflow.sinks.postgres.sql.claim_tables`."""
+        from onceflow.sinks.postgres import sql as pg
+
+        pg.claim_tables(self.conn, self.where, self.sink_id, specs, tool)
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        from onceflow.sinks.postgres import sql as pg
+
+        with self.conn.transaction():
+            pg.lock_sink(self.conn, self.sink_id)
+            yield
+
+    def _rows(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(sql.replace("?", "%s"), params)
+        return cur.fetchall() if cur.description else []
+
+    def _many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        if rows:
+            with self.conn.cursor() as cur:
+                cur.executemany(sql.replace("?", "%s"), rows)
+
+    def _dicts(self, sql: str, params: Sequence[Any]) -> list[dict[str, Any]]:
+        from psycopg.rows import dict_row
+
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            return [dict(r) for r in cur.execute(sql.replace("?", "%s"), params)]
 
     def close(self) -> None:
         """Close the connection."""

@@ -90,10 +90,8 @@ import pyarrow as pa
 
 from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError, UnstableOutputError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks import owners
 from onceflow.sinks.base import BatchStats, SinkBase
-from onceflow.sinks.http.ledger import Effect, Ledger, Plan
-from onceflow.sinks.sqlite.db import HAS_MARKER, read_batches
+from onceflow.sinks.http.ledger import Effect, Ledger, Plan, is_dsn, open_ledger, read_batches, where
 from onceflow.tables import Table, check_frame, check_json, check_json_frame, check_outputs
 
 _log = logging.getLogger(__name__)
@@ -153,7 +151,9 @@ class HttpEffectsSink(SinkBase):
 
     Args:
         url: Where each effect is POSTed.
-        ledger: SQLite file of the ledger (see :mod:`onceflow.sinks.http.ledger`).
+        ledger: The ledger (see :mod:`onceflow.sinks.http.ledger`): a SQLite file, or a PostgreSQL
+            database's ``postgresql://`` URL (what Spark's tasks on a cluster reach without a
+            shared file system).
         sink_id: Namespace of keys and markers.
         idempotent: The service honours ``Idempotency-Key`` (see the module's guarantees).
         concurrency: Calls in flight at once.
@@ -185,21 +185,24 @@ class HttpEffectsSink(SinkBase):
         self.backoff_s, self.confirm_every_s = backoff_s, confirm_every_s
         self.collect_below = collect_below
         self.headers = dict(headers or {})
-        self.ledger_path = Path(ledger)
+        self.ledger_ref: str | Path = str(ledger) if is_dsn(ledger) else Path(ledger)
+        """The ledger as given: a SQLite file's path or a PostgreSQL URL."""
+        self.ledger_where = where(ledger)
+        """The ledger as messages name it (no password)."""
         self._ledger: Ledger | None = None
 
     def __repr__(self) -> str:
-        return f"onceflow.http({self.url!r}, ledger={str(self.ledger_path)!r}, sink_id={self.sink_id!r})"
+        return f"onceflow.http({self.url!r}, ledger={self.ledger_where!r}, sink_id={self.sink_id!r})"
 
     def repair_options(self) -> str:
-        """``--ledger PATH --sink-id ID``."""
-        return f"--ledger {self.ledger_path} --sink-id {self.sink_id}"
+        """``--ledger PATH --sink-id ID`` (a PostgreSQL ledger's URL without its password)."""
+        return f"--ledger {self.ledger_where} --sink-id {self.sink_id}"
 
     @property
     def ledger(self) -> Ledger:
         """The ledger (opened on first use)."""
         if self._ledger is None:
-            self._ledger = Ledger(self.ledger_path, self.sink_id)
+            self._ledger = open_ledger(self.ledger_ref, self.sink_id)
         return self._ledger
 
     def bind(self, query_id: str) -> None:
@@ -281,11 +284,11 @@ class HttpEffectsSink(SinkBase):
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
             check_json_frame(f"table {name!r}", specs[name], frame, frame.columns)
-        if self.ledger.conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():  # T2
+        if self.ledger.has_marker(batch_id):  # T2
             return False
         live = {n: f for n, f in frames.items() if counts[n]}
         spec = tasks.HttpTaskSpec(
-            {"url": self.url, "ledger": str(self.ledger_path), "sink_id": self.sink_id,
+            {"url": self.url, "ledger": str(self.ledger_ref), "sink_id": self.sink_id,
              "idempotent": self.idempotent, "headers": self.headers, "concurrency": self.concurrency,
              "retries": self.retries, "timeout_s": self.timeout_s, "backoff_s": self.backoff_s,
              "confirm_every_s": self.confirm_every_s},
@@ -294,9 +297,9 @@ class HttpEffectsSink(SinkBase):
             tasks.run(tasks.effects_frame(live, specs, self.sink_id, batch_id), spec)
         else:  # no task runs, no commit: the marker from here
             tasks.finish(spec, batch_id, [])
-        if not self.ledger.conn.execute(HAS_MARKER, (self.sink_id, batch_id)).fetchone():
+        if not self.ledger.has_marker(batch_id):
             raise OnceflowError(f"batch {batch_id}: Spark's calls of the effects returned without the "
-                                f"batch's marker in {self.ledger_path}; the batch runs again")
+                                f"batch's marker in {self.ledger_where}; the batch runs again")
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # T4
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
@@ -324,7 +327,7 @@ class HttpEffectsSink(SinkBase):
             print(f"onceflow: warning: batch {batch_id}: {counts['unconfirmed']} effects may or may not have "
                   "been applied (the service does not honour idempotency keys and answered ambiguously, "
                   "or an earlier attempt crashed after calling); they are never called again — reconcile "
-                  f"them: SELECT * FROM onceflow_effects WHERE state = 'started' in {self.ledger_path}",
+                  f"them: SELECT * FROM onceflow_effects WHERE state = 'started' in {self.ledger_where}",
                   file=sys.stderr)
         return counts, "", left
 
@@ -483,13 +486,11 @@ class HttpEffectsSink(SinkBase):
         on one table would each send every effect under their own keys.)
         """
         self._keys(specs)
-        self.ledger.batches()
-        owners.sqlite_claim(self.ledger.conn, str(self.ledger_path), self.sink_id, specs,
-                            f"--ledger {self.ledger_path}")
+        self.ledger.claim(specs, f"--ledger {self.ledger_where}")
 
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows, by batch id."""
-        return read_batches(self.ledger_path, self.sink_id)
+        return read_batches(self.ledger_ref, self.sink_id)
 
     def flush(self) -> None:
         """Nothing to wait for: a batch's effects are done when ``commit_tables`` returns."""

@@ -6,9 +6,10 @@ driver-side path computes them) and writes them through the ``onceflow_http`` fo
 takes its share of the batch's effects through steps 2-5 of the sink (:func:`send_task`) against
 the same ledger — recorded ``started`` before any call, called with their idempotency keys,
 confirmed after a 2xx answer — and the data source's commit (the driver) writes the batch's
-metrics and its marker in one ledger transaction (:func:`finish`). The ledger is a SQLite file:
-every task must reach it (one machine, ``local[*]`` or a standalone cluster on it, or a shared
-file system whose locks SQLite can trust).
+metrics and its marker in one ledger transaction (:func:`finish`). Every task must reach the
+ledger: a SQLite file (one machine, ``local[*]`` or a standalone cluster on it, or a shared file
+system whose locks SQLite can trust) or a PostgreSQL database (a ``postgresql://`` URL: any
+cluster, over the network).
 
 The per-key guarantees are the driver-side path's: a key is recorded before its call, so a task
 killed at any moment leaves its keys ``started`` — the next attempt (Spark's retry of the task,
@@ -76,7 +77,7 @@ class HttpTaskSpec:
         """
         if not options.get("url") or not options.get("ledger"):
             raise ConfigError(f"{NAME} needs options 'url' (where effects are POSTed) and 'ledger' (its "
-                              "SQLite ledger, a path every task reaches)")
+                              "ledger: a SQLite path or a postgresql:// URL every task reaches)")
         try:
             sink: dict[str, Any] = {"url": options["url"], "ledger": options["ledger"],
                                     "sink_id": options.get("sink_id") or "default",
