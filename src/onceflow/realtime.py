@@ -72,7 +72,7 @@ from onceflow import scalac
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.sinks.postgres import sql as pg
-from onceflow.sinks.postgres.sink import pg_type
+from onceflow.sinks.postgres.sql import pg_type
 from onceflow.sources import kafka_native
 from onceflow.startup import clear_unfinished_start
 from onceflow.tables import Table, check_existing

@@ -6,9 +6,10 @@ from the driver to the server with ``COPY``. Commit protocol of
 :meth:`PostgresTablesSink.commit_tables` for batch N:
 
 1. Crash point ``before_sink_write``. Every table's rows are checked against its spec (and for
-   a string with a NUL character, which PostgreSQL's text cannot hold: :func:`check_text`); a
-   batch that does not fit raises :class:`onceflow.errors.BatchRejectedError` — nothing written,
-   Spark does not write ``commits/N``. May run any number of times.
+   a string with a NUL character, which PostgreSQL's text cannot hold:
+   :func:`onceflow.sinks.postgres.refusals.check_text`); a batch that does not fit raises
+   :class:`onceflow.errors.BatchRejectedError` — nothing written, Spark does not write
+   ``commits/N``. May run any number of times.
 2. Open a transaction and take the sink's advisory lock (one writer per sink). If the marker
    ``(sink_id, N)`` exists, end it and return False (a replay).
 3. Per table: create it from the batch's schema if missing (key = primary key), else check
@@ -46,7 +47,7 @@ T3 is the batch's only Spark job; T4 settles the marker's numbers from the rows 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -56,144 +57,13 @@ from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker
 from onceflow.sinks.base import Settle, SinkBase, collected
 from onceflow.sinks.marker import BatchStats
+from onceflow.sinks.postgres import refusals, stage
 from onceflow.sinks.postgres import sql as pg
-from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres.conn import require_psycopg
 from onceflow.sinks.postgres.writer import TargetSpec
-from onceflow.tables import Table, check_existing, check_frame, check_outputs, row_name
+from onceflow.tables import Table, check_existing, check_frame, check_outputs
 
 _MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
-
-
-def pg_type(typ: pa.DataType) -> str:
-    """The PostgreSQL column type an Arrow type is stored as.
-
-    Raises:
-        ConfigError: A type the sink cannot write.
-    """
-    if pa.types.is_dictionary(typ):
-        return pg_type(typ.value_type)
-    simple = {pa.int8(): "smallint", pa.int16(): "smallint", pa.int32(): "integer", pa.int64(): "bigint",
-              pa.uint8(): "smallint", pa.uint16(): "integer", pa.uint32(): "bigint", pa.float32(): "real",
-              pa.float64(): "double precision", pa.bool_(): "boolean", pa.string(): "text",
-              pa.large_string(): "text", pa.date32(): "date"}
-    if typ in simple:
-        return simple[typ]
-    if pa.types.is_timestamp(typ):
-        return "timestamptz" if typ.tz else "timestamp"
-    if pa.types.is_decimal(typ):
-        return f"numeric({typ.precision}, {typ.scale})"
-    raise ConfigError(f"type {typ} cannot be written to a PostgreSQL column by onceflow; cast or select it")
-
-
-def check_text(name: str, spec: Table, rows: pa.Table) -> None:
-    """Refuse a string with a NUL character (step 1): PostgreSQL's text cannot hold one.
-
-    Raises:
-        BatchRejectedError: Naming the table, the column, the row's key and the value.
-    """
-    import pyarrow.compute as pc
-
-    for col in rows.column_names:
-        values = rows.column(col)
-        if pa.types.is_dictionary(values.type):
-            values = values.cast(values.type.value_type)
-        text = pa.types.is_string(values.type) or pa.types.is_large_string(values.type)
-        if not text or not rows.num_rows:
-            continue
-        hits = pc.indices_nonzero(pc.match_substring(values, "\x00").fill_null(False))
-        if len(hits):
-            i = int(hits[0].as_py())
-            row = rows.slice(i, 1).to_pylist()[0]
-            where = row_name(rows, spec, i)
-            raise BatchRejectedError(
-                f"table {name!r}: column {col!r} of {where} holds {row[col]!r}, with a NUL character "
-                "(0x00), which PostgreSQL's text cannot hold; nothing of the batch was written. Remove it in "
-                "the query (F.regexp_replace(col, '\\x00', '')) or write the column as binary", row=row)
-
-
-def _refuse_nul(name: str, spec: Table, frame: Any) -> None:
-    """After a task's COPY refused a NUL (0x00): the first row with one, as :func:`check_text` names it.
-
-    Raises:
-        BatchRejectedError: When such a row is found (else the caller raises the task's error).
-    """
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    texts = [f.name for f in frame.schema.fields if isinstance(f.dataType, T.StringType)]
-    if not texts:
-        return
-    hit = F.lit(False)
-    for c in texts:
-        hit = hit | F.coalesce(F.col(f"`{c}`").contains("\u0000"), F.lit(False))
-    found = frame.where(hit).limit(1).collect()
-    if found:
-        check_text(name, spec, pa.Table.from_pylist([found[0].asDict()]))
-
-
-def _refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
-    """After the server refused a merge (bigint out of range): the first key whose ``add`` sum overflows.
-
-    Only the batch's rows that could overflow against the table's largest (smallest) stored
-    value are read to the driver (at most 1,000 per column), each then compared with its stored
-    row.
-
-    Raises:
-        BatchRejectedError: Naming the table, the column, the key, the stored and the batch's value.
-    """
-    from psycopg import sql
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    ints = (T.ByteType, T.ShortType, T.IntegerType, T.LongType)
-    cols = [c for c in spec.add if c in frame.columns and isinstance(frame.schema[c].dataType, ints)]
-    if not cols or not spec.key:
-        return
-    low, high = -(2**63), 2**63 - 1
-    match = sql.SQL(" AND ").join(sql.SQL("{} = %s").format(sql.Identifier(k)) for k in spec.key)
-    with pg.session(dsn) as conn:
-        for c in cols:
-            lo, hi = conn.execute(sql.SQL("SELECT min({0}), max({0}) FROM {1}").format(
-                sql.Identifier(c), sql.Identifier(name))).fetchone()
-            if lo is None:
-                continue
-            col = F.col(f"`{c}`")
-            near = frame.where((col > high - max(int(hi), 0)) | (col < low - min(int(lo), 0)))
-            for r in near.select(*[F.col(f"`{k}`") for k in spec.key], col).limit(1000).collect():
-                key = {k: r[k] for k in spec.key}
-                found = conn.execute(sql.SQL("SELECT {} FROM {} WHERE {}").format(
-                    sql.Identifier(c), sql.Identifier(name), match), list(key.values())).fetchone()
-                if found and found[0] is not None and r[c] is not None and not low <= found[0] + r[c] <= high:
-                    raise BatchRejectedError(
-                        f"table {name!r}: add column {c!r} of the row with key {key} would become "
-                        f"{found[0]} + {r[c]} = {found[0] + r[c]}, outside PostgreSQL's bigint; nothing of "
-                        "the batch was written", row=r.asDict())
-
-
-def _overflowing(conn: Any, name: str, spec: Table, cols: Sequence[str], source: Any,
-                 params: Sequence[Any]) -> str | None:
-    """The end of a bigint refusal: the first row of ``source`` whose sum with the stored row leaves bigint.
-
-    ``source`` is a relation with the key and the ``add`` columns ``cols``; None: no such row.
-    Runs inside the batch's transaction, in the server: nothing of the batch is read again.
-    """
-    from psycopg import sql
-
-    on = sql.SQL(" AND ").join(sql.SQL("t.{0} = s.{0}").format(sql.Identifier(k)) for k in spec.key)
-    keys = sql.SQL(", ").join(sql.SQL("s.{}").format(sql.Identifier(k)) for k in spec.key)
-    for c in cols:
-        found = conn.execute(sql.SQL(
-            "SELECT {keys}, t.{c}, s.{c} FROM {target} t JOIN {source} s ON {on} WHERE "
-            "t.{c}::numeric + s.{c}::numeric NOT BETWEEN -9223372036854775808 AND 9223372036854775807 "
-            "LIMIT 1").format(keys=keys, c=sql.Identifier(c), target=sql.Identifier(name), source=source,
-                              on=on), list(params)).fetchone()
-        if found:
-            key = dict(zip(spec.key, found[:len(spec.key)], strict=True))
-            old, new = found[-2], found[-1]
-            return (f": add column {c!r} of the row with key {key} would become {old} + {new} = "
-                    f"{old + new}, outside PostgreSQL's bigint")
-    return None
 
 
 def _stage_options(dsn: str, sink_id: str, name: str, spec: Table, batch_id: int) -> dict[str, Any]:
@@ -261,7 +131,7 @@ class PostgresTablesSink(SinkBase):
             return
         found = pg.existing_table(conn, name)
         if found is None:
-            types = {c: pg_type(schema.field(c).type) for c in cols}
+            types = {c: pg.pg_type(schema.field(c).type) for c in cols}
             conn.execute(sql.SQL("CREATE TABLE {} ({})").format(sql.Identifier(name),
                                                                 pg.table_body(types, spec.key)))
             return
@@ -289,31 +159,6 @@ class PostgresTablesSink(SinkBase):
         conn.execute(insert)
         return int(rows.num_rows)
 
-    def _overflow(self, conn: Any, name: str, spec: Table, rows: pa.Table) -> str | None:
-        """Which key's integer ``add`` column left 64 bits (after the server refused the merge), or None.
-
-        Runs in the batch's transaction after the failed savepoint (the caller then refuses the
-        batch, so the transaction rolls back): the batch's keys and ``add`` values go into a
-        temporary table, joined with the stored rows (:func:`_overflowing`).
-        """
-        from psycopg import sql
-
-        have = rows.column_names
-        cols = [c for c in spec.add if c in have and pa.types.is_integer(rows.schema.field(c).type)]
-        if not cols or not spec.key:
-            return None
-        names = [*spec.key, *cols]
-        tmp = sql.Identifier(pg.derived_name(name, prefix="onceflow_chk_"))
-        made = sql.SQL("CREATE TEMP TABLE {} ON COMMIT DROP AS SELECT {} FROM {} WITH NO DATA")
-        try:
-            with conn.transaction():
-                listed = sql.SQL(", ").join(map(sql.Identifier, names))
-                conn.execute(made.format(tmp, listed, sql.Identifier(name)))
-                pg.copy_arrow(conn, tmp, names, rows.select(names))
-                return _overflowing(conn, name, spec, cols, tmp, ())
-        except Exception:  # noqa: BLE001 - the diagnosis is a courtesy; the refusal stands without it
-            return None
-
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
         """Write batch ``batch_id`` to every table unless it was already committed.
@@ -325,41 +170,25 @@ class PostgresTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             PostgresError: The server failed the transaction (nothing written).
         """
-        psycopg = require_psycopg()
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
         for name, rows in outputs.items():
-            check_text(name, specs[name], rows)
-        conn = self.conn
-        try:
-            with conn.transaction():  # 2
-                pg.lock_sink(conn, self.sink_id)
-                if self._committed(conn, batch_id):
-                    return False
-                written = {}
-                for name, rows in outputs.items():  # 3
-                    spec = specs[name]
-                    self._fit(conn, name, spec, rows.schema)
-                    try:
-                        with conn.transaction():  # a savepoint: the error names the table
-                            written[name] = self._write(conn, name, spec, rows)
-                    except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
-                        which = self._overflow(conn, name, spec, rows) \
-                            if isinstance(exc, psycopg.errors.NumericValueOutOfRange) else None
-                        raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the "
-                                                 f"table ({str(exc).strip()}){which or ''}; nothing of the "
-                                                 "batch was written") from None
-                row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
-                conn.execute(_MARKER, row)  # 4
-                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
-        except psycopg.Error as exc:
-            raise PostgresError(f"batch {batch_id} of sink {self.sink_id!r} failed in PostgreSQL: "
-                                f"{pg.scrub(str(exc), self.dsn).strip()}") from None
-        for name, rows in outputs.items():
-            self._checked[name] = (specs[name], tuple(rows.schema.names))
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
-        return True  # 6
+            refusals.check_text(name, specs[name], rows)
+
+        def write(name: str) -> Callable[[Any], int]:
+            def run(conn: Any) -> int:
+                self._fit(conn, name, specs[name], outputs[name].schema)
+                return self._write(conn, name, specs[name], outputs[name])
+            return run
+
+        def overflow(conn: Any, name: str) -> str | None:
+            return refusals.collected_overflow(conn, name, specs[name], outputs[name])
+
+        done = self._transact(batch_id, {n: write(n) for n in outputs}, overflow, stats, rows_out)  # 2-5
+        if done:
+            for name, rows in outputs.items():
+                self._checked[name] = (specs[name], tuple(rows.schema.names))
+        return done  # 6
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None,
@@ -394,7 +223,7 @@ class PostgresTablesSink(SinkBase):
                     stage_frame(frame, **options[name])
                 except Exception as exc:
                     if "0x00" in str(exc):  # a task's COPY met a NUL: named here, on the error path only
-                        _refuse_nul(name, specs[name], frame)
+                        refusals.refuse_nul(name, specs[name], frame)
                     raise
         targets = {n: TargetSpec.from_options(o, frames[n].schema) for n, o in options.items()}
         return self._move(batch_id, targets, counts, specs, stats, rows_out, settle)
@@ -403,51 +232,65 @@ class PostgresTablesSink(SinkBase):
               specs: Mapping[str, Table], stats: BatchStats,
               rows_out: int, settle: Settle | None = None) -> bool:
         """T4-T5: every table's staged rows and the marker, in one transaction (``settle``: its numbers)."""
+        def move(name: str) -> Callable[[Any], int]:
+            moved = counts is None or bool(counts[name])
+            return lambda conn: stage.move(conn, targets[name], batch_id) if moved else 0
+
+        def overflow(conn: Any, name: str) -> str | None:
+            return refusals.staged_overflow(conn, name, specs[name], targets[name], batch_id)
+
+        def forget(conn: Any) -> None:  # the stage's rows of the batch go with the commit (or the replay)
+            stage.forget(conn, targets.values(), self.sink_id, batch_id)
+
+        writes = {n: move(n) for n in targets}
+        return self._transact(batch_id, writes, overflow, stats, rows_out, settle, forget)
+
+    def _transact(self, batch_id: int, writes: Mapping[str, Callable[[Any], int]],
+                  overflow: Callable[[Any, str], str | None], stats: BatchStats, rows_out: int,
+                  settle: Settle | None = None, done: Callable[[Any], None] | None = None) -> bool:
+        """Steps 2-5 (T4-T5) of either path: one transaction for every table of the batch and its marker.
+
+        ``writes[name](conn)`` writes a table in a savepoint (an error names its table; a bigint
+        out of range also its key, from ``overflow``) and returns its rows; ``settle`` gives the
+        marker's numbers from them; ``done`` runs in the transaction last, a replay's too.
+
+        Raises:
+            BatchRejectedError: A table's constraint refused the rows (nothing written).
+            PostgresError: The server failed the transaction (nothing written).
+        """
         psycopg = require_psycopg()
         conn = self.conn
         try:
-            with conn.transaction():  # T4
+            with conn.transaction():  # 2
                 pg.lock_sink(conn, self.sink_id)
                 if self._committed(conn, batch_id):
-                    stage.forget(conn, targets.values(), self.sink_id, batch_id)
+                    if done is not None:
+                        done(conn)
                     return False
                 written = {}
-                for name, target in targets.items():
+                for name, write in writes.items():  # 3
                     try:
                         with conn.transaction():  # a savepoint: the error names the table
-                            moved = counts is None or counts[name]
-                            written[name] = stage.move(conn, target, batch_id) if moved else 0
+                            written[name] = write(conn)
                     except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
-                        which = self._staged_overflow(conn, name, specs[name], target, batch_id) \
+                        which = overflow(conn, name) \
                             if isinstance(exc, psycopg.errors.NumericValueOutOfRange) else None
                         raise BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the "
                                                  f"table ({str(exc).strip()}){which or ''}; nothing of the "
                                                  "batch was written") from None
                 if settle is not None:
                     stats, rows_out = settle(written)
-                conn.execute(_MARKER, marker.marker_row(self.sink_id, batch_id, stats, rows_out, written))
-                stage.forget(conn, targets.values(), self.sink_id, batch_id)
+                row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
+                conn.execute(_MARKER, row)  # 4
+                if done is not None:
+                    done(conn)
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         except psycopg.Error as exc:
             raise PostgresError(f"batch {batch_id} of sink {self.sink_id!r} failed in PostgreSQL: "
                                 f"{pg.scrub(str(exc), self.dsn).strip()}") from None
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # T5
+        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
-
-    @staticmethod
-    def _staged_overflow(conn: Any, name: str, spec: Table, target: TargetSpec, batch_id: int) -> str | None:
-        """:meth:`_overflow` for a staged batch, after its failed move: its winners' staged rows."""
-        cols = [c for c, t in zip(target.columns, target.types, strict=True)
-                if c in spec.add and t.lower() in ("smallint", "integer", "bigint")]
-        if not cols or not spec.key:
-            return None
-        try:
-            with conn.transaction():
-                staged = stage.winners(conn, target, batch_id)
-                return None if staged is None else _overflowing(conn, name, spec, cols, *staged)
-        except Exception:  # noqa: BLE001 - the diagnosis is a courtesy; the refusal stands without it
-            return None
 
     def _committed(self, conn: Any, batch_id: int) -> bool:
         """Step 2's check, inside the transaction: whether the marker of ``batch_id`` is there."""
@@ -544,9 +387,9 @@ class PostgresFramesSink(SinkBase):
                             query_id=self.query_id, metrics=metrics)
             except Exception as exc:
                 if "0x00" in str(exc):  # a task's COPY met a NUL: named here, on the error path only
-                    _refuse_nul(name, spec, frame)
+                    refusals.refuse_nul(name, spec, frame)
                 if "out of range" in str(exc):  # a merge left bigint: which key
-                    _refuse_overflow(self.dsn, name, spec, frame)
+                    refusals.refuse_overflow(self.dsn, name, spec, frame)
                 raise
         self._summarize(batch_id, list(frames), stats, rows_out)
         return not replay

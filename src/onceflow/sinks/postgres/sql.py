@@ -20,15 +20,14 @@ import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, PostgresError
 from onceflow.sinks import marker, owners
 from onceflow.sinks.postgres.conn import DSN_ENV, connect, redact, resolve_dsn, scrub
 from onceflow.tables import Table, check_existing, expected_columns
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 __all__ = ["DSN_ENV", "PostgresError", "connect", "redact", "resolve_dsn", "scrub"]
 
@@ -50,6 +49,27 @@ CREATE TABLE IF NOT EXISTS onceflow_stage_winners(
     rows bigint NOT NULL, skipped boolean NOT NULL, PRIMARY KEY(sink_id, batch_id, tbl));
 """
 
+
+
+def pg_type(typ: pa.DataType) -> str:
+    """The PostgreSQL column type an Arrow type is stored as.
+
+    Raises:
+        ConfigError: A type the sink cannot write.
+    """
+    if pa.types.is_dictionary(typ):
+        return pg_type(typ.value_type)
+    simple = {pa.int8(): "smallint", pa.int16(): "smallint", pa.int32(): "integer", pa.int64(): "bigint",
+              pa.uint8(): "smallint", pa.uint16(): "integer", pa.uint32(): "bigint", pa.float32(): "real",
+              pa.float64(): "double precision", pa.bool_(): "boolean", pa.string(): "text",
+              pa.large_string(): "text", pa.date32(): "date"}
+    if typ in simple:
+        return simple[typ]
+    if pa.types.is_timestamp(typ):
+        return "timestamptz" if typ.tz else "timestamp"
+    if pa.types.is_decimal(typ):
+        return f"numeric({typ.precision}, {typ.scale})"
+    raise ConfigError(f"type {typ} cannot be written to a PostgreSQL column by onceflow; cast or select it")
 
 
 def check_sink_id(sink_id: str) -> str:
