@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -111,3 +112,45 @@ def test_the_driver_path_and_the_commands_take_a_postgresql_ledger(tmp_path: Pat
 def test_a_sink_id_postgresql_cannot_hold_is_refused(pg_dsn: str) -> None:
     with pytest.raises(ConfigError, match="sink id"):
         open_ledger(pg_dsn, "no spaces allowed")
+
+
+def test_the_onceflow_http_format_streams_into_a_postgresql_ledger_and_a_replayed_batch_sends_nothing(
+        spark: Any, tmp_path: Path, pg_dsn: str) -> None:
+    import json
+    import shutil
+
+    from onceflow.sinks.http import tasks
+
+    source, ck = tmp_path / "in", tmp_path / "ck"
+    source.mkdir()
+
+    def drop(part: int) -> None:
+        rows = [{"key": f"fmt/{part}/{i}", "payload": json.dumps({"n": i, "part": part})} for i in range(40)]
+        (source / f"part-{part}.json").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+
+    with ServiceProcess(tmp_path / "service.db") as service:
+        def run() -> None:
+            spark.dataSource.register(tasks.HttpDataSource)
+            q = (spark.readStream.schema("key STRING, payload STRING").option("maxFilesPerTrigger", 1)
+                 .json(str(source)).writeStream.format(tasks.NAME).option("url", service.effects_url)
+                 .option("ledger", pg_dsn).option("sink_id", "fmt").option("checkpointLocation", str(ck))
+                 .trigger(availableNow=True).start())
+            q.awaitTermination(120)
+            assert q.exception() is None, q.exception()
+
+        drop(0)
+        drop(1)
+        run()
+        drop(2)
+        run()
+        shutil.rmtree(ck / "commits" / "2", ignore_errors=True)
+        (ck / "commits" / "2").unlink(missing_ok=True)  # Spark re-runs batch 2: the sink has it
+        run()
+        assert (ck / "commits" / "2").exists()  # batch 2 ran again, and Spark committed it
+        applied = Counter(e["key"] for e in read_effects(service.db))
+        assert applied == Counter(f"fmt/{p}/{i}" for p in range(3) for i in range(40))
+        assert len(read_effects(service.db, calls=True)) == 120  # the replay called nothing
+    ledger = open_ledger(pg_dsn, "fmt")
+    assert [ledger.has_marker(b) for b in range(4)] == [True, True, True, False]
+    assert [b["confirmed"] for b in ledger.batches()] == [40, 40, 40]
+    ledger.close()
