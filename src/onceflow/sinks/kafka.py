@@ -497,7 +497,22 @@ class KafkaTopicsSink(SinkBase):
         return self._read_markers(64)
 
     def _read_markers(self, tail: int | None) -> list[dict[str, Any]]:
-        """Markers from the last ``tail`` offsets on (growing until one is found), or all (None)."""
+        """Markers from the last ``tail`` offsets on (growing until one is found), or all (None).
+
+        A batch this process committed is waited for: Kafka's coordinator writes a transaction's
+        commit markers into the partitions after ``commit_transaction`` returns, so a
+        ``read_committed`` read just after a commit may end before its records for a moment.
+        """
+        deadline = time.monotonic() + _TIMEOUT_S
+        while True:
+            found = self._read_markers_once(tail)
+            if self._last is None or (found and found[-1]["batch_id"] >= self._last) \
+                    or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def _read_markers_once(self, tail: int | None) -> list[dict[str, Any]]:
+        """:meth:`_read_markers`, one read."""
         consumer = self.ck.Consumer({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
                                      "enable.auto.commit": False, "isolation.level": "read_committed"})
         try:
