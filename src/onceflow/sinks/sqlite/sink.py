@@ -496,7 +496,8 @@ class SQLiteTablesSink(SinkBase):
         conn = self.conn
         self._bounds.check_attached(conn, str(self.path), name, spec, extents, alias)
         try:
-            cur = conn.execute(tasks.insert_select(name, spec, columns, alias))
+            table_columns = [r[1] for r in conn.execute(f"PRAGMA main.table_info({quote(name)})")]
+            cur = conn.execute(tasks.insert_select(name, spec, columns, alias, table_columns))
         except sqlite3.IntegrityError as exc:
             raise broken(name, exc) from None
         if cur.rowcount != f["rows"]:

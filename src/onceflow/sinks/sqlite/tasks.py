@@ -11,9 +11,10 @@ tasks, in parallel. For table T and batch N, each commit attempt of N draws a to
    after a crash): each Arrow batch of its rows is checked for values SQLite would not store as
    given (:func:`onceflow.sinks.sqlite.values.check_values`: the task fails naming the table,
    column, key and value), converted as the sink stores it
-   (:func:`onceflow.sinks.sqlite.values.stored`) and inserted into a scratch SQLite file of its
-   own, ``<db>.onceflow-stage/<sink_id>/<N>-<token>/<T>-<p>-<a>-<uuid>.db`` (one table
-   ``rows``, no journal: nobody reads the file unless the task returned). It returns the file's
+   (:func:`onceflow.sinks.sqlite.values.stored_array`) and inserted into a scratch SQLite file of
+   its own, ``<db>.onceflow-stage/<sink_id>/<N>-<token>/<T>-<p>-<a>-<uuid>.db`` (one STRICT table
+   ``rows`` of the table's types, filled by Arrow's SQLite driver; no journal: nobody reads the
+   file unless the task returned). It returns the file's
    path, its rows, and the lowest and highest value of each integer ``add`` column — a few
    hundred bytes, whatever the rows.
 2. **Kept files** (the driver: the format's ``commit``, or the sink through
@@ -48,7 +49,7 @@ import pyarrow as pa
 from onceflow import faults
 from onceflow.errors import BatchRejectedError, ConfigError
 from onceflow.sinks.formats import kept_messages, run_tasks, running_task
-from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, quote, stored
+from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, ddl, quote, stored_array
 from onceflow.tables import Table
 
 MAX_FILES = 10
@@ -125,6 +126,45 @@ def _fold(into: dict[str, tuple[int, int]], more: Mapping[str, Sequence[int]]) -
         into[col] = (min(was[0], low), max(was[1], high))
 
 
+class _Scratch:
+    """A task's scratch file: one table ``rows``, no journal, filled from Arrow in one transaction.
+
+    Arrow's SQLite driver (ADBC) binds each column's values in C, as the standard library's
+    ``executemany`` would bind the same values one Python object at a time: an integer, a
+    double, a text or a blob, stored as given, a null as NULL.
+    """
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        """``rows`` has the columns and types onceflow creates a table of ``schema`` with (STRICT).
+
+        So that SQLite copies an append table's file record by record (its transfer
+        optimization: same columns, same types, ``INSERT INTO t SELECT * FROM rows``).
+        """
+        import adbc_driver_sqlite.dbapi as adbc
+
+        self.conn = adbc.connect(str(path), autocommit=True)
+        self.cur = self.conn.cursor()
+        self.cur.execute("PRAGMA journal_mode=OFF")
+        self.cur.execute("PRAGMA synchronous=OFF")
+        self.cur.execute(ddl("rows", Table(), schema))
+        self.cur.execute("BEGIN")
+
+    def add(self, rows: pa.Table) -> None:
+        """Append ``rows`` (the values as stored: :func:`onceflow.sinks.sqlite.values.stored_array`)."""
+        self.cur.adbc_ingest("rows", rows, mode="append")
+
+    def commit(self) -> None:
+        """The file's rows, durable enough for a file nobody reads unless the task returns."""
+        self.cur.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close the file (rolled back unless committed)."""
+        try:
+            self.cur.close()
+        finally:
+            self.conn.close()
+
+
 def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, Any]:
     """Step 1: one partition's rows as one scratch SQLite file; the file's message (no rows: no file).
 
@@ -139,7 +179,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
     table = spec.table_spec()
     folder = spec.folder(batch_id)
     path = folder / f"{spec.table}-{task.partition:05d}-{task.attempt}-{uuid.uuid4().hex[:8]}.db"
-    conn: sqlite3.Connection | None = None
+    scratch: _Scratch | None = None
     rows = 0
     extents: dict[str, tuple[int, int]] = {}  # the integer add columns' (lowest, highest)
     try:
@@ -149,23 +189,19 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
             batch = pa.Table.from_batches([raw])
             check_values(spec.table, table, batch)
             _fold(extents, AddBounds.extents(table, batch))
-            if conn is None:
+            if scratch is None:
                 folder.mkdir(parents=True, exist_ok=True)
-                conn = sqlite3.connect(str(path), isolation_level=None)
-                conn.execute("PRAGMA journal_mode=OFF")
-                conn.execute("PRAGMA synchronous=OFF")
-                conn.execute(f"CREATE TABLE rows({', '.join(quote(c) for c in batch.column_names)})")
-                conn.execute("BEGIN")
-            values = list(zip(*(stored(batch.column(c)) for c in batch.column_names), strict=True))
-            conn.executemany(f"INSERT INTO rows VALUES ({', '.join('?' * batch.num_columns)})", values)
+                scratch = _Scratch(path, batch.schema)
+            scratch.add(pa.table([stored_array(batch.column(c)) for c in batch.column_names],
+                                 names=batch.column_names))
             rows += batch.num_rows
             faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # open
-        if conn is not None:
-            conn.execute("COMMIT")
+        if scratch is not None:
+            scratch.commit()
     finally:
-        if conn is not None:
-            conn.close()
-    if conn is None:
+        if scratch is not None:
+            scratch.close()
+    if scratch is None:
         return {"path": None, "rows": 0, "extents": {}}
     faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     return {"path": str(path), "rows": rows, "extents": extents}
@@ -192,8 +228,16 @@ def discard(spec: TaskSpec, batch_id: int) -> None:
     shutil.rmtree(spec.folder(batch_id), ignore_errors=True)
 
 
-def insert_select(name: str, spec: Table, columns: list[str], source: str) -> str:
-    """Step 3's copy of the scratch file attached as ``source`` into table ``name``, by its mode."""
+def insert_select(name: str, spec: Table, columns: list[str], source: str,
+                  table_columns: Sequence[str]) -> str:
+    """Step 3's copy of the scratch file attached as ``source`` into table ``name``, by its mode.
+
+    An append table without a key whose columns (``table_columns``, in order) are the file's:
+    ``SELECT *`` in the file's order, which SQLite copies record by record when the types are
+    the same too (its transfer optimization); any other table by name, in key order.
+    """
+    if spec.mode == "append" and not spec.key and list(table_columns) == list(columns):
+        return f"INSERT INTO main.{quote(name)} SELECT * FROM {source}.rows"
     cols = ", ".join(quote(c) for c in columns)
     order = f" ORDER BY {', '.join(quote(k) for k in spec.key)}" if spec.key else ""
     where = " WHERE true"  # so that SQLite reads ON CONFLICT as the upsert's, not a join's

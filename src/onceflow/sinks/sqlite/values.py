@@ -267,8 +267,12 @@ def as_double(col: Any) -> Any:
     return col.cast(pa.string()).cast(pa.float64())
 
 
-def stored(col: pa.ChunkedArray) -> list[Any]:
-    """Python values of a column as SQLite stores them (see :mod:`onceflow.sinks.sqlite.sink`'s types)."""
+def stored_array(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    """A column as the Arrow values SQLite stores (see :mod:`onceflow.sinks.sqlite.sink`'s types).
+
+    Timestamps and dates as their text, decimals as doubles; every other type as it is (a
+    bound integer, double, text or blob is stored as given).
+    """
     typ = col.type
     if pa.types.is_dictionary(typ):
         col = col.cast(typ.value_type)
@@ -276,12 +280,17 @@ def stored(col: pa.ChunkedArray) -> list[Any]:
     if pa.types.is_timestamp(typ):  # Arrow's text of a timestamp without zone is the UTC wall time
         if typ.tz is not None:
             col = col.cast(pa.timestamp(typ.unit))  # the same instants, UTC, without the zone
-        return col.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
+        return col.cast(pa.string())
     if pa.types.is_date(typ):
-        return col.cast(pa.string()).to_pylist()  # type: ignore[no-any-return]
+        return col.cast(pa.string())
     if pa.types.is_decimal(typ):
-        return as_double(col).to_pylist()  # type: ignore[no-any-return]
-    return col.to_pylist()  # type: ignore[no-any-return]
+        return as_double(col)
+    return col
+
+
+def stored(col: pa.ChunkedArray) -> list[Any]:
+    """Python values of a column as SQLite stores them (:func:`stored_array`, as Python objects)."""
+    return stored_array(col).to_pylist()  # type: ignore[no-any-return]
 
 
 def declared_types(info: Sequence[Any]) -> dict[str, str]:
