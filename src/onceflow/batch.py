@@ -25,10 +25,11 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
    partial action on the batch — ``limit``, ``isEmpty`` — makes that count partial), unless
    ``count_rows=`` computes it from the outputs.
 4. **Materialize** (:meth:`BatchWriter._materialize`): for a driver-side sink, collect each
-   DataFrame output as Arrow (one Spark job each; a ``pyarrow.Table`` output is taken as it is);
-   for an executor-side sink, cache and count each output so the sink's checks and its write read
-   it once — except one output that nothing but the write reads (no key to check, no
-   ``stable=``, ``late=`` or contract) into a sink that counts in its tasks
+   DataFrame output as Arrow (one Spark job each; a ``pyarrow.Table`` output is taken as it is;
+   outputs all ``pyarrow.Table`` take a sink's collected path at any size, unless
+   ``collect_below=0``); for an executor-side sink, cache and count each output so its checks
+   and its write read it once — except one output that nothing but the write reads (no key to
+   check, no ``stable=``, ``late=`` or contract) into a sink that counts in its tasks
    (:attr:`onceflow.sinks.base.Sink.writes_uncached`): it is computed once, by the sink's write,
    and the batch's numbers below are settled after that write, before the marker
    (:meth:`BatchWriter._settle`). With several DataFrame outputs the batch is cached (read once).
@@ -312,12 +313,16 @@ class BatchWriter:
         The input's rows are known before the batch runs: its files' row counts (step 2), its
         offsets (Kafka's per partition), or, for files whose rows cannot be counted without
         reading them (JSON, CSV), estimated from their bytes (:data:`BYTES_PER_ROW`). Unknown:
-        not small (the executors write it).
+        not small (the executors write it). Outputs that are all Arrow (on the driver already)
+        are small at any size, unless ``collect_below=0`` (every batch through the sink's tasks).
         """
-        if self._collecting is None:
+        c = self._collecting
+        if c is None:
             return False
+        if c.collect_below > 0 and all(isinstance(f, pa.Table) for f in a.frames.values()):
+            return True
         rows = self._input_rows(a)
-        return rows is not None and rows < self._collecting.collect_below
+        return rows is not None and rows < c.collect_below
 
     def _input_rows(self, a: _Attempt) -> int | None:
         """N's input rows as known before it runs (see :meth:`_small`; the same in every attempt)."""

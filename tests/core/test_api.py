@@ -180,3 +180,25 @@ def test_late_rows_are_kept_and_the_checkpoint_explains_every_marker(utc: Any, t
         assert ck.count_input(batch, "ts") == (m["input_rows"], m["late_dropped"])
         assert batch.late_watermark_ms == m["late_watermark_ms"]
     assert [m["batch_id"] for m in markers] == ck.committed_batches(tmp_path / "ck")
+
+
+def test_arrow_outputs_of_a_large_input_take_the_collected_path(utc: Any, tmp_path: Path) -> None:
+    """per_batch's Arrow tables are on the driver already: no DataFrame, cache or task is made of them."""
+    (tmp_path / "in").mkdir()
+    t = payments.START
+    rows = [(f"p{i}", f"acct-{i % 50}", 100 + i, t) for i in range(300)]
+    _write(tmp_path / "in" / "part-000000.parquet", rows)
+    db = tmp_path / "app.db"
+
+    def per_batch(batch: Any) -> dict[str, pa.Table]:
+        return {"totals": batch.groupBy("account").count().toArrow()}
+
+    stream = utc.readStream.schema("payment_id STRING, account STRING, amount_cents LONG, ts TIMESTAMP") \
+        .parquet(str(tmp_path / "in"))
+    onceflow.write_stream(stream, onceflow.sqlite(db, collect_below=10), tmp_path / "ck",
+                          tables={"totals": onceflow.Table(key="account", add="count")}, per_batch=per_batch,
+                          once=True).awaitTermination()
+    with sqlite3.connect(db) as conn:
+        got = dict(conn.execute("SELECT account, count FROM totals"))
+    assert got == {f"acct-{a}": sum(1 for i in range(300) if i % 50 == a) for a in range(50)}
+    assert not Path(str(db) + ".onceflow-stage").exists()  # the tasks path never ran
