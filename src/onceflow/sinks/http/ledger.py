@@ -59,7 +59,6 @@ PG_SCHEMA = _EFFECTS.format(int="bigint", real="double precision", rowid="")
 
 METRICS = ("effects", "new_keys", "known_keys", "resent", "held", "calls", "applied", "replayed",
            "confirmed", "unconfirmed")
-_HAS_MARKER = "SELECT 1 FROM onceflow_batches WHERE sink_id = ? AND batch_id = ?"
 
 
 _KEY_VALUES = re.compile(r"\s*(\w+\s*=\s*('[^']*'|\S*)\s*)+")
@@ -166,7 +165,7 @@ class Ledger(abc.ABC):
 
     def has_marker(self, batch_id: int) -> bool:
         """Whether the batch's marker is in the ledger (committed)."""
-        return bool(self._rows(_HAS_MARKER, (self.sink_id, batch_id)))
+        return bool(self._rows(sqlite_db.HAS_MARKER, (self.sink_id, batch_id)))  # ``?``: both backends
 
     def start(self, batch_id: int, effects: Sequence[Effect], resend_started: bool) -> Plan | None:
         """Step 2: record every new key as ``started``, durably, before any call; None for a replay.
