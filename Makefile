@@ -13,8 +13,12 @@ $(PY):
 		&& apt-get install -y -qq python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml
-	$(PY) -m pip install -q -e .
+$(STAMP): $(PY) pyproject.toml setup.py $(wildcard src/onceflow/jvm/*.scala)
+	# the build compiles onceflow's jars with PySpark's Scala compiler (setup.py): Java first, and the
+	# build's PySpark is the environment's (no second copy in an isolated build environment)
+	bash scripts/ensure_java.sh $(PY)
+	$(PY) -m pip install -q "setuptools>=77" wheel "pyspark>=4.1,<5"
+	$(PY) -m pip install -q --no-build-isolation -e .
 	# the editable install's bytecode, as pip writes a wheel's: each Spark Python worker that imports
 	# onceflow reads it instead of compiling the sources (PYTHONDONTWRITEBYTECODE=1 never writes it)
 	$(PY) -m compileall -q src

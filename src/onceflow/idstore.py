@@ -43,8 +43,8 @@ ENV = "ONCEFLOW_ID_STORE"
 """``0``/``false``: :func:`onceflow.spark.session` uses Spark's store unless told otherwise (the
 id store is the default)."""
 
-SOURCES = tuple(scalac.JVM_DIR / n for n in ("IdTable.scala", "IdStateStoreProvider.scala"))
-"""The Scala sources, shipped in the package."""
+SOURCES = scalac.sources("onceflow-idstore")
+"""The Scala sources, shipped in the package (and built into the wheel: :mod:`onceflow.scalac`)."""
 
 
 def enabled_by_env() -> bool:
@@ -64,12 +64,12 @@ def enabled_by_env() -> bool:
 
 
 def jar_path() -> Path:
-    """Where the built jar is kept: one per source text and Spark version."""
+    """Where the jar is compiled on first use when the wheel has none for this Spark."""
     return scalac.jar_path("onceflow-idstore", SOURCES)
 
 
 def build() -> Path:
-    """The id store's jar, compiled now if this Spark and source have none yet (~5 s here).
+    """The id store's jar: the wheel's, or compiled now if it has none for this Spark (~5 s here).
 
     Returns:
         The jar's path.

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onceflow import faults, idstore, scalac
+from onceflow import driverjvm, faults, idstore, scalac
 from onceflow.errors import ConfigError
 from onceflow.java import find_java
 from onceflow.jvmstart import DAEMON_MODULE, JAVA_OPTIONS_ENV
@@ -71,11 +71,11 @@ Not applied when ``conf`` names ``spark.sql.streaming.checkpointFileManagerClass
 ``FileContextBasedCheckpointFileManager``: Spark's own behaviour); should the class not compile
 here, Spark's, with a warning."""
 
-_CHECKPOINT_FILES_SOURCES = (scalac.JVM_DIR / "LocalCheckpointFileManager.scala",)
+_CHECKPOINT_FILES_SOURCES = scalac.sources("onceflow-checkpoint")
 
 
 def checkpoint_files_jar() -> Path:
-    """The jar of :data:`CHECKPOINT_FILES_CLASS`, compiled now if this Spark has none yet (~4 s).
+    """The jar of :data:`CHECKPOINT_FILES_CLASS`: the wheel's, or compiled now for this Spark (~4 s).
 
     Raises:
         ConfigError: PySpark ships no Scala compiler, or the source does not compile.
@@ -97,6 +97,27 @@ def _with_checkpoint_files(conf: dict[str, str]) -> dict[str, str]:
     from onceflow.jars import with_jars
 
     return {**with_jars(conf, [jar]), CHECKPOINT_FILES_KEY: CHECKPOINT_FILES_CLASS}
+
+
+def _load_classes(spark: SparkSession, conf: dict[str, str], kafka: bool, realtime: bool) -> None:
+    """Make onceflow's classes loadable in a driver JVM started before the session (spark-submit)."""
+    from onceflow import jars
+
+    wanted: dict[str, tuple[str, list[Path]]] = {}
+    if conf.get(CHECKPOINT_FILES_KEY) == CHECKPOINT_FILES_CLASS:
+        wanted[CHECKPOINT_FILES_KEY] = (CHECKPOINT_FILES_CLASS, [checkpoint_files_jar()])
+    if conf.get(idstore.PROVIDER_KEY) == idstore.PROVIDER_CLASS:
+        wanted[idstore.PROVIDER_KEY] = (idstore.PROVIDER_CLASS, [idstore.build()])
+    if kafka:
+        wanted["kafka"] = ("org.apache.spark.sql.kafka010.KafkaSourceProvider", jars.require(jars.CONNECTOR))
+    if realtime:
+        from onceflow import realtime as rt
+
+        wanted["realtime"] = (rt.WRITER_CLASS, rt.session_jars())
+    fallback = {CHECKPOINT_FILES_KEY: "Spark's checkpoint file manager (slower local writes, the same files)",
+                idstore.PROVIDER_KEY: "Spark's state store"}
+    for key in driverjvm.load_classes(spark, wanted, fallback):
+        spark.conf.unset(key)
 
 
 def session(
@@ -153,10 +174,12 @@ def session(
     from pyspark.sql import SparkSession
 
     cores = os.cpu_count() or 2
+    prestarted = driverjvm.started_before()  # spark-submit: its JVM takes no heap, options or class path now
+    builder = SparkSession.builder.appName(app_name)
+    if master or not prestarted:  # spark-submit's --master stands unless one is given here
+        builder = builder.master(master or f"local[{cores}]")
     builder = (
-        SparkSession.builder.appName(app_name)
-        .master(master or f"local[{cores}]")
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
+        builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
         .config("spark.pyspark.python", sys.executable)
         .config("spark.pyspark.driver.python", sys.executable)
         .config("spark.sql.session.timeZone", "UTC")
@@ -165,7 +188,6 @@ def session(
         .config("spark.sql.files.ignoreCorruptFiles", "false")
         .config("spark.sql.files.ignoreMissingFiles", "false")
         .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
-        .config("spark.driver.memory", os.environ.get("ONCEFLOW_DRIVER_MEMORY", "4g"))
         # State store snapshots are written by maintenance only (default every 60 s): a
         # driver restarted more often would replay every delta file since the first batch.
         .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
@@ -175,7 +197,11 @@ def session(
         .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
     )
     conf = dict(conf or {})
-    if (master or "local").startswith("local"):  # the workers run this Python: PySpark compiled
+    memory = {"spark.driver.memory": os.environ.get("ONCEFLOW_DRIVER_MEMORY", "4g")}
+    if not prestarted:
+        builder = builder.config("spark.driver.memory", memory["spark.driver.memory"])
+    running = (driverjvm.running_conf("spark.master") if prestarted else None) or "local"
+    if (master or running).startswith("local"):  # the workers run this Python: PySpark compiled
         conf.setdefault("spark.python.daemon.module", DAEMON_MODULE)
     if os.environ.get(faults.CRASH_ENV, "").strip():  # an armed crash point reaches the executors too
         for name in (faults.CRASH_ENV, faults.DRIVER_PID_ENV):
@@ -208,11 +234,15 @@ def session(
     checksums = os.environ.get(CHECKSUMS_ENV, "").strip().lower() in ("1", "true", "yes")
     if not checksums and not any(k in conf for k in RAW_LOCAL_FS):
         conf.update(RAW_LOCAL_FS)
-    if not _GC_OPTION.search(conf.get(key, "")):
+    if not prestarted and not _GC_OPTION.search(conf.get(key, "")):
         conf[key] = f"{conf.get(key, '')} {THROUGHPUT_GC}".strip()
+    if prestarted:
+        conf = driverjvm.start_settings(conf, memory)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if prestarted:
+        _load_classes(spark, conf, kafka, realtime)
     spark.sparkContext.setLogLevel(os.environ.get("ONCEFLOW_SPARK_LOG_LEVEL", "ERROR"))
     gateway = spark.sparkContext._gateway
     proc = getattr(gateway, "proc", None)

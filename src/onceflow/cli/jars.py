@@ -10,7 +10,9 @@ _HELP = ("Java jars onceflow can run with, fetched from Maven Central and checke
          "\b\n"  # click: the table below is not rewrapped
          "kafka-connector  Spark's own Kafka connector, for onceflow.spark.session(kafka=True)\n"
          "kafka-broker     a single-node Kafka broker (KRaft), for tests, demos and verify\n"
-         "postgres-jdbc    PostgreSQL's JDBC driver, for onceflow.write_realtime\n")
+         "postgres-jdbc    PostgreSQL's JDBC driver, for onceflow.write_realtime\n"
+         "onceflow         onceflow's own jars (id state store, checkpoint file manager), built into\n"
+         "                 the wheel: `onceflow jars path onceflow` for spark-submit --jars\n")
 
 
 @click.group("jars", help=_HELP)
@@ -32,7 +34,16 @@ def fetch(names: tuple[str, ...]) -> None:
 
 
 @jars.command("path")
-@click.argument("name", type=click.Choice(sorted(jar_sets.SETS)))
+@click.argument("name", type=click.Choice(sorted([*jar_sets.SETS, "onceflow"])))
 def path(name: str) -> None:
-    """Print the set's jars, comma-separated (for spark.jars / spark-submit --jars)."""
+    """Print the set's jars, comma-separated (for spark.jars / spark-submit --jars).
+
+    ``onceflow`` prints onceflow's own jars: built into the wheel for the Spark version it was
+    built with; for another Spark version they are compiled now into the cache (a few seconds).
+    """
+    if name == "onceflow":
+        from onceflow import scalac
+
+        click.echo(",".join(str(p) for p in scalac.shipped_jars()))
+        return
     click.echo(",".join(str(p) for p in jar_sets.require(name)))
