@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow import contract, idstore, logcheck, startup
+from onceflow import contract, idstore, logcheck, plans, startup
 from onceflow import rejects as rj
 from onceflow.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id
 from onceflow.durations import parse_duration
@@ -41,8 +41,8 @@ from onceflow.tables import Table, check_specs
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-_EVENT_TIME_ATTR = "_onceflow_event_time"
-_ID_ATTR = "_onceflow_id"
+_EVENT_TIME = "event_time"
+_IDS = "ids"
 
 
 def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str | float | None = None,
@@ -89,8 +89,8 @@ def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str
     df = routed if routed is not None else contract.guard_ids(df, ids, event_time)
     out = df.withWatermark(event_time, f"{int(seconds * 1000)} milliseconds")
     out = out.dropDuplicatesWithinWatermark(ids)
-    setattr(out, _EVENT_TIME_ATTR, event_time)
-    setattr(out, _ID_ATTR, ids)
+    plans.remember(out, _EVENT_TIME, event_time)
+    plans.remember(out, _IDS, ids)
     return out
 
 
@@ -301,14 +301,18 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     if not df.isStreaming:
         raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
                           "DataFrame write it directly")
+    if plans.is_connect(df):  # the batches run in a Python worker of the server: onceflow must be there
+        from onceflow import remote
+
+        remote.check_server(df.sparkSession)
     if per_batch is not None and not callable(per_batch):
         raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
     path = Path(checkpoint)
     idstore.check_checkpoint(path, df.sparkSession.conf.get("spark.jars", "") or "")
     startup.clear_unfinished_start(path)
     logcheck.check(path, repair_command(path, sink))
-    event_time = event_time or getattr(df, _EVENT_TIME_ATTR, None)
-    ids = getattr(df, _ID_ATTR, None)
+    event_time = event_time or plans.recall(df, _EVENT_TIME)
+    ids = plans.recall(df, _IDS)
     if late is not None:
         if event_time is None:
             raise ConfigError("late= needs the event-time column: pass event_time=, or build the stream "

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from onceflow import checkpoint as ckpt
-from onceflow import faults, ranges, repair
+from onceflow import faults, plans, ranges, repair
 from onceflow import rejects as rj
 from onceflow.contract import Contract, rejected_count
 from onceflow.errors import (
@@ -95,7 +95,8 @@ def _quiet(df: DataFrame) -> None:
     import logging
 
     logging.getLogger("py4j").setLevel(logging.CRITICAL)
-    df.sparkSession.sparkContext.setLogLevel("OFF")
+    if not plans.is_connect(df):  # Connect: the server's log is its own
+        df.sparkSession.sparkContext.setLogLevel("OFF")
 
 
 PerBatch = Callable[..., "Mapping[str, DataFrame | pa.Table] | DataFrame | pa.Table"]
@@ -193,6 +194,23 @@ class BatchWriter:
         self._stop = threading.Event()
         self._sources_checked = False
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What Spark Connect ships to the server's ``foreachBatch`` worker (the function is pickled).
+
+        The client's session, the stats thread and the stop flag stay behind; the worker makes
+        its own (:meth:`__setstate__`), and the sink opens its connections where it runs.
+        """
+        state = dict(self.__dict__)
+        for name in ("spark", "_pool", "_stop"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.spark = None  # the worker's batches come with a session of their own; no py4j plan counts
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
+        self._stop = threading.Event()
+
     def request_stop(self) -> None:
         """Refuse the next batch before anything of it is written (a clean stop between batches)."""
         self._stop.set()
@@ -285,13 +303,18 @@ class BatchWriter:
 
     def _prepare(self, df: DataFrame, batch_id: int) -> _Attempt:
         """Steps 2 and 3: the count started beside, ``per_batch``'s outputs, a stable copy over them."""
-        from pyspark.sql import Observation
         from pyspark.sql import functions as F
 
+        if plans.is_connect(df):
+            from pyspark.sql.connect.observation import Observation as Observing
+        else:
+            from pyspark.sql import Observation as Observing  # type: ignore[assignment]
+
         counted = self._pool.submit(self._count, batch_id)  # 2
-        observation, observed = None, df
+        observation: Any = None
+        observed = df
         if self.o.count_rows is None:  # the first job that reads the batch counts it
-            observation = Observation(f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
+            observation = Observing(f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
             observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
         frames = self._outputs(observed, batch_id)  # 3
         kept = None
@@ -587,9 +610,9 @@ class BatchWriter:
         """
         if self.o.count_rows is not None:
             return int(self.o.count_rows(outputs))
-        jo = a.observation._jo
-        if jo is not None and jo.future().isCompleted():
-            return int(a.observation.get["rows"])
+        observed = plans.observed(a.observation)
+        if observed is not None:
+            return int(observed["rows"])
         return int(a.df.count())
 
     def close(self) -> None:

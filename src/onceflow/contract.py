@@ -37,11 +37,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from onceflow import plans
 from onceflow.errors import ConfigError, refuse_unknown
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
+CONTRACT = "contract"
+"""The key under which :mod:`onceflow.plans` keeps the contract of the stream a rule returned."""
 REASON = "__onceflow_reason"
 """The struct ``(rule, column, reason)`` of a bad record; null for a good one."""
 RAW = "__onceflow_raw"
@@ -81,33 +84,17 @@ def source_of(df: DataFrame) -> SourceRef | None:
         The source, or None when ``df`` is not one source read as it is (a transformed, joined
         or unioned stream).
     """
-    given = getattr(df, "_onceflow_kafka_options", None)
+    given = plans.recall(df, plans.KAFKA_OPTIONS)
     if given is not None:  # what onceflow.read_kafka returned (either connector)
         return SourceRef("kafka", "onceflow_kafka", dict(given), None)
-    plan = df._jdf.queryExecution().analyzed()
-    if plan.children().size() != 0:
+    leaf = plans.bare_source(df)
+    if leaf is None:
         return None
-    kind = plan.getClass().getSimpleName()
-    if kind == "StreamingRelation":
-        ds = plan.dataSource()
-        opts = _scala_map(ds.options())
-        schema = ds.userSpecifiedSchema()
-        return SourceRef("file", str(ds.className()), {k: v for k, v in opts.items() if k != "path"}
-                         | {"path": opts.get("path", "")},
-                         str(schema.get().json()) if schema.isDefined() else None)
-    if kind == "StreamingRelationV2" and str(plan.sourceName()) == "onceflow_kafka":
-        jmap = plan.extraOptions().asCaseSensitiveMap()
-        return SourceRef("kafka", "onceflow_kafka", {str(k): str(jmap.get(k)) for k in jmap.keySet()}, None)
+    if leaf.kind == "file":
+        return SourceRef("file", leaf.format, leaf.options, leaf.schema_json)
+    if leaf.kind == "onceflow_kafka":
+        return SourceRef("kafka", "onceflow_kafka", leaf.options, None)
     return None
-
-
-def _scala_map(m: Any) -> dict[str, str]:
-    out: dict[str, str] = {}
-    it = m.iterator()
-    while it.hasNext():
-        kv = it.next()
-        out[str(kv._1())] = str(kv._2())
-    return out
 
 
 @dataclass(frozen=True)
@@ -141,6 +128,13 @@ class Contract:
     rules: tuple[Rule, ...] = ()
     token: str = field(default_factory=lambda: secrets.token_hex(6))
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the stream (Spark Connect ships the contract to the server's batch worker)."""
+        state = dict(self.__dict__)
+        state["raw_columns"] = self.output_columns() if self.json is None else None
+        state["raw"] = None
+        return state
+
     @property
     def metric(self) -> str:
         """The name of the stream's ``observe`` metric counting bad records."""
@@ -149,7 +143,8 @@ class Contract:
     def output_columns(self) -> list[str]:
         """The columns the contract's output has (what ``expect`` returns)."""
         if self.json is None:
-            return list(self.raw.columns)
+            shipped = self.__dict__.get("raw_columns")
+            return list(shipped) if self.raw is None and shipped is not None else list(self.raw.columns)
         return [*(f.name for f in self.schema.fields), *self.keep]
 
     def with_rules(self, more: Sequence[Rule]) -> Contract:
@@ -253,7 +248,7 @@ def _json_path(name: str) -> str:
 
 def contracts_in(df: DataFrame) -> list[Contract]:
     """The contracts whose streams feed ``df`` (found by their metric names in its plan)."""
-    text = str(df._jdf.queryExecution().analyzed().toString())
+    text = plans.analyzed_text(df)
     return [_CONTRACTS[t] for t in dict.fromkeys(_TOKEN_RE.findall(text)) if t in _CONTRACTS]
 
 
@@ -352,7 +347,7 @@ def expect(df: DataFrame, *, json: str | None = None, schema: Any = None,
         if not checks:
             raise
         raise ConfigError(f"expect: a check cannot be evaluated: {str(exc).splitlines()[0][:300]}") from None
-    out._onceflow_contract = contract  # type: ignore[attr-defined]
+    plans.remember(out, CONTRACT, contract)
     return out
 
 
@@ -376,7 +371,7 @@ def id_rules(df: DataFrame, ids: Sequence[str], event_time: str) -> DataFrame | 
         returned, or a bare source); None when ``df`` was transformed after its source.
     """
     rules = [Rule("id", c) for c in ids] + [Rule("event_time", event_time)]
-    contract: Contract | None = getattr(df, "_onceflow_contract", None)
+    contract: Contract | None = plans.recall(df, CONTRACT)
     if contract is None and df.isStreaming:
         source = source_of(df)
         if source is not None:
@@ -385,7 +380,7 @@ def id_rules(df: DataFrame, ids: Sequence[str], event_time: str) -> DataFrame | 
         return None
     extended = contract.with_rules(rules)
     out = extended.apply()
-    out._onceflow_contract = extended  # type: ignore[attr-defined]
+    plans.remember(out, CONTRACT, extended)
     return out
 
 

@@ -134,7 +134,9 @@ def _driver_side_victims() -> list[int]:
 
     In such a worker (e.g. a data source's ``commit``), these are the driver and every
     ancestor between it and this process (the JVM, the worker daemon), so that the crash
-    takes down the whole driver, as ``kill -9`` of it would.
+    takes down the whole driver, as ``kill -9`` of it would. The driver is the Python process
+    of a classic session, or the JVM itself (a Spark Connect server, whose ``foreachBatch``
+    worker runs the batch).
     """
     driver = int(os.environ.get(DRIVER_PID_ENV, "0") or 0)
     if driver <= 0 or driver == os.getpid():
@@ -144,7 +146,7 @@ def _driver_side_victims() -> list[int]:
     while pid > 1 and pid != driver and len(victims) < 8:
         victims.append(pid)
         pid = _parent(pid)
-    if pid != driver or not any(_is_java(v) for v in victims):
+    if pid != driver or not (_is_java(driver) or any(_is_java(v) for v in victims)):
         return []  # not a worker of the driver's JVM (e.g. a child process the driver started)
     return [driver, *victims]
 

@@ -129,6 +129,7 @@ def session(
     kafka: bool = False,
     id_store: bool | None = None,
     realtime: bool = False,
+    remote: str | None = None,
 ) -> SparkSession:
     """Get or create a SparkSession with onceflow's defaults.
 
@@ -156,6 +157,10 @@ def session(
         realtime: Put the real-time upsert writer (:func:`onceflow.write_realtime`) and
             PostgreSQL's JDBC driver (``onceflow jars fetch postgres-jdbc``) on ``spark.jars``;
             the writer is compiled on first use (~5 s). Applies to a new session only.
+        remote: A Spark Connect URL (``sc://host:port``): a Connect session instead of a local
+            JVM (:func:`onceflow.remote.remote_session`;
+            ``master``, ``fast_start``, ``kafka`` and ``realtime`` do
+            not apply: the server has its own).
 
     Returns:
         The session. Its JVM is registered as a crash-point companion.
@@ -166,6 +171,10 @@ def session(
             jars were not fetched; ``id_store`` and
             ``conf`` name different state store providers, or the id store does not compile.
     """
+    if remote is not None:
+        from onceflow.remote import remote_session
+
+        return remote_session(remote, shuffle_partitions, conf, id_store)
     find_java()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -249,3 +258,4 @@ def session(
     if proc is not None:
         faults.register_companion(proc.pid)
     return spark
+

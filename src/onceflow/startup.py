@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from onceflow import plans
 from onceflow.errors import ConfigError, nearest
 from onceflow.tables import Table, check_columns
 
@@ -115,6 +116,8 @@ def empty_like(df: DataFrame) -> DataFrame:
     RDD Spark must run, shuffles included) took ~200 ms at every start (BENCHMARKS.md).
     """
     spark = df.sparkSession
+    if plans.is_connect(df):  # Connect plans an empty local relation itself
+        return spark.createDataFrame([], df.schema)
     try:
         from pyspark.sql.classic.dataframe import DataFrame as ClassicFrame
 
@@ -170,19 +173,8 @@ def source_kinds(df: DataFrame) -> list[str]:
         ``file`` for each of Spark's file sources, else the source's name (e.g.
         ``onceflow_kafka``); empty when the plan cannot be read.
     """
-    try:
-        leaves = df._jdf.queryExecution().analyzed().collectLeaves()
-        out = []
-        for i in range(leaves.size()):
-            leaf = leaves.apply(i)
-            kind = leaf.getClass().getSimpleName()
-            if kind == "StreamingRelation":
-                out.append("file")
-            elif kind == "StreamingRelationV2":
-                out.append(str(leaf.sourceName()))
-        return out
-    except Exception:  # noqa: BLE001 - py4j of another Spark build: no check
-        return []
+    leaves = plans.stream_leaves(df)
+    return [] if leaves is None else [leaf.kind for leaf in leaves]
 
 
 def check_late_source(df: DataFrame, late: str | None, has_contract: bool) -> None:
@@ -207,7 +199,7 @@ def check_late_source(df: DataFrame, late: str | None, has_contract: bool) -> No
 
 def _is_event_time_aggregation(df: DataFrame) -> bool:
     try:
-        plan = str(df._jdf.queryExecution().analyzed().toString())
+        plan = plans.analyzed_text(df)
     except Exception:  # noqa: BLE001 - py4j of another Spark build: no note
         return False
     return "Aggregate [" in plan and "EventTimeWatermark" in plan

@@ -68,3 +68,8 @@ class LocalCheckpointFileManager(path: Path, hadoopConf: Configuration) extends 
 
   override def close(): Unit = delegate.close()
 }
+
+object LocalCheckpointFileManager {
+  /** A static member a Spark Connect client reflects on to learn whether the server has this class. */
+  val NAME = "onceflow-checkpoint"
+}

@@ -165,13 +165,36 @@ class Sink(Protocol):
         """Release connections. Runs on the driver; idempotent."""
 
 
+def _remade(cls: type[SinkBase], args: tuple[Any, ...], kwargs: dict[str, Any]) -> SinkBase:
+    """A sink made again from the arguments it was made with (see :meth:`SinkBase.__reduce__`)."""
+    return cls(*args, **kwargs)
+
+
 class SinkBase:
-    """The defaults every sink of onceflow's declares (see :class:`Sink` for each member)."""
+    """The defaults every sink of onceflow's declares (see :class:`Sink` for each member).
+
+    A sink pickles as the arguments it was made with, never its connections, threads or
+    pending work: on Spark Connect the ``foreachBatch`` function (and the sink in it) is
+    pickled on the client and runs in a Python worker on the server, where the sink opens its
+    own connections — as a new driver process would.
+    """
 
     sink_id: str
     keeps_markers: bool = True
     tables_are_topics: bool = False
     writes_uncached: bool = False
+    _made_with: tuple[tuple[Any, ...], dict[str, Any]]
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SinkBase:
+        """A new sink that remembers the arguments it is made with (for pickling)."""
+        made = super().__new__(cls)
+        made._made_with = (args, kwargs)
+        return made
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its class and the arguments it was made with (see the class)."""
+        args, kwargs = self._made_with
+        return (_remade, (type(self), args, kwargs))
 
     def _check_start(self, batch_id: int, frames: Mapping[str, DataFrame],
                      specs: Mapping[str, Table]) -> None:

@@ -73,6 +73,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from onceflow import plans
 from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, nearest, refuse_unknown
 from onceflow.sources import kafka_native
 from onceflow.sources.kafka_read import SCHEMA_DDL, OffsetRange, ReadSpec, read_range
@@ -510,7 +511,7 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
         require_client()
         register(spark)
         df = spark.readStream.format(NAME).options(**given).load()
-    df._onceflow_kafka_options = dict(given)  # what the contract reads a batch again with
+    plans.remember(df, plans.KAFKA_OPTIONS, dict(given))  # what the contract reads a batch again with
     return df
 
 

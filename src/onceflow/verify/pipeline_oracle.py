@@ -50,7 +50,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow import pipelines
+from onceflow import pipelines, plans
 from onceflow.durations import parse_duration
 from onceflow.errors import ConfigError
 from onceflow.tables import Table
@@ -253,7 +253,7 @@ class PipelineOracle:
         rejects = kw.get("rejects")
         late = kw.get("late")
         mode = kw.get("output_mode", "append")
-        if mode == "append" and "Aggregate" in df._jdf.queryExecution().analyzed().toString():
+        if mode == "append" and "Aggregate" in plans.analyzed_text(df):
             raise ConfigError("verify --pipeline: a streaming aggregation in append mode writes a window "
                               "once the watermark passes it; the oracle judges it with "
                               "output_mode='update' (or aggregate in per_batch)")

@@ -1,0 +1,139 @@
+"""onceflow on Spark Connect: what the server must have, checked once per session.
+
+On Spark Connect the client holds no JVM: the ``foreachBatch`` function of
+:func:`onceflow.write_stream` is pickled and runs in a Python worker on the server, and the
+data sources onceflow registers are imported there by name. So:
+
+1. **onceflow in the server's Python** is required: :func:`check_server` runs one Python task on
+   the server that imports onceflow; without it the error names the interpreter and says to
+   ``pip install onceflow`` there (a server admin's step, docs/connect.md).
+2. **onceflow's jars on the server** are optional: :func:`server_has` asks the server to load a
+   class of each (SQL ``reflect`` on a static member); :func:`onceflow.spark.session` with
+   ``remote=`` then names onceflow's id state store and checkpoint file manager in the session,
+   and where the server lacks them Spark's own run, said in one line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from onceflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_log = logging.getLogger("onceflow.remote")
+_CHECKED: set[str] = set()
+
+PROBES = {
+    "org.apache.spark.sql.onceflow.IdStateStoreProvider": (
+        "org.apache.spark.sql.onceflow.IdStateStoreProvider", "DELTA"),
+    "org.apache.spark.sql.onceflow.LocalCheckpointFileManager": (
+        "org.apache.spark.sql.onceflow.LocalCheckpointFileManager", "NAME"),
+}
+"""Class -> (a class with a static member, the member) that :func:`server_has` reflects on."""
+
+
+def server_has(spark: Any, class_name: str) -> bool:
+    """Whether the Connect server's driver loads ``class_name`` (one of :data:`PROBES`)."""
+    owner, member = PROBES[class_name]
+    try:
+        spark.sql(f"SELECT reflect('{owner}', '{member}') AS probe").collect()
+    except Exception as exc:  # noqa: BLE001 - Spark says "class ... not found" as an AnalysisException
+        if "not found" in str(exc) or "UNEXPECTED_CLASS_TYPE" in str(exc):
+            return False
+        raise
+    return True
+
+
+def _server_python() -> str:
+    """Runs on the server: its interpreter and onceflow's location there (an import error if none)."""
+    import sys
+
+    import onceflow
+
+    return f"{sys.executable} {onceflow.__file__}"
+
+
+def check_server(spark: Any) -> None:
+    """Refuse a Connect server whose Python cannot import onceflow (once per session).
+
+    Raises:
+        ConfigError: Naming the server's error and what to install.
+    """
+    session_id = str(getattr(spark, "session_id", ""))
+    if session_id in _CHECKED:
+        return
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType
+
+    probe = F.udf(_server_python, StringType())
+    try:
+        spark.range(1).select(probe().alias("where")).collect()
+    except Exception as exc:
+        text = str(exc)
+        if "onceflow" in text and ("ModuleNotFoundError" in text or "No module named" in text):
+            raise ConfigError("the Spark Connect server's Python cannot import onceflow: the foreachBatch "
+                              "function and onceflow's data sources run there. Install it into the "
+                              "interpreter the server's spark.pyspark.python names (pip install onceflow, "
+                              "the same version as this client; docs/connect.md)") from None
+        raise
+    _CHECKED.add(session_id)
+
+
+def remote_session(url: str, shuffle_partitions: int | None = None, conf: dict[str, str] | None = None,
+                   id_store: bool | None = None) -> SparkSession:
+    """A Spark Connect session with onceflow's session settings, as far as a client can set them.
+
+    UTC session time and ``conf`` are set on the session; onceflow's id state store and local
+    checkpoint file manager are named when the server has their jars (:func:`server_has`),
+    else Spark's own run, said in one line each (docs/connect.md: how a server admin installs them).
+    The server's Python must import onceflow (:func:`check_server`).
+
+    Args:
+        url: The server, ``sc://host:port``.
+        shuffle_partitions: ``spark.sql.shuffle.partitions`` (the server's default when omitted).
+        conf: Session settings; one a Connect client cannot set is an error naming it.
+        id_store: As in :func:`onceflow.spark.session`; ``True`` with a server without the jar is an error.
+
+    Raises:
+        ConfigError: A setting the server refuses from a client, ``id_store=True`` on a server
+            without the id store, or a server whose Python lacks onceflow.
+    """
+    from pyspark.sql import SparkSession
+
+    from onceflow import idstore
+    from onceflow.spark import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    wanted = {"spark.sql.session.timeZone": "UTC", **(dict(conf or {}))}
+    if shuffle_partitions:
+        wanted["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
+    use_ids = id_store if id_store is not None else (idstore.enabled_by_env()
+                                                     and idstore.PROVIDER_KEY not in wanted)
+    if use_ids:
+        if server_has(spark, idstore.PROVIDER_CLASS):
+            wanted[idstore.PROVIDER_KEY] = idstore.PROVIDER_CLASS
+        elif id_store:
+            raise ConfigError(f"id_store=True: the Spark Connect server at {url} does not have onceflow's id "
+                              "state store (its jar on the server's class path: docs/connect.md)")
+        else:
+            _log.warning(
+                "the Spark Connect server at %s lacks onceflow's id state store: Spark's state store runs "
+                "(a server admin installs it: docs/connect.md)", url)
+    if CHECKPOINT_FILES_KEY not in wanted:
+        if server_has(spark, CHECKPOINT_FILES_CLASS):
+            wanted[CHECKPOINT_FILES_KEY] = CHECKPOINT_FILES_CLASS
+        else:
+            _log.warning(
+                "the Spark Connect server at %s lacks onceflow's checkpoint file manager: Spark's runs "
+                "(the same files; docs/connect.md)", url)
+    for key, value in wanted.items():
+        try:
+            spark.conf.set(key, value)
+        except Exception as exc:  # noqa: BLE001 - a static or server-only setting
+            raise ConfigError(f"{key}={value}: the Spark Connect server refuses it from a client "
+                              f"({str(exc).splitlines()[0][:200]}); set it on the server") from None
+    check_server(spark)
+    return spark

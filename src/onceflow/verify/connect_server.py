@@ -1,0 +1,175 @@
+"""A real Spark Connect server in a process of its own, for tests, demos and ``verify --remote``.
+
+PySpark's wheel ships the server (``jars/spark-connect_*.jar``); ``sbin/start-connect-server.sh``
+daemonizes it. This starts ``org.apache.spark.sql.connect.service.SparkConnectServer`` through
+``spark-submit`` in the foreground, in a process group of its own, so that :meth:`kill` is a
+``kill -9`` of the server and every Python worker it started (a machine going away)::
+
+    python -m onceflow.verify.connect_server --workdir /tmp/connect
+    # prints: remote sc://127.0.0.1:15002   (runs until interrupted)
+
+The server runs onceflow's Python (``spark.pyspark.python`` is this interpreter) and, unless
+``onceflow_jars=False``, has onceflow's jars on its class path (``--jars``: the id state store and
+the local checkpoint file manager), as a server admin would install them (docs/connect.md).
+``ONCEFLOW_DRIVER_PID`` in its environment is its own process id, so a crash point armed in its
+``foreachBatch`` worker (``ONCEFLOW_CRASH_AT``) kills the server JVM too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from onceflow import faults
+from onceflow.errors import OnceflowError
+from onceflow.verify.standalone import free_port
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+class ConnectServer:
+    """A Spark Connect server on loopback (``local[cores]`` inside it).
+
+    Args:
+        workdir: Its log (``connect-server.log``) goes here.
+        port: The gRPC port (a free one when None).
+        cores: Cores of its local master.
+        conf: Extra Spark settings of the server.
+        env: Extra environment of the server (e.g. ``ONCEFLOW_CRASH_AT``).
+        onceflow_jars: Put onceflow's jars on its class path.
+    """
+
+    def __init__(self, workdir: str | os.PathLike[str], port: int | None = None, cores: int = 2,
+                 conf: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
+                 onceflow_jars: bool = True) -> None:
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.cores, self.conf, self.env = cores, dict(conf or {}), dict(env or {})
+        self.onceflow_jars = onceflow_jars
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The ``sc://`` URL clients connect to."""
+        return f"sc://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        """The server's log file."""
+        return self.workdir / "connect-server.log"
+
+    def command(self) -> list[str]:
+        """The ``spark-submit`` command line of the server."""
+        import pyspark
+
+        submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+        conf = {"spark.connect.grpc.binding.port": str(self.port),
+                "spark.connect.grpc.binding.address": "127.0.0.1",
+                "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
+                "spark.sql.shuffle.partitions": str(self.cores), "spark.sql.session.timeZone": "UTC",
+                "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", **self.conf}
+        cmd = [str(submit), "--class", SERVER_CLASS, "--master", f"local[{self.cores}]",
+               "--driver-memory", "2g"]
+        if self.onceflow_jars:
+            from onceflow import scalac
+
+            cmd += ["--jars", ",".join(str(p) for p in scalac.shipped_jars())]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        return cmd
+
+    def start(self, timeout_s: float = 120.0) -> ConnectServer:
+        """Start the server and wait until it accepts connections.
+
+        Raises:
+            OnceflowError: It exited or did not listen within ``timeout_s`` (the log's tail is in
+                the message).
+        """
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        bin_dir = str(Path(sys.executable).parent)
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+               "SPARK_LOCAL_IP": "127.0.0.1",
+               "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **self.env}
+        # exec keeps one process id from the shell to the JVM: the server knows it as the driver's
+        script = f"export {faults.DRIVER_PID_ENV}=$$; exec {shlex.join(self.command())}"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise OnceflowError(f"the Spark Connect server exited ({self.proc.returncode}): "
+                                    f"{self._tail()}")
+            if self._listening():
+                return self
+            time.sleep(0.3)
+        self.kill()
+        raise OnceflowError(f"the Spark Connect server did not listen on {self.port} in {timeout_s:.0f} s: "
+                            f"{self._tail()}")
+
+    def _listening(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def _tail(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-3000:]
+        except OSError:
+            return "(no log)"
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group (the JVM and its Python workers) and wait for it."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=60)
+        self.proc = None
+
+    def __enter__(self) -> ConnectServer:
+        return self.start()
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a server until interrupted, printing its URL."""
+    parser = argparse.ArgumentParser(description="A Spark Connect server with onceflow's jars, on loopback.")
+    parser.add_argument("--workdir", default="onceflow-connect", help="where its log goes")
+    parser.add_argument("--port", type=int, default=15002, help="gRPC port (default 15002, Spark's)")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2, help="cores of its local master")
+    parser.add_argument("--without-onceflow-jars", action="store_true",
+                        help="leave onceflow's jars off the server (Spark's state store and checkpoint "
+                             "manager run)")
+    args = parser.parse_args(argv)
+    server = ConnectServer(args.workdir, args.port, args.cores, onceflow_jars=not args.without_onceflow_jars)
+    server.start()
+    print(f"remote {server.url}   (log: {server.log}; Ctrl-C stops it)", flush=True)
+    try:
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""onceflow through a real Spark Connect server (a process of its own), the client in another.
+
+The pipeline is written for these tests: orders read from Parquet files one file per batch,
+checked (``expect``: quantity positive), deduplicated by id within 10 minutes, summed per
+customer into SQLite, with ``late=`` and ``rejects=``. The expected tables are computed here
+with pyarrow from the files (the watermark rule written out), never through onceflow. Faults:
+a crash point in the server's ``foreachBatch`` worker SIGKILLs the server JVM between the sink's
+commit and Spark's commit log of a batch with data; the client is SIGKILLed while a batch with
+data runs; both restarted, the tables are exact.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from onceflow.verify.connect_server import ConnectServer
+
+pytestmark = [pytest.mark.spark, pytest.mark.faults]
+
+START = datetime(2026, 5, 1)
+CLIENT = '''
+import sys, time
+import onceflow
+from onceflow import Table
+from onceflow.spark import session
+from pyspark.sql import functions as F
+
+url, root, trigger, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+spark = session(remote=url)
+raw = (spark.readStream.schema("order_id STRING, customer STRING, qty BIGINT, ts TIMESTAMP")
+       .option("maxFilesPerTrigger", 1).parquet(f"{root}/in"))
+checked = onceflow.expect(raw, checks={"qty_positive": "qty > 0"})
+clean = onceflow.deduplicate(checked, id="order_id", event_time="ts", within="10 minutes")
+
+def per_batch(batch):
+    time.sleep(pause)  # a batch with data stays in flight long enough to be killed
+    return batch.groupBy("customer").agg(F.sum("qty").alias("qty"), F.count("*").alias("orders"))
+
+query = onceflow.write_stream(
+    clean, sink=onceflow.sqlite(f"{root}/out.db"), checkpoint=f"{root}/ck",
+    tables={"per_customer": Table(key=["customer"], add=["qty", "orders"])}, per_batch=per_batch,
+    late="late_orders", rejects="bad_orders", once=trigger == "once", trigger="1 second")
+if trigger == "once":
+    query.awaitTermination()
+else:
+    query.awaitTermination(float(trigger))
+    query.stop()
+print("PROVIDER", spark.conf.get("spark.sql.streaming.stateStore.providerClass"))
+'''
+
+
+def _write_inputs(root: Path) -> tuple[dict[str, tuple[int, int]], int, int]:
+    """Four files (one batch each); returns (per customer (qty, orders), late rows, bad records)."""
+    def at(s: int) -> datetime:
+        return START + timedelta(seconds=s)
+
+    files = [
+        [(f"a{i}", f"c{i % 5}", i + 1, at(i)) for i in range(300)],
+        [(f"b{i}", f"c{i % 5}", 2 * i + 1, at(3_600 + i)) for i in range(300)],
+        # more on time, ids of file 1 again (duplicates), two bad records (a null id, a quantity
+        # that is not positive)
+        [(f"d{i}", f"c{i % 5}", 3, at(3_700 + i)) for i in range(200)]
+        + [(f"b{i}", f"c{i % 5}", 2 * i + 1, at(3_600 + i)) for i in range(50)]
+        + [(None, "c1", 5, at(3_750)), ("neg1", "c2", -4, at(3_750))],
+        # late ones (event times far behind the watermark) and more on time
+        [(f"late{i}", f"c{i % 5}", 7, at(100 + i)) for i in range(40)]
+        + [(f"e{i}", f"c{i % 5}", 4, at(4_000 + i)) for i in range(100)],
+    ]
+    (root / "in").mkdir(parents=True)
+    for n, rows in enumerate(files):
+        cols = list(zip(*rows, strict=True))
+        table = pa.table({"order_id": pa.array(cols[0], pa.string()), "customer": list(cols[1]),
+                          "qty": pa.array(cols[2], pa.int64()), "ts": pa.array(cols[3], pa.timestamp("us"))})
+        pq.write_table(table, root / "in" / f"part-{n}.parquet")
+    # the oracle, Spark's rules written out: a record is bad (null id, qty <= 0); late in batch k
+    # when its event time is at or below the late watermark of k — the max event time of batches
+    # 0..k-2 minus 10 minutes (Spark filters late rows by the watermark of the batch before); a
+    # duplicate of an id seen; else counted
+    seen: set[str] = set()
+    sums: dict[str, list[int]] = {}
+    late = bad = 0
+    for k, rows in enumerate(files):
+        before = [r[3] for f in files[:max(0, k - 1)] for r in f]
+        watermark = max(before) - timedelta(minutes=10) if k >= 2 else None
+        for oid, cust, qty, ts in rows:
+            if oid is None or qty <= 0:
+                bad += 1
+            elif watermark is not None and ts <= watermark:
+                late += 1
+            elif oid not in seen:
+                seen.add(oid)
+                s = sums.setdefault(cust, [0, 0])
+                s[0] += qty
+                s[1] += 1
+    return {c: (q, k) for c, (q, k) in sums.items()}, late, bad
+
+
+def _client(server: ConnectServer, root: Path, trigger: str = "once",
+            pause: float = 0.0) -> subprocess.Popen[str]:
+    (root / "client.py").write_text(CLIENT)
+    return subprocess.Popen([sys.executable, str(root / "client.py"), server.url, str(root), trigger,
+                             str(pause)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"}, start_new_session=True)
+
+
+def _tables(root: Path) -> tuple[dict[str, tuple[int, int]], int, list[str]]:
+    with sqlite3.connect(root / "out.db") as db:
+        sums = {c: (q, k) for c, q, k in db.execute("SELECT customer, qty, orders FROM per_customer")}
+        late = db.execute("SELECT count(*) FROM late_orders").fetchone()[0]
+        rules = sorted(r for (r,) in db.execute("SELECT rule FROM bad_orders"))
+    return sums, late, rules
+
+
+def test_the_pipeline_runs_exactly_once_through_a_connect_server(tmp_path: Path) -> None:
+    expected, late, bad = _write_inputs(tmp_path)
+    assert late == 40 and bad == 2
+    with ConnectServer(tmp_path / "server") as server:
+        client = _client(server, tmp_path)
+        out, _ = client.communicate(timeout=300)
+        assert client.returncode == 0, out[-4000:]
+    assert "PROVIDER org.apache.spark.sql.onceflow.IdStateStoreProvider" in out  # the server has the jars
+    sums, late_rows, rules = _tables(tmp_path)
+    assert sums == expected
+    assert late_rows == late
+    assert rules == ["check", "id"]
+
+
+def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client_resume_exactly(
+        tmp_path: Path) -> None:
+    expected, late, _ = _write_inputs(tmp_path)
+    crash = {"ONCEFLOW_CRASH_AT": "after_sink_commit@1"}
+    with ConnectServer(tmp_path / "server1", env=crash) as server:
+        client = _client(server, tmp_path)
+        deadline = time.monotonic() + 240
+        while server.proc is not None and server.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server.proc is not None and server.proc.poll() is not None, "the crash point left the server"
+        os.killpg(client.pid, signal.SIGKILL)  # Connect's client retries a lost server for minutes
+        client.wait(timeout=60)
+    log = (tmp_path / "server1" / "connect-server.log").read_text()
+    assert "crash point after_sink_commit at batch 1" in log
+    assert not (tmp_path / "ck" / "commits" / "1").exists()  # the sink has batch 1, Spark's commit log not
+    with ConnectServer(tmp_path / "server2") as server:
+        client = _client(server, tmp_path, trigger="600", pause=3.0)  # a continuous query, slow batches
+        deadline = time.monotonic() + 240
+        while not (tmp_path / "ck" / "offsets" / "2").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert (tmp_path / "ck" / "offsets" / "2").exists()
+        assert not (tmp_path / "ck" / "commits" / "2").exists()
+        os.killpg(client.pid, signal.SIGKILL)  # batch 2 (data) in flight: its per_batch sleeps
+        client.wait(timeout=60)
+        again = _client(server, tmp_path)  # the same checkpoint; Spark stops the orphaned run
+        out, _ = again.communicate(timeout=300)
+        assert again.returncode == 0, out[-4000:]
+    sums, late_rows, rules = _tables(tmp_path)
+    assert sums == expected
+    assert late_rows == late
+    assert rules == ["check", "id"]
