@@ -89,6 +89,7 @@ def test_spark_submit_without_flags_loads_the_classes_and_says_the_driver_memory
     assert _table(tmp_path) == expected
 
 
+@pytest.mark.long  # ~13 s: make test is near its 30 minutes (the flagless run above is the hard case)
 def test_spark_submit_with_the_printed_jars_and_memory_says_nothing(tmp_path: Path) -> None:
     expected = _orders(tmp_path)
     cli = str(Path(sys.executable).parent / "onceflow")

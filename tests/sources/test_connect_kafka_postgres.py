@@ -23,7 +23,8 @@ import pytest
 from onceflow.verify.connect_server import ConnectServer
 from onceflow.verify.kafka_server import KafkaServer
 
-pytestmark = [pytest.mark.spark, pytest.mark.faults, pytest.mark.postgres]
+pytestmark = [pytest.mark.spark, pytest.mark.faults, pytest.mark.postgres,
+              pytest.mark.long]  # ~100 s: make test-long (make test is near its 30 minutes)
 
 CLIENT = '''
 import sys
