@@ -25,7 +25,7 @@ $(STAMP): $(PY) pyproject.toml setup.py $(wildcard src/onceflow/jvm/*.scala)
 	touch $@
 
 $(TESTSTAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-build-isolation -e '.[test]'
 	touch $@
 
 java: $(STAMP)

@@ -99,6 +99,44 @@ def _with_checkpoint_files(conf: dict[str, str]) -> dict[str, str]:
     return {**with_jars(conf, [jar]), CHECKPOINT_FILES_KEY: CHECKPOINT_FILES_CLASS}
 
 
+SESSION_DEFAULTS = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.files.ignoreCorruptFiles": "false",
+    "spark.sql.files.ignoreMissingFiles": "false",
+    # State store snapshots are written by maintenance only (default every 60 s): a driver
+    # restarted more often would replay every delta file since the first batch.
+    "spark.sql.streaming.stateStore.maintenanceInterval": "5s",
+    # A batch an executor-side sink writes (or with several outputs) is cached for the few jobs
+    # of its batch and dropped after: building the cache uncompressed is the cheaper way
+    # (BENCHMARKS.md, "A backlog batch through the Delta sink").
+    "spark.sql.inMemoryColumnarStorage.compressed": "false",
+}
+"""Settings :func:`session` gives every session (besides cores, Python and host)."""
+
+
+def server_conf(cores: int, jars: bool = True) -> dict[str, str]:
+    """The settings of onceflow's sessions as a server's (a Spark Connect server's ``--conf``).
+
+    What :func:`session` sets in a driver it starts, for a driver someone else starts: the
+    defaults above, Hadoop's raw local file system (:data:`RAW_LOCAL_FS`), the throughput
+    collector, Python workers from compiled PySpark (a local master), and with ``jars`` onceflow's
+    id state store and checkpoint file manager (their jars on the server's ``--jars``).
+
+    Args:
+        cores: The server's cores (its shuffle partitions).
+        jars: Name onceflow's classes (the server has their jars).
+    """
+    conf = {**SESSION_DEFAULTS, "spark.sql.shuffle.partitions": str(cores),
+            "spark.driver.extraJavaOptions": THROUGHPUT_GC, "spark.python.daemon.module": DAEMON_MODULE,
+            **RAW_LOCAL_FS}
+    if jars:
+        conf[CHECKPOINT_FILES_KEY] = CHECKPOINT_FILES_CLASS
+        conf[idstore.PROVIDER_KEY] = idstore.PROVIDER_CLASS
+    return conf
+
+
 def _load_classes(spark: SparkSession, conf: dict[str, str], kafka: bool, realtime: bool) -> None:
     """Make onceflow's classes loadable in a driver JVM started before the session (spark-submit)."""
     from onceflow import jars
@@ -187,24 +225,10 @@ def session(
     builder = SparkSession.builder.appName(app_name)
     if master or not prestarted:  # spark-submit's --master stands unless one is given here
         builder = builder.master(master or f"local[{cores}]")
-    builder = (
-        builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
-        .config("spark.pyspark.python", sys.executable)
-        .config("spark.pyspark.driver.python", sys.executable)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.files.ignoreCorruptFiles", "false")
-        .config("spark.sql.files.ignoreMissingFiles", "false")
-        .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
-        # State store snapshots are written by maintenance only (default every 60 s): a
-        # driver restarted more often would replay every delta file since the first batch.
-        .config("spark.sql.streaming.stateStore.maintenanceInterval", "5s")
-        # A batch an executor-side sink writes (or with several outputs) is cached for the few
-        # jobs of its batch and dropped after: building the cache uncompressed is the cheaper
-        # way (BENCHMARKS.md, "A backlog batch through the Delta sink").
-        .config("spark.sql.inMemoryColumnarStorage.compressed", "false")
-    )
+    builder = builder.config(map={"spark.sql.shuffle.partitions": str(shuffle_partitions or cores),
+                                  "spark.pyspark.python": sys.executable,
+                                  "spark.pyspark.driver.python": sys.executable,
+                                  "spark.driver.host": os.environ["SPARK_LOCAL_IP"], **SESSION_DEFAULTS})
     conf = dict(conf or {})
     memory = {"spark.driver.memory": os.environ.get("ONCEFLOW_DRIVER_MEMORY", "4g")}
     if not prestarted:

@@ -8,9 +8,10 @@ daemonizes it. This starts ``org.apache.spark.sql.connect.service.SparkConnectSe
     python -m onceflow.verify.connect_server --workdir /tmp/connect
     # prints: remote sc://127.0.0.1:15002   (runs until interrupted)
 
-The server runs onceflow's Python (``spark.pyspark.python`` is this interpreter) and, unless
-``onceflow_jars=False``, has onceflow's jars on its class path (``--jars``: the id state store and
-the local checkpoint file manager), as a server admin would install them (docs/connect.md).
+The server runs onceflow's Python (``spark.pyspark.python`` is this interpreter) with the settings
+:func:`onceflow.spark.session` gives a driver it starts (:func:`onceflow.spark.server_conf`) and,
+unless ``onceflow_jars=False``, onceflow's jars on its class path (``--jars``: the id state store
+and the local checkpoint file manager), as a server admin would install them (docs/connect.md).
 ``ONCEFLOW_DRIVER_PID`` in its environment is its own process id, so a crash point armed in its
 ``foreachBatch`` worker (``ONCEFLOW_CRASH_AT``) kills the server JVM too.
 """
@@ -72,11 +73,13 @@ class ConnectServer:
         import pyspark
 
         submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-        conf = {"spark.connect.grpc.binding.port": str(self.port),
+        from onceflow.spark import server_conf
+
+        conf = {**server_conf(self.cores, self.onceflow_jars),
+                "spark.connect.grpc.binding.port": str(self.port),
                 "spark.connect.grpc.binding.address": "127.0.0.1",
                 "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
-                "spark.sql.shuffle.partitions": str(self.cores), "spark.sql.session.timeZone": "UTC",
-                "spark.ui.enabled": "false", "spark.driver.host": "127.0.0.1", **self.conf}
+                "spark.driver.host": "127.0.0.1", **self.conf}
         cmd = [str(submit), "--class", SERVER_CLASS, "--master", f"local[{self.cores}]",
                "--driver-memory", "2g"]
         if self.onceflow_jars:

@@ -1,0 +1,111 @@
+"""Example 5-1 over Spark Connect against a classic session, in one run.
+
+Each variant runs Example 5-1 (``onceflow.examples.user_counts``: dedup, per-batch window deltas
+into ``onceflow.sqlite``) over the same event log with a fresh checkpoint and database,
+``availableNow`` and ``--files`` segments per micro-batch, in a child process of its own (a
+classic session and a Connect client do not share one Python process):
+
+* ``classic``   — ``onceflow.spark.session()`` in the child (``local[2]``, onceflow's jars);
+* ``connect``   — a client of a Spark Connect server (``local[2]``) that has onceflow's jars
+                  (its id state store and checkpoint file manager);
+* ``connect-spark-store`` — a client of a server without them (Spark's state store and
+                  checkpoint file manager).
+
+The servers start once. Each child runs the query ``--rounds`` + 1 times in one session (the
+first run warms the JVM that runs the batches — the child's own, or the server's — and is not
+timed); each timing is the query alone (from ``write_stream`` to its end), never a session's
+start. The ratio is ``median(classic) / median(variant)``, throughput of the variant against a
+classic session (>= 0.9 is the target).
+
+Usage: python benchmarks/bench_connect.py [--events 1000000] [--rounds 2] [--files 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = '''
+import json, shutil, sqlite3, sys, time
+import onceflow
+from onceflow.examples.user_counts import start
+from onceflow.spark import session
+
+remote, log, work, files, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+spark = session(remote=remote) if remote != "classic" else session(master="local[2]", shuffle_partitions=2)
+for run in range(runs):  # run 0 warms the JVM (the client's session or the server's) and is not timed
+    shutil.rmtree(work, ignore_errors=True)
+    sink = onceflow.sqlite(f"{work}/db.sqlite")
+    t0 = time.perf_counter()
+    query = start(spark, log, sink, f"{work}/ck", max_files_per_trigger=files, once=True)
+    query.awaitTermination()
+    seconds = time.perf_counter() - t0
+    sink.close()
+    with sqlite3.connect(f"{work}/db.sqlite") as db:
+        counted = db.execute("SELECT coalesce(sum(count), 0) FROM global_counts").fetchone()[0]
+    print("RESULT " + json.dumps({"run": run, "seconds": seconds, "counted": counted}), flush=True)
+'''
+
+
+def run_child(target: str, log: Path, work: Path, files: int, runs: int) -> list[dict[str, float]]:
+    work.parent.mkdir(parents=True, exist_ok=True)
+    script = work.parent / "child.py"
+    script.write_text(CHILD)
+    done = subprocess.run([sys.executable, str(script), target, str(log), str(work), str(files), str(runs)],
+                          capture_output=True, text=True, timeout=3600, check=False)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or len(lines) != runs:
+        raise SystemExit(f"{target}: exit {done.returncode}\n{(done.stdout + done.stderr)[-3000:]}")
+    return [dict(json.loads(ln[len("RESULT "):])) for ln in lines]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--files", type=int, default=4, help="segments per micro-batch")
+    ap.add_argument("--segment-size", type=int, default=100_000)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_user_counts import make_log
+
+    from onceflow.verify.connect_server import ConnectServer
+
+    root = Path(args.workdir or tempfile.mkdtemp(prefix="bench-connect-"))
+    log = root / "log"
+    total = make_log(log, args.events, args.segment_size)
+    print(f"log: {total} events in {log}", flush=True)
+    servers = {"connect": ConnectServer(root / "server-jars", cores=2),
+               "connect-spark-store": ConnectServer(root / "server-plain", cores=2, onceflow_jars=False)}
+    for s in servers.values():
+        s.start()
+    times: dict[str, list[float]] = {}
+    try:
+        for name in ("classic", *servers):
+            target = "classic" if name == "classic" else servers[name].url
+            runs = run_child(target, log, root / "work" / name, args.files, args.rounds + 1)
+            for got in runs:
+                warm = " (warm-up)" if got["run"] == 0 else ""
+                print(f"{name} run {got['run']}{warm}: {got['seconds']:.1f} s, "
+                      f"{total / got['seconds']:,.0f} events/s, counted {got['counted']}", flush=True)
+            times[name] = [got["seconds"] for got in runs[1:]]
+    finally:
+        for s in servers.values():
+            s.kill()
+    for name in servers:
+        ratio = statistics.median(times["classic"]) / statistics.median(times[name])
+        print(f"ratio {name} / classic (throughput, medians of {args.rounds} runs after a warm-up): "
+              f"{ratio:.2f}")
+    print(json.dumps({"events": total, "files_per_batch": args.files, "times": times}))
+
+
+if __name__ == "__main__":
+    main()
