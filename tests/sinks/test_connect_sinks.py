@@ -1,0 +1,143 @@
+"""Every sink of ``write_stream`` through a real Spark Connect server, collected and task-written.
+
+The pipeline is written for this test: orders (some ids twice) deduplicated and summed per
+customer, one batch per file, written through a client of a Connect server (a process of its
+own) into each sink — its collected path and its task-written path (``collect_below=0``: every
+batch written by Spark's tasks on the server's executors). What each sink holds is read back with
+its own reader (sqlite3, deltalake, a read_committed Kafka consumer, the HTTP service's record)
+and compared with sums computed here. ``make test-long`` (one server and one broker, ~2 minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from onceflow.verify.connect_server import ConnectServer
+from onceflow.verify.kafka_server import KafkaServer
+from onceflow.verify.service import ServiceProcess, read_effects
+
+pytestmark = [pytest.mark.spark, pytest.mark.long]
+
+CLIENT = '''
+import sys
+import onceflow
+from onceflow import Table
+from onceflow.spark import session
+from pyspark.sql import functions as F
+
+url, root, sink_name, target, collect_below, name = sys.argv[1:7]
+below = int(collect_below)
+spark = session(remote=url)
+orders = (spark.readStream.schema("order_id STRING, customer STRING, qty BIGINT, ts TIMESTAMP")
+          .option("maxFilesPerTrigger", 1).parquet(f"{root}/in"))
+clean = onceflow.deduplicate(orders, id="order_id", event_time="ts", within="1 hour")
+table = Table(key=["customer"], add=["qty", "orders"])
+if sink_name == "delta":
+    sink = onceflow.delta(target, collect_below=below)
+elif sink_name == "kafka":
+    sink, table = onceflow.kafka(target, sink_id=f"k{below}", collect_below=below), Table(key=["customer"])
+elif sink_name == "http":
+    sink = onceflow.http(target, ledger=f"{root}/ledger.db", collect_below=below)
+    table = Table(key=["customer", "b"])
+else:
+    sink = onceflow.sqlite(target, collect_below=below)
+
+def per_batch(batch, batch_id):
+    out = batch.groupBy("customer").agg(F.sum("qty").alias("qty"), F.count("*").alias("orders"))
+    return out.withColumn("b", F.lit(batch_id)) if sink_name in ("kafka", "http") else out
+
+query = onceflow.write_stream(clean, sink=sink, checkpoint=f"{root}/ck", tables={name: table},
+                              per_batch=per_batch, once=True)
+query.awaitTermination()
+'''
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    with ConnectServer(tmp_path_factory.mktemp("connect")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[KafkaServer]:
+    with KafkaServer() as b:
+        yield b
+
+
+def _inputs(root: Path) -> tuple[int, int]:
+    """Three files, 100 ids of the second once more in the third; returns (orders, qty) once each."""
+    start = datetime(2026, 8, 1)
+    once: dict[str, int] = {}
+    (root / "in").mkdir()
+    for n in range(3):
+        ids = [f"o{n}-{i}" for i in range(400)] + ([f"o1-{i}" for i in range(100)] if n == 2 else [])
+        qty = [int(i[1]) * 1000 + int(i.split("-")[1]) + 1 for i in ids]  # a copy has its original's
+        once.update(zip(ids, qty, strict=True))
+        pq.write_table(pa.table({"order_id": ids, "customer": [f"c{k % 3}" for k in range(len(ids))],
+                                 "qty": pa.array(qty, pa.int64()),
+                                 "ts": [start + timedelta(minutes=n, seconds=k % 50)
+                                        for k in range(len(ids))]}),
+                       root / "in" / f"part-{n}.parquet")
+    return len(once), sum(once.values())
+
+
+def _run(server: ConnectServer, root: Path, sink: str, target: str, collect_below: int,
+         name: str) -> None:
+    (root / "client.py").write_text(CLIENT)
+    done = subprocess.run([sys.executable, str(root / "client.py"), server.url, str(root), sink, target,
+                           str(collect_below), name], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+
+
+def _kafka_rows(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "check", "isolation.level": "read_committed",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0)])
+    rows = []
+    while (m := c.poll(5)) is not None:
+        if not m.error():
+            rows.append(json.loads(m.value()))
+    c.close()
+    return rows
+
+
+@pytest.mark.parametrize("collect_below", [100_000, 0], ids=["collected", "tasks"])
+@pytest.mark.parametrize("sink", ["sqlite", "delta", "kafka", "http"])
+def test_every_sink_through_connect(server: ConnectServer, broker: KafkaServer, tmp_path: Path,
+                                    sink: str, collect_below: int) -> None:
+    orders, qty = _inputs(tmp_path)
+    name = f"per_customer_{sink}_{'tasks' if collect_below == 0 else 'collected'}"  # a topic per test
+    if sink == "sqlite":
+        _run(server, tmp_path, sink, str(tmp_path / "out.db"), collect_below, name)
+        with sqlite3.connect(tmp_path / "out.db") as db:
+            got = db.execute(f"SELECT sum(orders), sum(qty) FROM {name}").fetchone()
+    elif sink == "delta":
+        from deltalake import DeltaTable
+
+        _run(server, tmp_path, sink, str(tmp_path / "lake"), collect_below, name)
+        t = DeltaTable(str(tmp_path / "lake" / name)).to_pyarrow_table()
+        got = (sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist()))
+    elif sink == "kafka":
+        _run(server, tmp_path, sink, broker.bootstrap, collect_below, name)
+        rows = _kafka_rows(broker.bootstrap, name)
+        got = (sum(r["orders"] for r in rows), sum(r["qty"] for r in rows))
+    else:
+        with ServiceProcess(tmp_path / "effects.db") as service:
+            _run(server, tmp_path, sink, service.effects_url, collect_below, name)
+        effects = [e["payload"] for e in read_effects(tmp_path / "effects.db")]
+        got = (sum(e["orders"] for e in effects), sum(e["qty"] for e in effects))
+    assert got == (orders, qty)
