@@ -59,14 +59,15 @@ def _orders(root: Path, n: int = 3_000) -> dict[str, tuple[int, int]]:
                                         summed["order_id_count"].to_pylist(), strict=True)}
 
 
-def _submit(root: Path, *flags: str) -> str:
-    """Run the app with ``spark-submit`` (local[2]); returns its stdout and stderr."""
-    (root / "app.py").write_text(APP)
+def _submit(root: Path, *flags: str, master: str = "local[2]", app: str = APP,
+            env: dict[str, str] | None = None) -> str:
+    """Run the app with ``spark-submit``; returns its stdout and stderr."""
+    (root / "app.py").write_text(app)
     bin_dir = Path(sys.executable).parent
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
            "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "SPARK_LOCAL_IP": "127.0.0.1"}
-    done = subprocess.run([str(bin_dir / "spark-submit"), "--master", "local[2]", *flags,
+           "SPARK_LOCAL_IP": "127.0.0.1", **(env or {})}
+    done = subprocess.run([str(bin_dir / "spark-submit"), "--master", master, *flags,
                            str(root / "app.py"), str(root)], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     out = done.stdout + done.stderr
@@ -119,3 +120,30 @@ def test_a_read_only_cache_without_shipped_jars_falls_back_to_sparks_classes(tmp
     assert "ROWS 5" in out
     assert "PROVIDER None" in out or "HDFSBackedStateStoreProvider" in out
     assert "set ONCEFLOW_CACHE_DIR to a writable directory" in out  # the warning says why and what to do
+
+
+@pytest.mark.long  # ~40 s: make test is near its 30 minutes
+@pytest.mark.faults
+def test_spark_submit_on_a_standalone_cluster_with_an_executor_killed_mid_write(tmp_path: Path) -> None:
+    """Two workers; batch 1's first task attempt SIGKILLs its executor after writing part of its rows.
+
+    Every batch is written by Spark's tasks (``collect_below=0``: scratch files beside the
+    database, then one copy with the marker); Spark runs the lost task again on an executor
+    it has left, and the table is exact.
+    """
+    from onceflow.verify.standalone import StandaloneCluster
+
+    expected = _orders(tmp_path, n=6_000)
+    app = APP.replace('onceflow.sqlite(f"{root}/out.db")',
+                      'onceflow.sqlite(f"{root}/out.db", collect_below=0)')
+    assert app != APP
+    cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1).start()
+    try:
+        out = _submit(tmp_path, "--driver-memory", "1g", master=cluster.master_url, app=app,
+                      env={"ONCEFLOW_CRASH_AT": "task_mid_write@0"})
+    finally:
+        cluster.stop()
+    assert "crash point task_mid_write at batch 0" in out or any(
+        "crash point task_mid_write" in f.read_text(errors="replace")
+        for f in (tmp_path / "cluster").rglob("stderr")), out[-3000:]
+    assert _table(tmp_path) == expected
