@@ -81,6 +81,11 @@ def load(spec: str, fresh: bool = False) -> Callable[..., Any]:
             sys.path.remove(str(file.parent))
         if not fresh:
             sys.modules[modname] = module
+            # its functions pickled by value: a Spark Connect server (whose foreachBatch worker
+            # runs per_batch) cannot import a module loaded from a path under a name of ours
+            from pyspark import cloudpickle
+
+            cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
     fn = getattr(module, name, None)
     if not callable(fn):
         have = sorted(n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_"))

@@ -66,6 +66,20 @@ def test_every_fault_kind_on_the_orders_pipeline_leaves_exact_tables(orders_samp
     assert stored <= distinct <= stored + late
 
 
+@pytest.mark.long  # ~90 s: every driver starts a Spark Connect server of its own
+def test_the_orders_pipeline_verified_through_spark_connect(orders_sample: Path, tmp_path: Path) -> None:
+    """``--cluster connect``: each driver a Connect client of its own server; the crash points fire
+    in the server's foreachBatch worker and take the server down; every fault hits data."""
+    rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build", "--input", str(orders_sample),
+                           "--cluster", "connect", "--rounds", "3", "--seed", "5",
+                           "--faults", "kill_random,crash_inside_sink_txn,crash_after_sink_commit")
+    assert rc == 0, out
+    assert [r["fault"] for r in rep["rounds"]] == ["kill_random", "crash_inside_sink_txn",
+                                                   "crash_after_sink_commit"]
+    assert all(r["rows_at_risk"] > 0 for r in rep["rounds"]), rep["rounds"]
+    assert "OK: nothing lost, nothing duplicated" in out
+
+
 def test_a_negative_control_sink_is_caught_on_the_orders_pipeline(orders_sample: Path,
                                                                    tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build", "--input", str(orders_sample),

@@ -219,6 +219,10 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--input", "input_dir", default=None, metavar="DIR|HOST:PORT/TOPIC",
               help="What a --pipeline PATH.py:FUNCTION reads (its input argument): a directory, or "
                    "a Kafka bootstrap server and topic.")
+@click.option("--remote", default=None, metavar="sc://HOST:PORT|local",
+              help="Run on Spark Connect: the server at sc://HOST:PORT (onceflow installed in its Python, "
+                   "docs/connect.md), or 'local': a server this run starts for itself, with onceflow's "
+                   "jars and settings, that lives and dies with it (as a classic driver's JVM does).")
 @click.option("--id-store/--spark-store", default=None, envvar="ONCEFLOW_ID_STORE", show_envvar=True,
               help="Where the deduplication keeps its ids: onceflow's id state store (the default; "
                    "Example 5-1 ~1.5x faster; compiled once on first use) or Spark's HDFS-backed "
@@ -228,15 +232,14 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         effects_url: str | None, out_kafka: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
-        standby: Path | None, pipeline: str, input_dir: str | None, id_store: bool | None) -> None:
+        standby: Path | None, pipeline: str, input_dir: str | None, remote: str | None,
+        id_store: bool | None) -> None:
     """Run a pipeline over the event log, exactly once into its sink.
 
     The default pipeline is Streaming Systems Example 5-1 (per-user and global counts per
     minute); --pipeline billing sums bytes per account and hour (default sink postgres-staged);
     --pipeline PATH.py:FUNCTION runs your own over --input.
     """
-    from onceflow.spark import session
-
     if pipeline not in PIPELINES and ":" not in pipeline:
         raise click.BadParameter(f"{pipeline!r}: use {', '.join(PIPELINES)} or PATH.py:FUNCTION",
                                  param_hint="--pipeline")
@@ -250,11 +253,12 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
                                f"onceflow.write_realtime; {pipeline} writes micro-batches")
     if pipeline not in PIPELINES:
         out = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, kafka=out_kafka)
-        _run_user_pipeline(pipeline, input_dir, checkpoint, out, sink_kind, once, master, conf, standby)
+        _run_user_pipeline(pipeline, input_dir, checkpoint, out, sink_kind, once, master, conf, standby,
+                           remote)
         return
     spark = None
     if standby is not None:
-        spark = session(master=master, conf=conf)
+        spark = _session(master, conf, remote, checkpoint)
         wait_for_release(standby)
     source = _source(log_dir, kafka, topic, max_offsets_per_trigger, pipeline, kafka_connector)
     cfg = PipelineConfig(log_dir=source, checkpoint=checkpoint.absolute(),
@@ -266,7 +270,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     where = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, effects_url=effects_url,
                         effects_timeout_s=effects_timeout, kafka=out_kafka)
     sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], where, sink_id=pipeline)
-    spark = spark or session(master=master, conf=conf)
+    spark = spark or _session(master, conf, remote, checkpoint)
     try:
         result = run_pipeline(spark, cfg, sink, once, pipeline)
     finally:
@@ -278,12 +282,29 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     )
 
 
+def _session(master: str | None, conf: dict[str, str], remote: str | None, checkpoint: Path) -> Any:
+    """The run's session: classic, or Spark Connect (``--remote``; ``local``: a server of its own)."""
+    from onceflow.spark import session
+
+    if remote is None:
+        return session(master=master, conf=conf)
+    if master:
+        raise click.UsageError("--master and --remote: the Spark Connect server has its own master")
+    if remote == "local":
+        from onceflow.verify.connect_server import private_server
+
+        remote = private_server(checkpoint.absolute().parent / f"connect-server-{os.getpid()}").url
+    try:
+        return session(remote=remote, conf={k: v for k, v in conf.items() if k.startswith("spark.sql.")})
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where_out: SinkOptions,
                        sink_kind: str | None, once: bool, master: str | None, conf: dict[str, str],
-                       standby: Path | None) -> None:
+                       standby: Path | None, remote: str | None) -> None:
     """``--pipeline PATH.py:FUNCTION``: the user's function builds the query over ``--input``."""
     from onceflow import pipelines
-    from onceflow.spark import session
 
     if input_dir is None:
         raise click.UsageError(f"--pipeline {spec} needs --input DIR (the directory the pipeline reads)")
@@ -300,9 +321,12 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where
         where = Path(input_dir).absolute()
         where.mkdir(parents=True, exist_ok=True)
     if kind == REALTIME:
+        if remote is not None:
+            raise click.UsageError("--sink realtime runs Spark's Real-Time Mode through a JVM writer: not on "
+                                   "Spark Connect (--remote)")
         _run_realtime(fn, where, checkpoint, where_out.pg_dsn, once, master, conf, standby)
         return
-    spark = session(master=master, conf=conf)
+    spark = _session(master, conf, remote, checkpoint)
     if standby is not None:
         wait_for_release(standby)
     sink = make_sink(kind, where_out, sink_id=USER_SINK_ID)

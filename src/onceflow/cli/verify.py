@@ -38,12 +38,15 @@ if TYPE_CHECKING:
                    "sink_outage).")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
-@click.option("--cluster", type=click.Choice(["local", "standalone"]), is_flag=False, flag_value="local",
+@click.option("--cluster", type=click.Choice(["local", "standalone", "connect"]), is_flag=False,
+              flag_value="local",
               default=None,
               help="Run on executors in their own JVMs: 'local' (also plain --cluster) is "
                    "local-cluster[2,1,1024] (enables executor_kill); 'standalone' starts a Spark "
                    "standalone master and two workers as separate processes on loopback (enables "
-                   "worker_kill: a busy worker and its executor SIGKILLed, then restarted).")
+                   "worker_kill: a busy worker and its executor SIGKILLed, then restarted); 'connect' "
+                   "runs every driver as a Spark Connect client of a server of its own (onceflow run "
+                   "--remote local): the batches and crash points run in the server, a kill takes both.")
 @click.option("--source", type=click.Choice(["log", "kafka"]), default="log", show_default=True,
               help="Where the pipeline reads: the event log (or --input's files with --pipeline), or a "
                    "Kafka topic on a Kafka broker (Apache Kafka's server, one KRaft node on loopback) that "

@@ -100,7 +100,8 @@ class VerifyConfig:
         pg_dsn: PostgreSQL server for postgres sinks (else ``$ONCEFLOW_PG_DSN``); the run
             writes into a new schema there.
         cluster: One of :data:`CLUSTERS` (True: ``local``): drivers on ``local-cluster[2,1,1024]``
-            (``executor_kill``) or on a standalone master with two workers (``worker_kill``).
+            (``executor_kill``), on a standalone master with two workers (``worker_kill``), or
+            Spark Connect clients of a server each (``connect``).
         ingest: Feed the log through senders and a receiver (needed by the ingest faults).
         source: ``log`` (the event log) or ``kafka`` (a topic on a Kafka broker verify starts).
         events_per_round: Distinct events generated per round.
@@ -140,7 +141,7 @@ class VerifyConfig:
             raise ConfigError(f"--faults needs at least one of {', '.join(ROUND_FAULTS)}")
         self.cluster = cluster_kind(self.cluster)
         if self.cluster not in CLUSTERS:
-            raise ConfigError(f"cluster must be local or standalone, got {self.cluster!r}")
+            raise ConfigError(f"cluster must be local, standalone or connect, got {self.cluster!r}")
         for fault, kinds in CLUSTER_FAULTS.items():
             if fault in self.faults and self.cluster not in kinds:
                 raise ConfigError(f"the {fault} fault needs --cluster {' or '.join(kinds)}")
@@ -421,13 +422,14 @@ class _Run:
         self.scheduled = sum(r.fault != VERIFY_KILL for r in self.records)
         # no standbys on a standalone cluster: a waiting driver is an application holding executors
         self.standby = Standby(self.driver, self.outs) \
-            if cfg.fast_start and self.rig is None and cluster is None else None
+            if cfg.fast_start and self.rig is None and cluster is None and cfg.cluster != "connect" else None
 
     def driver(self, tag: str, env: dict[str, str] | None = None, **kw: Any) -> Driver:
         """A fresh ``onceflow run`` driver for this run's sink, input and cluster."""
+        remote = ["--remote", "local"] if self.cfg.cluster == "connect" else []
         return Driver(self.log_dir, self.ck, self.target.db, self.outs / f"{tag}.out", sink=self.cfg.sink,
                       master=self.master, env={**self.jvm, **self.target.env(), **(env or {})},
-                      extra_args=self.target.extra_args(), **self.src.driver_kw(), **kw)
+                      extra_args=[*self.target.extra_args(), *remote], **self.src.driver_kw(), **kw)
 
     def persist(self) -> None:
         """Write the run's state (resume step 1 and after every round)."""

@@ -19,12 +19,14 @@ and the local checkpoint file manager), as a server admin would install them (do
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,16 +49,21 @@ class ConnectServer:
         conf: Extra Spark settings of the server.
         env: Extra environment of the server (e.g. ``ONCEFLOW_CRASH_AT``).
         onceflow_jars: Put onceflow's jars on its class path.
+        own_group: Run it in a process group of its own (:meth:`kill` kills the group); False:
+            in the caller's group, so a ``kill -9`` of that group takes the server too.
     """
 
     def __init__(self, workdir: str | os.PathLike[str], port: int | None = None, cores: int = 2,
                  conf: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None,
-                 onceflow_jars: bool = True) -> None:
+                 onceflow_jars: bool = True, own_group: bool = True) -> None:
         self.workdir = Path(workdir)
+        self.own_group = own_group
         self.port = port or free_port()
         self.cores, self.conf, self.env = cores, dict(conf or {}), dict(env or {})
         self.onceflow_jars = onceflow_jars
         self.proc: subprocess.Popen[bytes] | None = None
+        self.closing = False
+        """Set by :meth:`kill`: the server's end is asked for, not a crash."""
 
     @property
     def url(self) -> str:
@@ -106,7 +113,7 @@ class ConnectServer:
         script = f"export {faults.DRIVER_PID_ENV}=$$; exec {shlex.join(self.command())}"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+                                         env=env, start_new_session=self.own_group)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -126,9 +133,9 @@ class ConnectServer:
         except OSError:
             return False
 
-    def _tail(self) -> str:
+    def _tail(self, chars: int = 3000) -> str:
         try:
-            return self.log.read_text(errors="replace")[-3000:]
+            return self.log.read_text(errors="replace")[-chars:]
         except OSError:
             return "(no log)"
 
@@ -136,8 +143,12 @@ class ConnectServer:
         """SIGKILL the server's process group (the JVM and its Python workers) and wait for it."""
         if self.proc is None:
             return
+        self.closing = True
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            if self.own_group:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:  # its Python workers end when the JVM's sockets close
+                self.proc.kill()
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=60)
@@ -149,6 +160,31 @@ class ConnectServer:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.kill()
+
+
+def private_server(workdir: str | os.PathLike[str]) -> ConnectServer:
+    """A server for this process alone (``onceflow run --remote local``), in this process's group.
+
+    The process and its server are one driver, as a classic driver and its JVM are: a ``kill -9``
+    of the group takes both, and when the server dies (a crash point in its ``foreachBatch``
+    worker, the JVM killed) a watchdog thread SIGKILLs this process too, at once — a Connect
+    client would otherwise retry the lost server for minutes.
+    """
+    server = ConnectServer(workdir, cores=os.cpu_count() or 2, own_group=False).start()
+    atexit.register(server.kill)  # a normal exit ends the server, as a classic driver's JVM ends
+
+    def watch() -> None:
+        proc = server.proc
+        if proc is not None and proc.wait() is not None and not server.closing:
+            said = [ln for ln in server._tail(200_000).splitlines() if ln.startswith("onceflow: crash point")]
+            for line in dict.fromkeys(said):  # what its worker said as it died, on this driver's stderr
+                print(line, file=sys.stderr)
+            print(f"onceflow: the Spark Connect server exited ({proc.returncode}): this driver stops with it",
+                  file=sys.stderr, flush=True)
+            faults.crash_now()
+
+    threading.Thread(target=watch, name="onceflow-connect-watchdog", daemon=True).start()
+    return server
 
 
 def main(argv: list[str] | None = None) -> int:

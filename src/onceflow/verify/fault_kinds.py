@@ -74,9 +74,11 @@ INGEST_FAULTS = INGEST_ROUND_FAULTS + INGEST_INPUT_FAULTS
 CLUSTER_MASTER = "local-cluster[2,1,1024]"
 
 
-CLUSTERS = ("", "local", "standalone")
+CLUSTERS = ("", "local", "standalone", "connect")
 """``--cluster`` choices: none (``local[*]``), ``local-cluster[2,1,1024]``, a standalone master
-and two workers (:mod:`onceflow.verify.standalone`)."""
+and two workers (:mod:`onceflow.verify.standalone`), or Spark Connect: each driver a client of a
+server of its own (``onceflow run --remote local``, :func:`onceflow.verify.connect_server.private_server`),
+the batches run by the server's ``foreachBatch`` worker, the crash points fired there."""
 
 CLUSTER_FAULTS = {"executor_kill": ("local",), "worker_kill": ("standalone",),
                   "executor_kill_mid_write": ("local", "standalone")}

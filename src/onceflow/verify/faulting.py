@@ -134,7 +134,10 @@ def error_line(d: Driver) -> str:
 
 def at_risk(records: list[RoundRecord], markers: list[dict[str, Any]]) -> None:
     """Each round's rows at risk: the input rows of the batches its fault hit (final markers)."""
-    rows = {int(m["batch_id"]): int(m.get("input_rows") or 0) for m in markers}
+    # input rows, else (a count the sink could not know: NULL, e.g. on Spark Connect) the rows the
+    # batch counted after deduplication: either way rows that were in flight
+    rows = {int(m["batch_id"]): int(m["input_rows"] if m.get("input_rows") is not None
+                                    else m.get("events_counted") or 0) for m in markers}
     for r in records:
         if r.fault in CRASH_FAULTS or r.fault in ("ambiguous_commit", "kill_random", "sink_outage",
                                                    *CLUSTER_FAULTS):
