@@ -120,3 +120,18 @@ def table_frames(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> dict[s
               .withColumnRenamed("sum(n)", "n").withColumnRenamed("max(hi)", "hi")
               .withColumnRenamed("min(lo)", "lo"))
     return {"events": events.persist(), "latest": latest.persist(), "totals": totals.persist()}
+
+
+def restore_from_copy(restored: str, db: Path, ck: Path, backup_db: Path, backup_ck: Path) -> None:
+    """Put back the SQLite database (``restored == "database"``) or the checkpoint from their copies."""
+    import shutil
+    import sqlite3
+
+    if restored == "database":
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(db) + suffix).unlink(missing_ok=True)
+        with sqlite3.connect(backup_db) as src, sqlite3.connect(db) as dst:
+            src.backup(dst)
+    else:
+        shutil.rmtree(ck)
+        shutil.copytree(backup_ck, ck)

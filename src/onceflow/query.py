@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from onceflow import plans
 from onceflow.batch import BatchWriter
 from onceflow.errors import from_spark
 from onceflow.sinks.base import TablesSink
@@ -70,6 +71,7 @@ class OnceQuery:
                  restart: Callable[[], Any] | None = None) -> None:
         self.query, self._writer, self.sink, self._listener = query, writer, sink, listener
         self._restart = restart
+        self._restored_after = -1
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
         """Wait for the query to end (``once``: when everything available is written).
@@ -112,6 +114,8 @@ class OnceQuery:
     def _restarted(self) -> bool:
         """Start the query again when a batch restored by ``onceflow repair`` is next (see the module)."""
         batch, self._writer.restoring = self._writer.restoring, None
+        if batch is None and plans.is_connect(self.query):  # the writer that saw it ran on the server
+            batch = self._restore_on_server()
         if batch is None or self._restart is None or self.query.isActive:
             return False
         print(f"onceflow: restoring batch {batch} from the sink's marker (onceflow repair): starting the "
@@ -119,6 +123,27 @@ class OnceQuery:
         self._writer.error = None
         self.query = self._restart()
         return True
+
+    def _restore_on_server(self) -> int | None:
+        """On Spark Connect: the restored batch the query stopped before, read from the checkpoint.
+
+        The batch writer that replayed a restored batch ran in the server's worker; the client
+        sees the restore from the checkpoint: ``onceflow repair``'s restore file is there and the
+        next batch is planned without a commit. Only when a batch committed since the last
+        restart (a restore moves forward, never loops).
+        """
+        from onceflow import checkpoint as ckpt
+        from onceflow import repair
+
+        root = self._writer.checkpoint
+        if not repair.restore_under_way(root):
+            return None
+        planned, committed = ckpt.offset_batches(root), ckpt.committed_batches(root)
+        done = committed[-1] if committed else -1
+        if not planned or planned[-1] <= done or done <= self._restored_after:
+            return None
+        self._restored_after = done
+        return planned[-1]
 
     def _wait(self, timeout: float | None, interrupts: _Interrupts) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -119,6 +119,11 @@ def _restoring_until(checkpoint: Path) -> int:
             from None
 
 
+def restore_under_way(checkpoint: Path) -> bool:
+    """Whether ``onceflow repair`` is restoring batches of ``checkpoint`` from the sink's markers."""
+    return _restoring_until(checkpoint) >= 0
+
+
 def continue_restore(sink: Any, checkpoint: Path, batch_id: int) -> bool:
     """After the replay of a restored batch N (its range checked): restore the plan of N+1.
 

@@ -29,6 +29,7 @@ import pytest
 import onceflow
 from onceflow.errors import OutOfStepError
 from tests.core import transfers
+from tests.helpers import restore_from_copy
 
 pytestmark = pytest.mark.spark
 
@@ -245,4 +246,53 @@ def test_onceflow_run_after_a_database_restore_exits_1_then_repair_makes_it_exac
     assert fixed.returncode == 0, fixed.stderr
     assert run().returncode == 0
     verdict = judge_sqlite(db, expect(tmp_path / "ck"))
+    assert verdict.ok, verdict.violations
+
+
+@pytest.mark.long  # ~2 minutes: every run starts a Spark Connect server of its own
+@pytest.mark.parametrize("restored", ["database", "checkpoint"])
+def test_a_restore_over_spark_connect_is_refused_then_repaired_exactly(tmp_path: Path,
+                                                                        restored: str) -> None:
+    """Example 5-1 with ``onceflow run --remote local`` (each run a Connect client of its own server).
+
+    The database, or the checkpoint, restored from a copy taken after the first run: the next run
+    is refused naming ``onceflow repair``; after it, runs write every event once (a restored
+    checkpoint's batches are replayed from the sink's markers: the query restarts per batch).
+    """
+    import shutil
+
+    from onceflow.sources.log import EventLog
+    from onceflow.verify.generator import GeneratorConfig, generate_segments
+    from onceflow.verify.oracle import expect
+    from onceflow.verify.verdict import judge_sqlite
+
+    log, db, ck = EventLog(tmp_path / "log"), tmp_path / "out.db", tmp_path / "ck"
+    segments = list(generate_segments(GeneratorConfig(events=6_000, users=20, minutes=6, seed=5,
+                                                      segment_size=2_000)))
+    cli = [sys.executable, "-m", "onceflow.cli.main"]
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, "run", "--log", str(log.directory), "--checkpoint", str(ck),
+                               "--db", str(db), "--once", "--max-files-per-trigger", "1",
+                               "--remote", "local"], capture_output=True, text=True, timeout=600)
+
+    log.append(segments[0])
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    with sqlite3.connect(db) as src, sqlite3.connect(tmp_path / "backup.db") as dst:
+        src.backup(dst)
+    shutil.copytree(ck, tmp_path / "ck-backup")
+    log.append(segments[1])
+    assert run().returncode == 0
+    restore_from_copy(restored, db, ck, tmp_path / "backup.db", tmp_path / "ck-backup")
+    log.append(segments[2])
+    refused = run()
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "onceflow repair --checkpoint" in refused.stderr, refused.stderr[-3000:]
+    fixed = subprocess.run([*cli, "repair", "--checkpoint", str(ck), "--db", str(db), "--sink-id",
+                            "user_counts"], capture_output=True, text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stderr
+    again = run()
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    verdict = judge_sqlite(db, expect(ck))
     assert verdict.ok, verdict.violations

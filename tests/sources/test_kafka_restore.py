@@ -19,6 +19,7 @@ import pytest
 import onceflow
 from onceflow.errors import OutOfStepError
 from tests.core import orders
+from tests.helpers import restore_from_copy
 
 pytestmark = [pytest.mark.spark, pytest.mark.long]
 
@@ -45,14 +46,7 @@ def test_kafka_restore_refused_then_repaired(spark: Any, broker: Any, tmp_path: 
         shutil.copytree(ck, tmp_path / "ck-backup")
     orders.produce(broker.bootstrap, topic, manifest, 500, 500, bad_rate=0.1, seed=3)
     run()
-    if restored == "database":
-        for suffix in ("", "-wal", "-shm"):
-            Path(str(db) + suffix).unlink(missing_ok=True)
-        with sqlite3.connect(tmp_path / "backup.db") as src, sqlite3.connect(db) as dst:
-            src.backup(dst)
-    else:
-        shutil.rmtree(ck)
-        shutil.copytree(tmp_path / "ck-backup", ck)
+    restore_from_copy(restored, db, ck, tmp_path / "backup.db", tmp_path / "ck-backup")
     orders.produce(broker.bootstrap, topic, manifest, 1000, 500, bad_rate=0.1, seed=3)
     with pytest.raises(OutOfStepError):
         run()
