@@ -122,6 +122,7 @@ def _tables(root: Path) -> tuple[dict[str, tuple[int, int]], int, list[str]]:
     return sums, late, rules
 
 
+@pytest.mark.long  # make test reached 30:52: the killed-server test below runs the same pipeline there
 def test_the_pipeline_runs_exactly_once_through_a_connect_server(tmp_path: Path) -> None:
     expected, late, bad = _write_inputs(tmp_path)
     assert late == 40 and bad == 2

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.long]  # ~45 s; make test reached 30:52 (2026-11-28)
 
 SPEC = """name: orders
 storage: file://{root}/storage
