@@ -305,16 +305,11 @@ class BatchWriter:
         """Steps 2 and 3: the count started beside, ``per_batch``'s outputs, a stable copy over them."""
         from pyspark.sql import functions as F
 
-        if plans.is_connect(df):
-            from pyspark.sql.connect.observation import Observation as Observing
-        else:
-            from pyspark.sql import Observation as Observing  # type: ignore[assignment]
-
         counted = self._pool.submit(self._count, batch_id)  # 2
         observation: Any = None
         observed = df
         if self.o.count_rows is None:  # the first job that reads the batch counts it
-            observation = Observing(f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
+            observation = plans.observation(df, f"onceflow-rows-{id(self)}-{batch_id}-{time.monotonic_ns()}")
             observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
         frames = self._outputs(observed, batch_id)  # 3
         kept = None

@@ -81,9 +81,10 @@ def start_settings(conf: dict[str, str], wanted: Mapping[str, str]) -> dict[str,
                 continue
             have = f"a {heap / 2**30:.1f} GiB heap"
         else:
-            have = f"{key}={running_conf(key) or '(unset)'}"
-            if value.strip() in (running_conf(key) or ""):
+            given = running_conf(key) or ""
+            if value.strip() in given:
                 continue
+            have = f"{key}={given or '(unset)'}"
         flag = _FLAGS[key].format(value=value)
         _log.warning("the driver JVM was started before onceflow's session (spark-submit) with %s; onceflow "
                      "would set %s=%s, which only a JVM's start applies: pass %s to spark-submit",

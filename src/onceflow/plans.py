@@ -56,6 +56,17 @@ def analyzed_text(df: DataFrame) -> str:
     return str(df._jdf.queryExecution().analyzed().toString())
 
 
+def observation(df: DataFrame, name: str) -> Any:
+    """A new ``Observation`` for ``df.observe``: Spark Connect's for a Connect DataFrame, else PySpark's."""
+    if is_connect(df):
+        from pyspark.sql.connect.observation import Observation as ConnectObservation
+
+        return ConnectObservation(name)
+    from pyspark.sql import Observation
+
+    return Observation(name)
+
+
 def observed(observation: Any) -> dict[str, Any] | None:
     """An Observation's metrics once a job that ran its plan finished, else None (never waits)."""
     if is_connect(observation):  # filled from the response of an action that ran its plan
@@ -108,9 +119,7 @@ def bare_source(df: DataFrame) -> Leaf | None:
     """The source of a DataFrame that is one streaming source read as it is, else None."""
     if is_connect(df):
         node = df._plan
-        if type(node).__name__ == "DataSource" and getattr(node, "_is_streaming", False):
-            return _connect_leaf(node, df)
-        return None
+        return _connect_leaf(node, df) if _is_stream_source(node) else None
     plan = df._jdf.queryExecution().analyzed()
     if plan.children().size() != 0:
         return None
@@ -142,6 +151,11 @@ def _scala_map(m: Any) -> dict[str, str]:
     return out
 
 
+def _is_stream_source(node: Any) -> bool:
+    """Whether a Connect client plan node is a streaming source (``spark.readStream...``)."""
+    return type(node).__name__ == "DataSource" and bool(getattr(node, "_is_streaming", False))
+
+
 def _connect_sources(node: Any) -> list[Any]:
     """The streaming ``DataSource`` nodes under a Connect client plan (any operator's children)."""
     from pyspark.sql.connect.plan import LogicalPlan
@@ -152,7 +166,7 @@ def _connect_sources(node: Any) -> list[Any]:
         if id(n) in seen:
             continue
         seen.add(id(n))
-        if type(n).__name__ == "DataSource" and getattr(n, "_is_streaming", False):
+        if _is_stream_source(n):
             found.append(n)
             continue
         for value in vars(n).values():

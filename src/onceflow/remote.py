@@ -27,19 +27,16 @@ _log = logging.getLogger("onceflow.remote")
 _CHECKED: set[str] = set()
 
 PROBES = {
-    "org.apache.spark.sql.onceflow.IdStateStoreProvider": (
-        "org.apache.spark.sql.onceflow.IdStateStoreProvider", "DELTA"),
-    "org.apache.spark.sql.onceflow.LocalCheckpointFileManager": (
-        "org.apache.spark.sql.onceflow.LocalCheckpointFileManager", "NAME"),
+    "org.apache.spark.sql.onceflow.IdStateStoreProvider": "DELTA",
+    "org.apache.spark.sql.onceflow.LocalCheckpointFileManager": "NAME",
 }
-"""Class -> (a class with a static member, the member) that :func:`server_has` reflects on."""
+"""Class -> a static member of it (its companion object's) that :func:`server_has` reflects on."""
 
 
 def server_has(spark: Any, class_name: str) -> bool:
     """Whether the Connect server's driver loads ``class_name`` (one of :data:`PROBES`)."""
-    owner, member = PROBES[class_name]
     try:
-        spark.sql(f"SELECT reflect('{owner}', '{member}') AS probe").collect()
+        spark.sql(f"SELECT reflect('{class_name}', '{PROBES[class_name]}') AS probe").collect()
     except Exception as exc:  # noqa: BLE001 - Spark says "class ... not found" as an AnalysisException
         if "not found" in str(exc) or "UNEXPECTED_CLASS_TYPE" in str(exc):
             return False

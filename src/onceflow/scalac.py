@@ -64,12 +64,11 @@ def spark_jars() -> Path:
 
 def _file_name(name: str, sources: Sequence[Path], extra: Sequence[Path]) -> str:
     """The jar's file name: one per source text, extra classpath names and Spark version."""
-    import pyspark
-
-    text = b"".join(p.read_bytes() for p in sources) + pyspark.__version__.encode()
+    version = spark_version()
+    text = b"".join(p.read_bytes() for p in sources) + version.encode()
     text += "".join(p.name for p in extra).encode()
     digest = hashlib.sha256(text).hexdigest()[:16]
-    return f"{name}-{pyspark.__version__}-{digest}.jar"
+    return f"{name}-{version}-{digest}.jar"
 
 
 def jar_path(name: str, sources: Sequence[Path], extra: Sequence[Path] = ()) -> Path:
