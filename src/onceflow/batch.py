@@ -16,6 +16,8 @@ commit protocol is in :mod:`onceflow.sinks.base`, numbered the same in every sin
    (:func:`onceflow.checkpoint.plan_counts`) give the late drops and the duplicates a
    deduplication dropped, and the input rows of other sources (Kafka, ...); a count onceflow
    cannot know is None (NULL in the marker), never a difference (:meth:`BatchWriter._stats`).
+   On Spark Connect (no plan to read) N's commit carries N-1's metrics from the query's
+   progress, for N-1's marker (:mod:`onceflow.progress`).
 3. **Prepare** (:meth:`BatchWriter._prepare`): run ``per_batch`` on N's DataFrame (lazily: no job
    yet). ``per_batch`` may run more than once for N (after a crash): it must be deterministic given
    N's rows, which Spark guarantees for the rows themselves. With ``stable=``, a copy of N's output
@@ -77,6 +79,7 @@ from onceflow.errors import (
     OutOfStepError,
     UncountableInputError,
 )
+from onceflow.progress import ProgressReader
 from onceflow.retry import retrying
 from onceflow.sinks.base import BatchStats, CollectingSink, DriverSink, ExecutorSink, Settle, TablesSink
 from onceflow.stable import Persisted, StableOutputs
@@ -193,6 +196,8 @@ class BatchWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="onceflow-stats")
         self._stop = threading.Event()
         self._sources_checked = False
+        # on Spark Connect the plan's metrics come from the query's progress, a batch late
+        self._progress = ProgressReader(spark.session_id) if plans.is_connect(spark) else None
 
     def __getstate__(self) -> dict[str, Any]:
         """What Spark Connect ships to the server's ``foreachBatch`` worker (the function is pickled).
@@ -420,7 +425,8 @@ class BatchWriter:
             wanted = a.stats.late_dropped is None or a.stats.late_dropped > 0
         else:  # the files' count
             wanted = bool(counted is not None and counted.late and batch is not None)
-        rows = self._late_rows(a.df, a.batch_id, batch) if wanted else None
+        rows = rj.late_rows(a.df.sparkSession, self.checkpoint, a.batch_id, batch, self.o.contract,
+                            str(self.o.event_time), self.o.ids) if wanted else None
         if rows is not None:
             self._add_output(a, late, rows)
 
@@ -506,7 +512,8 @@ class BatchWriter:
         try:
             committed = retrying(f"batch {a.batch_id}: the sink's commit", self.o.retry_s, commit)
         except BatchRejectedError as exc:
-            raise self._traced(a.df.sparkSession, a.batch_id, exc) from None
+            raise rj.traced(a.df.sparkSession, self.checkpoint, a.batch_id, self.o.contract, self.o.ids,
+                            exc) from None
         if a.uncached and not committed:  # a replay ran no task: its input's numbers only, for on_batch
             a.written = a.written or {n: 0 for n in a.frames}
             a.stats = self._input_stats(a)[0]
@@ -517,51 +524,6 @@ class BatchWriter:
         if self.o.stable is not None:
             self.o.stable.drop(a.batch_id)
         return committed
-
-    def _traced(self, spark: Any, batch_id: int, exc: BatchRejectedError) -> BatchRejectedError:
-        """``exc`` (an output row refused) with the source coordinates of the input record behind it.
-
-        Traced by the deduplication's id: when the refused row carries the id column(s) and the
-        query has an input contract, the batch's input is read back and the record with that id
-        named. Otherwise the message says that it cannot be traced, and how to reject such
-        records before ``per_batch``.
-        """
-        contract, ids, row = self.o.contract, self.o.ids, exc.row
-        found = None
-        if contract is not None and ids and row is not None and all(row.get(i) is not None for i in ids):
-            found = rj.find_record(spark, self.checkpoint, batch_id, contract, {i: row[i] for i in ids})
-        if found is not None:
-            note = f"; the input record behind it: {rj.where(found)}: {found['value']}"
-        else:
-            note = ("; the input record behind it cannot be traced (onceflow follows a row back to its input "
-                    "only by the deduplication's id, which this row does not carry, or the query has no "
-                    "input contract): reject such records before per_batch with onceflow.expect(source, "
-                    "required=[...], checks={...}) and write_stream(..., rejects=...)")
-        return BatchRejectedError(str(exc) + note, row=row)
-
-    def _late_rows(self, df: DataFrame, batch_id: int, batch: ckpt.BatchInput | None) -> DataFrame | None:
-        """The input rows of N that the watermark dropped, as they are in N's input (step 4).
-
-        Plus ``missed_watermark`` (the watermark they were behind); one row per id when the
-        ids are known (a late record sent twice is one late record). With a contract: its good
-        records of N, read back from N's offsets (a bad record is rejected, never late); None
-        for a batch that read nothing.
-        """
-        from pyspark.sql import functions as F
-
-        wm = (batch.late_watermark_ms if batch is not None
-              else ckpt.late_watermark_ms(self.checkpoint, batch_id))
-        if self.o.contract is not None:
-            found = rj.good_rows(df.sparkSession, self.checkpoint, batch_id, self.o.contract)
-            if found is None:
-                return None
-            rows = found
-        else:
-            assert batch is not None
-            rows = df.sparkSession.read.parquet(*[str(f) for f in batch.files])
-        rows = (rows.where(F.unix_micros(F.col(str(self.o.event_time))) <= F.lit(wm * 1000))
-                .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
-        return rows.dropDuplicates(self.o.ids) if self.o.ids else rows
 
     def _stats(self, a: _Attempt, files: _FileCounts | None,
                batch: ckpt.BatchInput | None) -> tuple[BatchStats, bool]:
@@ -588,7 +550,8 @@ class BatchWriter:
         rows = files.rows if files is not None else plan.input_rows if plan is not None else None
         late = plan.late_dropped if plan is not None else files.late if files is not None else None
         dups = plan.duplicates if plan is not None else None
-        return BatchStats(rows, late, watermark, dups), plan is not None
+        amend = self._progress.previous(self._qid, a.batch_id) if self._progress is not None else None
+        return BatchStats(rows, late, watermark, dups, amend=amend), plan is not None
 
     @staticmethod
     def _frame(df: DataFrame, value: Any) -> DataFrame:

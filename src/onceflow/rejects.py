@@ -1,4 +1,4 @@
-"""Bad records of a batch, read back from its offsets: the rows of a ``rejects=`` table.
+"""Bad records of a batch, read back from its offsets: the rows of a ``rejects=`` table (and of ``late=``).
 
 A stream with a contract (:mod:`onceflow.contract`) filters bad records out and counts them.
 For batch N whose count is not zero (or not known), this module reads N's input again —
@@ -236,3 +236,50 @@ def refuse(batch_id: int, rows: Any) -> None:
     ordered = rows.sort_by([("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending"),
                             ("file", "ascending"), ("row", "ascending")])
     raise BatchRejectedError(stop_message(batch_id, rows.num_rows, ordered.slice(0, 1).to_pylist()[0]))
+
+
+def traced(spark: Any, checkpoint: Path, batch_id: int, contract: Contract | None, ids: list[str] | None,
+           exc: BatchRejectedError) -> BatchRejectedError:
+    """``exc`` (an output row refused) with the source coordinates of the input record behind it.
+
+    Traced by the deduplication's id: when the refused row carries the id column(s) and the
+    query has an input contract, the batch's input is read back and the record with that id
+    named. Otherwise the message says that it cannot be traced, and how to reject such
+    records before ``per_batch``.
+    """
+    row = exc.row
+    found = None
+    if contract is not None and ids and row is not None and all(row.get(i) is not None for i in ids):
+        found = find_record(spark, checkpoint, batch_id, contract, {i: row[i] for i in ids})
+    if found is not None:
+        note = f"; the input record behind it: {where(found)}: {found['value']}"
+    else:
+        note = ("; the input record behind it cannot be traced (onceflow follows a row back to its input "
+                "only by the deduplication's id, which this row does not carry, or the query has no "
+                "input contract): reject such records before per_batch with onceflow.expect(source, "
+                "required=[...], checks={...}) and write_stream(..., rejects=...)")
+    return BatchRejectedError(str(exc) + note, row=row)
+
+
+def late_rows(spark: Any, checkpoint: Path, batch_id: int, batch: ckpt.BatchInput | None,
+              contract: Contract | None, event_time: str, ids: list[str] | None) -> DataFrame | None:
+    """The input rows of batch N that the watermark dropped, as they are in N's input (``late=``).
+
+    Plus ``missed_watermark`` (the watermark they were behind); one row per id when the ids are
+    known (a late record sent twice is one late record). With a contract: its good records of N,
+    read back from N's offsets (a bad record is rejected, never late); None for a batch that
+    read nothing. Without one, N's files (``batch``).
+    """
+    from pyspark.sql import functions as F
+
+    wm = batch.late_watermark_ms if batch is not None else ckpt.late_watermark_ms(checkpoint, batch_id)
+    if contract is not None:
+        rows = good_rows(spark, checkpoint, batch_id, contract)
+        if rows is None:
+            return None
+    else:
+        assert batch is not None
+        rows = spark.read.parquet(*[str(f) for f in batch.files])
+    rows = (rows.where(F.unix_micros(F.col(event_time)) <= F.lit(wm * 1000))
+            .withColumn("missed_watermark", F.timestamp_millis(F.lit(wm))))
+    return rows.dropDuplicates(ids) if ids else rows

@@ -114,6 +114,14 @@ def _client(server: ConnectServer, root: Path, trigger: str = "once",
                             env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"}, start_new_session=True)
 
 
+def _markers(root: Path) -> dict[int, tuple[int | None, ...]]:
+    """Batch -> (input rows, events counted, duplicates, late, rejected) of the sink's markers."""
+    with sqlite3.connect(root / "out.db") as db:
+        return {b: tuple(m) for b, *m in db.execute(
+            "SELECT batch_id, input_rows, events_counted, duplicates_dropped, late_dropped, rejected_rows "
+            "FROM onceflow_batches WHERE sink_id = 'default'")}
+
+
 def _tables(root: Path) -> tuple[dict[str, tuple[int, int]], int, list[str]]:
     with sqlite3.connect(root / "out.db") as db:
         sums = {c: (q, k) for c, q, k in db.execute("SELECT customer, qty, orders FROM per_customer")}
@@ -135,6 +143,22 @@ def test_the_pipeline_runs_exactly_once_through_a_connect_server(tmp_path: Path)
     assert sums == expected
     assert late_rows == late
     assert rules == ["check", "id"]
+    # a batch's plan metrics (from the query's progress, written a batch later) where the batch
+    # after it ran in the same run: batch 3's 40 late rows by the last run's no-data batch 4; a
+    # batch whose next ran elsewhere (the orphaned run of the killed client) keeps NULL, never wrong
+    markers = _markers(tmp_path)
+    assert markers[3] == (140, 100, 0, 40, 0)
+    for batch, (rows, counted, dups, late_n, bad_n) in markers.items():
+        if dups is not None:
+            assert rows == counted + dups + late_n + bad_n, (batch, markers)
+    # the plan's metrics of a batch come from the query's progress into its marker, a batch later:
+    # every batch but the last of the run has them, and they add up (no aggregation before per_batch)
+    markers = _markers(tmp_path)
+    assert markers[2] == (252, 200, 50, 0, 2)
+    for batch, (rows, counted, dups, late_n, bad_n) in markers.items():
+        if batch < max(markers):
+            assert None not in (rows, counted, dups, late_n, bad_n), (batch, markers)
+            assert rows == counted + dups + late_n + bad_n, (batch, markers)
 
 
 def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client_resume_exactly(
@@ -169,3 +193,11 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
     assert sums == expected
     assert late_rows == late
     assert rules == ["check", "id"]
+    # a batch's plan metrics (from the query's progress, written a batch later) where the batch
+    # after it ran in the same run: batch 3's 40 late rows by the last run's no-data batch 4; a
+    # batch whose next ran elsewhere (the orphaned run of the killed client) keeps NULL, never wrong
+    markers = _markers(tmp_path)
+    assert markers[3] == (140, 100, 0, 40, 0)
+    for batch, (rows, counted, dups, late_n, bad_n) in markers.items():
+        if dups is not None:
+            assert rows == counted + dups + late_n + bad_n, (batch, markers)

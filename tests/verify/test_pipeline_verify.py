@@ -80,6 +80,7 @@ def test_the_orders_pipeline_verified_through_spark_connect(orders_sample: Path,
     assert "OK: nothing lost, nothing duplicated" in out
 
 
+@pytest.mark.long  # make test's 30 minutes (2026-11-28); test_report_risk.py's naive sink stays there
 def test_a_negative_control_sink_is_caught_on_the_orders_pipeline(orders_sample: Path,
                                                                    tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build", "--input", str(orders_sample),
@@ -91,6 +92,7 @@ def test_a_negative_control_sink_is_caught_on_the_orders_pipeline(orders_sample:
     assert "too high (duplicated)" in out
 
 
+@pytest.mark.long  # make test's 30 minutes (2026-11-28); test_report_risk.py's naive sink stays there
 def test_a_key_minted_with_uuid4_in_per_batch_is_caught(orders_sample: Path, tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{ORDERS}:build_uuid", "--input", str(orders_sample),
                            "--rounds", "1", "--seed", "5", "--faults", "crash_after_sink_commit")

@@ -34,10 +34,14 @@ duplicates_dropped + late_dropped + rejected_rows``.
 
 A value onceflow cannot know for a batch is NULL, never 0 or a difference: the input of a
 batch whose outputs came from a stable copy (its plan did not run), of a plan Spark ran more
-than once, or of a source without scan metrics. The executor-side PostgreSQL sinks commit each
-table under its own marker ``<sink_id>.<table>`` (``tables`` NULL) and then add the batch's row
-under ``sink_id``, so ``SELECT * FROM onceflow_batches WHERE sink_id = 'default'`` reads the
-history of every sink and protocol alike.
+than once, or of a source without scan metrics. On Spark Connect a batch's plan metrics are
+known only from the query's progress, after the batch: batch N+1's commit writes them into N's
+marker where it holds NULL (:class:`Amend`, :mod:`onceflow.progress`).
+
+The executor-side PostgreSQL sinks commit each table under its own marker
+``<sink_id>.<table>`` (``tables`` NULL) and then add the batch's row under ``sink_id``, so
+``SELECT * FROM onceflow_batches WHERE sink_id = 'default'`` reads the history of every sink and
+protocol alike.
 """
 
 from __future__ import annotations
@@ -81,6 +85,29 @@ def create_table_sql(integer: str, text: str) -> str:
 
 
 @dataclass(frozen=True)
+class Amend:
+    """Batch ``batch_id``'s plan metrics from the query's progress, for its marker's NULL columns.
+
+    Written only where the progress's input rows are the batch's: equal to the marker's
+    ``input_rows`` (counted from N's files) or, when that is NULL, to ``span`` (the rows between
+    a Kafka source's offsets); otherwise the plan ran more than once and the marker keeps NULL.
+
+    Attributes:
+        batch_id: The batch the metrics are of (the one before the batch that commits them).
+        input_rows: The rows the batch's plan read (Spark's ``numInputRows``).
+        late_dropped: Rows its stateful operators dropped as late.
+        duplicates: Rows its deduplications dropped (None: the query has none).
+        span: The rows its sources' offsets enclose (None: not a Kafka source).
+    """
+
+    batch_id: int
+    input_rows: int
+    late_dropped: int
+    duplicates: int | None
+    span: int | None
+
+
+@dataclass(frozen=True)
 class BatchStats:
     """What one micro-batch read and dropped; None where onceflow cannot know it.
 
@@ -91,6 +118,7 @@ class BatchStats:
         duplicates: Rows a deduplication dropped (None: the query has none, or it is unknown).
         rejected: Records the query's contract rejected (None: the query has no contract).
         input_range: The batch's input range as JSON (:mod:`onceflow.ranges`; None: unknown).
+        amend: The batch before's metrics, for its marker (Spark Connect; None: none to write).
     """
 
     input_rows: int | None
@@ -99,6 +127,7 @@ class BatchStats:
     duplicates: int | None = None
     rejected: int | None = None
     input_range: str | None = None
+    amend: Amend | None = None
 
     def metrics(self, rows_out: int) -> dict[str, int | None]:
         """The marker's metric columns for a batch that had ``rows_out`` rows (all but the writes)."""
@@ -134,3 +163,29 @@ def insert_sql(param: str = "?", verb: str = "INSERT", suffix: str = "") -> str:
     """
     values = ", ".join([param] * len(COLUMNS))
     return f"{verb} INTO {TABLE}({', '.join(COLUMNS)}) VALUES ({values}) {suffix}".rstrip()
+
+
+def amendments(param: str, sink_id: str, stats: BatchStats) -> list[tuple[str, tuple[Any, ...]]]:
+    """The statement that writes :attr:`BatchStats.amend` into the batch before's marker, if any.
+
+    Run in the commit that inserts this batch's marker. It fills only NULL columns, and only
+    where the progress's input rows are the batch's (:class:`Amend`): running it twice changes
+    nothing.
+
+    Args:
+        param: The driver's placeholder (``?`` for sqlite3, ``%s`` for psycopg).
+        sink_id: The marker namespace.
+        stats: This batch's stats.
+
+    Returns:
+        ``(sql, values)`` pairs to execute (none without an amendment).
+    """
+    a = stats.amend
+    if a is None:
+        return []
+    p = param
+    sql = (f"UPDATE {TABLE} SET input_rows = COALESCE(input_rows, {p}), "
+           f"late_dropped = COALESCE(late_dropped, {p}), "
+           f"duplicates_dropped = COALESCE(duplicates_dropped, {p}) WHERE sink_id = {p} AND "
+           f"batch_id = {p} AND COALESCE(input_rows, {p}) = {p}")
+    return [(sql, (a.input_rows, a.late_dropped, a.duplicates, sink_id, a.batch_id, a.span, a.input_rows))]

@@ -266,6 +266,8 @@ class Ledger(abc.ABC):
                        (self.sink_id, batch_id, *(counts[m] for m in METRICS), seconds))
             self._rows(marker.insert_sql("?"), marker.marker_row(self.sink_id, batch_id, stats, rows_out,
                                                                  {"effects": counts["confirmed"]}))
+            for sql, values in marker.amendments("?", self.sink_id, stats):  # the batch before's
+                self._rows(sql, values)
 
     def note(self, unanswered: Iterable[tuple[str, int, int]]) -> None:
         """Record the calls and last status of keys left ``started`` (``(key, status, calls)``)."""

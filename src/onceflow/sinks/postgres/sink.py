@@ -282,6 +282,8 @@ class PostgresTablesSink(SinkBase):
                     stats, rows_out = settle(written)
                 row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
                 conn.execute(_MARKER, row)  # 4
+                for sql, values in marker.amendments("%s", self.sink_id, stats):  # the batch before's
+                    conn.execute(sql, values)
                 if done is not None:
                     done(conn)
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
@@ -418,6 +420,8 @@ class PostgresFramesSink(SinkBase):
             row = marker.marker_row(self.sink_id, batch_id, stats, rows_out,
                                     {t: written.get(t, 0) for t in tables})
             conn.execute(_MARKER, row)
+            for sql, values in marker.amendments("%s", self.sink_id, stats):  # the batch before's
+                conn.execute(sql, values)
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:

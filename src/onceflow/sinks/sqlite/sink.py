@@ -518,6 +518,8 @@ class SQLiteTablesSink(SinkBase):
 
     def _marker(self, batch_id: int, stats: BatchStats, rows_out: int, written: dict[str, int]) -> None:
         self.conn.execute(_MARKER, marker.marker_row(self.sink_id, batch_id, stats, rows_out, written))
+        for sql, values in marker.amendments("?", self.sink_id, stats):  # the batch before's, on Connect
+            self.conn.execute(sql, values)
 
     def apply_staged(self) -> int:
         """Apply every staged batch of this sink in batch order (S6).
