@@ -15,9 +15,42 @@ functions imports the modules of that function only, not the whole library.
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import TYPE_CHECKING, Any
 
-from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError
+
+def _import_pyspark_from_its_package() -> None:
+    """Under ``spark-submit``, import PySpark from its installed package rather than from Spark's zip.
+
+    ``spark-submit app.py`` puts ``$SPARK_HOME/python/lib/pyspark.zip`` (and py4j's zip) first on
+    the driver's ``PYTHONPATH``. A zip holds no bytecode, so Python compiles every PySpark module
+    the driver imports at each start, which ``python app.py`` (importing the installed package,
+    its bytecode cached) does not. When the zip is the installed package's own (pip's PySpark:
+    ``SPARK_HOME`` is the package's directory, the same files), the zips go to the end of
+    ``sys.path``. Only before PySpark is imported (import onceflow first), and only for those
+    zips: a zip of another Spark install stays where it is.
+    """
+    if "pyspark" in sys.modules or "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return
+    package = next((d for d in sys.path if not d.endswith(".zip")
+                    and os.path.isfile(os.path.join(d, "pyspark", "__init__.py"))), None)
+    if package is None:
+        return
+    lib = os.path.join(package, "pyspark", "python", "lib")
+    zips = {os.path.join(lib, "pyspark.zip")}
+    try:
+        with open(os.path.join(package, "py4j", "version.py")) as f:  # the installed py4j, if the zip's
+            zips.add(os.path.join(lib, f"py4j-{f.read().split(chr(39))[1]}-src.zip"))
+    except (OSError, IndexError):
+        pass
+    moved = [d for d in sys.path if os.path.normpath(d) in zips]
+    sys.path[:] = [d for d in sys.path if d not in moved] + moved
+
+
+_import_pyspark_from_its_package()
+
+from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError  # noqa: E402
 
 if TYPE_CHECKING:
     from onceflow.api import deduplicate, delta, http, kafka, postgres, sqlite, write_stream

@@ -275,6 +275,7 @@ def test_the_installed_package_carries_the_jars_built(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.long  # make test's 30 minutes (2026-11-28)
 def test_drivers_starting_together_each_get_the_jar(tmp_path: Path) -> None:
     """Three processes build into an empty cache at once (verify starts standby drivers together)."""
     env = dict(os.environ, ONCEFLOW_CACHE_DIR=str(tmp_path / "cache"))

@@ -80,6 +80,7 @@ def _crash_on_data(tmp: Path, point: str, kafka: tuple[str, str] | None = None) 
     raise AssertionError(f"{point}: four crashes in a row landed on no-data batches")
 
 
+@pytest.mark.long  # make test's 30 minutes (2026-11-28); test_connect.py keeps rejects= killed
 @pytest.mark.parametrize("source", ["files", pytest.param("kafka", marks=pytest.mark.long)])
 def test_kills_while_bad_records_arrive_leave_every_record_once(tmp_path: Path, source: str,
                                                                 request: pytest.FixtureRequest) -> None:

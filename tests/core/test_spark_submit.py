@@ -41,6 +41,8 @@ query = onceflow.write_stream(
 query.awaitTermination()
 print("PROVIDER", spark.conf.get("spark.sql.streaming.stateStore.providerClass", None))
 print("CHECKPOINT_FILES", spark.conf.get("spark.sql.streaming.checkpointFileManagerClass", None))
+import pyspark, py4j
+print("PYSPARK_FROM", pyspark.__file__, py4j.__file__)
 '''
 
 
@@ -87,6 +89,10 @@ def test_spark_submit_without_flags_loads_the_classes_and_says_the_driver_memory
     assert "PROVIDER org.apache.spark.sql.onceflow.IdStateStoreProvider" in out  # added to the running driver
     assert "CHECKPOINT_FILES org.apache.spark.sql.onceflow.LocalCheckpointFileManager" in out
     assert "pass --driver-memory 4g to spark-submit" in out  # a 1 GiB driver is said, not ignored
+    # spark-submit put Spark's zips first on the path; onceflow, imported first, imported the
+    # installed package instead (the same files, with bytecode)
+    imported = next(line for line in out.splitlines() if line.startswith("PYSPARK_FROM")).split()[1:]
+    assert all(".zip" not in f for f in imported), imported
     assert _table(tmp_path) == expected
 
 

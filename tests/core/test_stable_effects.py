@@ -60,6 +60,7 @@ def _by_key(calls: list[dict]) -> dict[str, set[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.long  # make test's 30 minutes (2026-11-28); the window tests below stay in make test
 def test_every_crash_point_with_a_changing_price_charges_each_key_once(tmp_path: Path) -> None:
     _log(tmp_path, len(POINTS) + 2)
     with ServiceProcess(tmp_path / "service.db", "--fail-after-apply", "0.1", "--timeout-after-apply", "0.05",

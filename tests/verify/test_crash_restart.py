@@ -47,6 +47,7 @@ def _feeder(log_dir: Path, cfg: GeneratorConfig, pace_s: float) -> threading.Thr
 
 @pytest.mark.slow
 # ids (the default store since 2026-11-26) in make test; Spark's own store in make test-long
+@pytest.mark.long  # make test's 30 minutes (2026-11-28): other crash tests use the id store
 @pytest.mark.parametrize("store", ["ids", pytest.param("spark", marks=pytest.mark.long)])
 def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(
         tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:

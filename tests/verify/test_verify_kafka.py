@@ -78,7 +78,7 @@ def test_kafka_in_kafka_out_under_crashes_and_a_broker_outage(tmp_path: Path) ->
 
 @pytest.mark.parametrize("sink", [
     pytest.param("naive", marks=pytest.mark.long),  # make test-long: the Kafka sink's control reads Kafka too
-    "kafka-naive",
+    pytest.param("kafka-naive", marks=pytest.mark.long),  # make test's 30 minutes (2026-11-28)
 ])
 def test_a_negative_control_sink_is_caught(tmp_path: Path, sink: str) -> None:
     rc, out, rep = _verify(tmp_path, "--rounds", "1", "--seed", "4", "--events-per-round", "3000",
