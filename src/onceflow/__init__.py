@@ -39,10 +39,11 @@ def _import_pyspark_from_its_package() -> None:
         return
     lib = os.path.join(package, "pyspark", "python", "lib")
     zips = {os.path.join(lib, "pyspark.zip")}
-    try:
-        with open(os.path.join(package, "py4j", "version.py")) as f:  # the installed py4j, if the zip's
-            zips.add(os.path.join(lib, f"py4j-{f.read().split(chr(39))[1]}-src.zip"))
-    except (OSError, IndexError):
+    try:  # py4j's zip only when the installed py4j is the zip's version
+        from importlib.metadata import version
+
+        zips.add(os.path.join(lib, f"py4j-{version('py4j')}-src.zip"))
+    except ImportError:  # no installed py4j (PackageNotFoundError is an ImportError)
         pass
     moved = [d for d in sys.path if os.path.normpath(d) in zips]
     sys.path[:] = [d for d in sys.path if d not in moved] + moved
