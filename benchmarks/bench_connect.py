@@ -11,11 +11,18 @@ classic session and a Connect client do not share one Python process):
 * ``connect-spark-store`` — a client of a server without them (Spark's state store and
                   checkpoint file manager).
 
+and, as the reference for what Spark itself costs on each side, ``spark-classic`` and
+``spark-connect``: the same transform through Spark's own ``foreachBatch`` and nothing else
+(Spark's ``dropDuplicatesWithinWatermark``, the batch's window counts fetched with ``toArrow``,
+no sink, at least once).
+
 The servers start once. Each child runs the query ``--rounds`` + 1 times in one session (the
 first run warms the JVM that runs the batches — the child's own, or the server's — and is not
-timed); each timing is the query alone (from ``write_stream`` to its end), never a session's
-start. The ratio is ``median(classic) / median(variant)``, throughput of the variant against a
-classic session (>= 0.9 is the target).
+timed). Two timings per run: ``wall``, the query alone (from ``start`` to its end, never a
+session's start), and ``batches``, the sum of the query's ``triggerExecution`` durations (its
+batches, without the query's start: on Connect the start includes Spark's launch of the
+``foreachBatch`` Python worker). A ratio is ``median(classic) / median(variant)``, throughput of
+the variant against its classic session (>= 0.9 is the target).
 
 Usage: python benchmarks/bench_connect.py [--events 1000000] [--rounds 2] [--files 4]
 """
@@ -32,32 +39,54 @@ import tempfile
 from pathlib import Path
 
 CHILD = '''
-import json, shutil, sqlite3, sys, time
+import json, sqlite3, sys, time
 import onceflow
-from onceflow.examples.user_counts import start
+from onceflow.examples.user_counts import start, window_deltas
+from onceflow.records import EVENT_DDL
 from onceflow.spark import session
 
-remote, log, work, files, runs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+remote, log, work = sys.argv[1], sys.argv[2], sys.argv[3]
+files, runs, plain = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "plain"
 spark = session(remote=remote) if remote != "classic" else session(master="local[2]", shuffle_partitions=2)
+
+
+def fetch(batch, batch_id):  # Spark's own foreachBatch: the batch's window counts, no sink
+    window_deltas(batch).toArrow()
+
+
 for run in range(runs):  # run 0 warms the JVM (the client's session or the server's) and is not timed
-    shutil.rmtree(work, ignore_errors=True)
-    sink = onceflow.sqlite(f"{work}/db.sqlite")
+    where = f"{work}/r{run}"  # a directory per run: a stopped query's state files may still land
     t0 = time.perf_counter()
-    query = start(spark, log, sink, f"{work}/ck", max_files_per_trigger=files, once=True)
+    if plain:
+        stream = (spark.readStream.schema(EVENT_DDL).option("maxFilesPerTrigger", files).parquet(log)
+                  .select("event_id", "user", "event_time").withWatermark("event_time", "1 minute")
+                  .dropDuplicatesWithinWatermark(["event_id"]))
+        query = (stream.writeStream.foreachBatch(fetch).option("checkpointLocation", f"{where}/ck")
+                 .trigger(availableNow=True).start())
+    else:
+        sink = onceflow.sqlite(f"{where}/db.sqlite")
+        query = start(spark, log, sink, f"{where}/ck", max_files_per_trigger=files, once=True)
     query.awaitTermination()
     seconds = time.perf_counter() - t0
-    sink.close()
-    with sqlite3.connect(f"{work}/db.sqlite") as db:
-        counted = db.execute("SELECT coalesce(sum(count), 0) FROM global_counts").fetchone()[0]
-    print("RESULT " + json.dumps({"run": run, "seconds": seconds, "counted": counted}), flush=True)
+    progress = getattr(query, "query", query).recentProgress
+    batches = sum(p.durationMs.get("triggerExecution", 0) for p in progress) / 1000
+    counted = None
+    if not plain:
+        sink.close()
+        with sqlite3.connect(f"{where}/db.sqlite") as db:
+            counted = db.execute("SELECT coalesce(sum(count), 0) FROM global_counts").fetchone()[0]
+    print("RESULT " + json.dumps({"run": run, "seconds": seconds, "batches": batches, "counted": counted}),
+          flush=True)
 '''
 
 
-def run_child(target: str, log: Path, work: Path, files: int, runs: int) -> list[dict[str, float]]:
+def run_child(target: str, log: Path, work: Path, files: int, runs: int,
+              plain: bool) -> list[dict[str, float]]:
     work.parent.mkdir(parents=True, exist_ok=True)
     script = work.parent / "child.py"
     script.write_text(CHILD)
-    done = subprocess.run([sys.executable, str(script), target, str(log), str(work), str(files), str(runs)],
+    done = subprocess.run([sys.executable, str(script), target, str(log), str(work), str(files), str(runs),
+                           "plain" if plain else "onceflow"],
                           capture_output=True, text=True, timeout=3600, check=False)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or len(lines) != runs:
@@ -87,23 +116,29 @@ def main() -> None:
                "connect-spark-store": ConnectServer(root / "server-plain", cores=2, onceflow_jars=False)}
     for s in servers.values():
         s.start()
-    times: dict[str, list[float]] = {}
+    variants = {"classic": "classic", "connect": servers["connect"].url,
+                "connect-spark-store": servers["connect-spark-store"].url,
+                "spark-classic": "classic", "spark-connect": servers["connect"].url}
+    times: dict[str, dict[str, list[float]]] = {}
     try:
-        for name in ("classic", *servers):
-            target = "classic" if name == "classic" else servers[name].url
-            runs = run_child(target, log, root / "work" / name, args.files, args.rounds + 1)
+        for name, target in variants.items():
+            runs = run_child(target, log, root / "work" / name, args.files, args.rounds + 1,
+                             plain=name.startswith("spark-"))
             for got in runs:
                 warm = " (warm-up)" if got["run"] == 0 else ""
-                print(f"{name} run {got['run']}{warm}: {got['seconds']:.1f} s, "
-                      f"{total / got['seconds']:,.0f} events/s, counted {got['counted']}", flush=True)
-            times[name] = [got["seconds"] for got in runs[1:]]
+                print(f"{name} run {got['run']}{warm}: wall {got['seconds']:.1f} s "
+                      f"({total / got['seconds']:,.0f} events/s), batches {got['batches']:.1f} s, "
+                      f"counted {got['counted']}", flush=True)
+            times[name] = {kind: [got[kind] for got in runs[1:]] for kind in ("seconds", "batches")}
     finally:
         for s in servers.values():
             s.kill()
-    for name in servers:
-        ratio = statistics.median(times["classic"]) / statistics.median(times[name])
-        print(f"ratio {name} / classic (throughput, medians of {args.rounds} runs after a warm-up): "
-              f"{ratio:.2f}")
+    for name, base in (("connect", "classic"), ("connect-spark-store", "classic"),
+                       ("spark-connect", "spark-classic")):
+        ratios = {kind: statistics.median(times[base][kind]) / statistics.median(times[name][kind])
+                  for kind in ("seconds", "batches")}
+        print(f"ratio {name} / {base} (throughput, medians of {args.rounds} runs after a warm-up): "
+              f"wall {ratios['seconds']:.2f}, batches {ratios['batches']:.2f}")
     print(json.dumps({"events": total, "files_per_batch": args.files, "times": times}))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +136,27 @@ def restore_from_copy(restored: str, db: Path, ck: Path, backup_db: Path, backup
     else:
         shutil.rmtree(ck)
         shutil.copytree(backup_ck, ck)
+
+
+def check_amendments(commit: Callable[[int, BatchStats], bool],
+                     batches: Callable[[], list[dict[str, Any]]]) -> None:
+    """A batch's ``amend`` fills the batch before's unknown metrics in the sink's markers, by the rule.
+
+    Batch 0's input is unknown (a Kafka source on Spark Connect): batch 1's amendment, whose
+    progress rows equal batch 0's offsets' span, fills it. Batch 1's input is known (10 rows):
+    batch 2's amendment says 20 (the plan ran twice), so batch 1 keeps NULL late drops and
+    duplicates. A replay of batch 2 carrying another amendment changes nothing.
+
+    Args:
+        commit: Commits batch ``batch_id`` (one row) with the given stats; whether it wrote.
+        batches: The sink's markers, as its ``batches()`` returns them.
+    """
+    from onceflow.sinks.marker import Amend
+
+    assert commit(0, BatchStats(None, None, 0))
+    assert commit(1, BatchStats(10, None, 0, amend=Amend(0, 12, 1, 3, span=12)))
+    assert commit(2, BatchStats(5, 0, 0, duplicates=0, amend=Amend(1, 20, 4, 4, span=None)))
+    assert not commit(2, BatchStats(5, 0, 0, duplicates=0, amend=Amend(1, 10, 6, 6, span=None)))
+    got = {m["batch_id"]: (m["input_rows"], m["late_dropped"], m["duplicates_dropped"]) for m in batches()}
+    assert got == {0: (12, 1, 3), 1: (10, None, None), 2: (5, 0, 0)}, got
+    assert all("amends" not in m for m in batches())

@@ -58,42 +58,25 @@ _TOKEN_RE = re.compile(METRIC_PREFIX + r"([0-9a-f]{12})")
 _CONTRACTS: dict[str, Contract] = {}
 
 
-@dataclass(frozen=True)
-class SourceRef:
-    """The one source a contract's records come from, as the query declared it.
-
-    Attributes:
-        kind: ``file`` (Spark's file source: parquet, json, csv, text, ...) or ``kafka``
-            (what :func:`onceflow.read_kafka` returned, read with either connector; a batch is
-            read again with ``onceflow_kafka``'s range reader).
-        format: The format name.
-        options: Its options (for a file source without ``path``).
-        schema_json: The schema the stream was declared with (file sources), as JSON.
-    """
-
-    kind: str
-    format: str
-    options: dict[str, str]
-    schema_json: str | None
-
-
-def source_of(df: DataFrame) -> SourceRef | None:
+def source_of(df: DataFrame) -> plans.Leaf | None:
     """The source of a DataFrame that is a bare streaming source (``spark.readStream...load()``).
 
     Returns:
         The source, or None when ``df`` is not one source read as it is (a transformed, joined
-        or unioned stream).
+        or unioned stream). Its ``kind`` is ``file`` (Spark's file sources) or ``kafka`` (what
+        :func:`onceflow.read_kafka` returned, read with either connector; its format is
+        ``onceflow_kafka``, whose range reader reads a batch again).
     """
     given = plans.recall(df, plans.KAFKA_OPTIONS)
     if given is not None:  # what onceflow.read_kafka returned (either connector)
-        return SourceRef("kafka", "onceflow_kafka", dict(given), None)
+        return plans.Leaf("kafka", "onceflow_kafka", dict(given), None)
     leaf = plans.bare_source(df)
     if leaf is None:
         return None
     if leaf.kind == "file":
-        return SourceRef("file", leaf.format, leaf.options, leaf.schema_json)
+        return leaf
     if leaf.kind == "onceflow_kafka":
-        return SourceRef("kafka", "onceflow_kafka", leaf.options, None)
+        return plans.Leaf("kafka", "onceflow_kafka", leaf.options, None)
     return None
 
 
@@ -121,7 +104,7 @@ class Contract:
     """
 
     raw: DataFrame
-    source: SourceRef
+    source: plans.Leaf
     json: str | None = None
     schema: Any = None
     keep: tuple[str, ...] = ()
@@ -351,7 +334,7 @@ def expect(df: DataFrame, *, json: str | None = None, schema: Any = None,
     return out
 
 
-def _bare_source(df: DataFrame, where: str) -> SourceRef:
+def _bare_source(df: DataFrame, where: str) -> plans.Leaf:
     if not df.isStreaming:
         raise ConfigError(f"{where} needs a streaming DataFrame (spark.readStream...)")
     source = source_of(df)

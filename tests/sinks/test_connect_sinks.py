@@ -98,7 +98,7 @@ def _run(server: ConnectServer, root: Path, sink: str, target: str, collect_belo
     done = subprocess.run([sys.executable, str(root / "client.py"), server.url, str(root), sink, target,
                            str(collect_below), name], capture_output=True, text=True, timeout=600,
                           check=False)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert done.returncode == 0, (done.stdout + done.stderr)[-20000:]
 
 
 def _kafka_rows(bootstrap: str, topic: str) -> list[dict[str, Any]]:
@@ -141,3 +141,32 @@ def test_every_sink_through_connect(server: ConnectServer, broker: KafkaServer, 
         effects = [e["payload"] for e in read_effects(tmp_path / "effects.db")]
         got = (sum(e["orders"] for e in effects), sum(e["qty"] for e in effects))
     assert got == (orders, qty)
+    _check_markers(_markers(sink, tmp_path, broker.bootstrap, collect_below))
+
+
+def _markers(sink: str, root: Path, bootstrap: str, collect_below: int) -> list[dict[str, Any]]:
+    """The sink's batch markers, read after the run."""
+    import onceflow
+
+    if sink == "sqlite":
+        with sqlite3.connect(root / "out.db") as db:
+            db.row_factory = sqlite3.Row
+            return [dict(r) for r in db.execute("SELECT * FROM onceflow_batches ORDER BY batch_id")]
+    if sink == "delta":
+        return onceflow.delta(str(root / "lake")).batches()
+    if sink == "kafka":
+        return onceflow.kafka(bootstrap, sink_id=f"k{collect_below}").batches()
+    return onceflow.http("http://127.0.0.1:9/unused", ledger=str(root / "ledger.db")).batches()
+
+
+def _check_markers(markers: list[dict[str, Any]]) -> None:
+    """Each file's batch: its rows from the files; the dedup's drops from the progress (Connect).
+
+    A batch's duplicates come with the batch after it (``marker.Amend``): every batch but the
+    last has them (the third file repeats 100 ids of the second).
+    """
+    data = [m for m in markers if m["input_rows"]]
+    assert [m["input_rows"] for m in data] == [400, 400, 500], markers
+    dups = [m["duplicates_dropped"] for m in data]
+    assert dups[:2] == [0, 0] and dups[2] in (100, None), markers
+    assert all(m["duplicates_dropped"] is not None for m in markers[:-1]), markers

@@ -21,6 +21,7 @@ from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigE
 from onceflow.sinks.base import BatchStats
 from onceflow.tables import Table
 from onceflow.verify.sinks import NaiveDeltaSink, NaivePostgresSink, NaiveSQLiteSink
+from tests.helpers import check_amendments
 
 STATS = BatchStats(10, 1, 0, duplicates=7)
 SPECS = {"revenue": Table(key=["account", "window_start"], add=["amount"]), "payments": Table(),
@@ -237,4 +238,13 @@ def test_merge_tables_add_max_and_min_across_batches_ignoring_nulls(backend: Bac
            for r in backend.rows("stats", "page, clicks, worst, best")]
     assert got == _merged_expected(batches)
     assert got[0] == ("a", 6, 9.0, 0.5) and got[1] == ("b", 1, 4.0, 2.0)
+    sink.close()
+
+
+def test_a_batchs_metrics_known_only_after_it_reach_its_marker(backend: Backend) -> None:
+    """Spark Connect's per-batch metrics arrive with the next batch (marker.Amend): every sink keeps them."""
+    sink = backend.make()
+    sink.bind("q1")
+    one = batch([("a", 0, 1.0)])
+    check_amendments(lambda b, stats: sink.commit_tables(b, one, backend.specs, stats, 1), sink.batches)
     sink.close()

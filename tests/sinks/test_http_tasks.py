@@ -26,6 +26,7 @@ from onceflow.sinks.base import BatchStats
 from onceflow.sinks.http.sink import HttpEffectsSink
 from onceflow.tables import Table
 from onceflow.verify.service import ServiceProcess, read_effects
+from tests.helpers import check_amendments
 from tests.sinks.http_tasks_child import ROWS, rows
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
@@ -84,6 +85,28 @@ def test_killed_tasks_and_a_killed_driver_leave_each_effect_applied_once(tmp_pat
     assert [m["batch_id"] for m in sink.batches()] == [0, 1, 2, 3, 4]
     assert sink.unconfirmed() == []
     sink.close()
+
+
+def test_the_data_sources_commit_keeps_metrics_known_only_after_a_batch(tmp_path: Path) -> None:
+    """The stats travel in the format's options (Spark Connect's amendment among them) to the commit."""
+    from dataclasses import asdict
+
+    from onceflow.sinks.http import tasks
+    from onceflow.sinks.http.ledger import METRICS
+
+    sink = {"url": "http://127.0.0.1:9/unused", "ledger": str(tmp_path / "ledger.db"), "sink_id": "default",
+            "idempotent": True, "headers": {}}
+    done: set[int] = set()
+
+    def commit(batch_id: int, stats: BatchStats) -> bool:  # as commit_frames: a batch it has is skipped
+        if batch_id in done:
+            return False
+        spec = tasks.HttpTaskSpec.from_options(tasks.HttpTaskSpec(sink, batch_id, asdict(stats), 1).options())
+        tasks.finish(spec, batch_id, [dict.fromkeys(METRICS, 0)])
+        done.add(batch_id)
+        return True
+
+    check_amendments(commit, lambda: HttpEffectsSink(sink["url"], sink["ledger"]).batches())
 
 
 def test_a_value_json_cannot_hold_is_refused_before_any_call(spark: Any, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from onceflow.tables import Table
 from onceflow.verify.driver import ProcessGroup, wait_until
 from onceflow.verify.kafka_rig import read_markers, read_messages, read_records
 from onceflow.verify.kafka_server import KafkaServer
-from tests.helpers import same_sorted
+from tests.helpers import check_amendments, same_sorted
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
 
@@ -212,6 +212,16 @@ def test_a_new_driver_reads_the_marker_topics_end_past_aborted_transactions(brok
     conf = admin.describe_configs([topic])[topic].result(30)
     assert conf["cleanup.policy"].value == "compact"  # the last marker is never deleted by retention
     assert int(conf["min.compaction.lag.ms"].value) == 7 * 24 * 3600 * 1000
+
+
+def test_a_batchs_metrics_known_only_after_it_reach_its_marker(broker: Any) -> None:
+    """Spark Connect's per-batch metrics arrive with the next batch: the marker topic keeps them."""
+    spec = {"parcels": Table(key="id")}
+    rows = pa.table({"id": ["p"], "qty": [1]})
+    sink = KafkaTopicsSink(broker.bootstrap, sink_id="amends")
+    sink.bind("q1")
+    check_amendments(lambda b, stats: sink.commit_tables(b, {"parcels": rows}, spec, stats, 1), sink.batches)
+    sink.close()
 
 
 def test_a_compacted_marker_topic_still_decides_replays(broker: Any) -> None:

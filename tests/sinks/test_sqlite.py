@@ -143,12 +143,14 @@ def test_table_specs_are_checked_when_made(kw: dict, message: str) -> None:
 
 
 def test_a_staged_batch_keeps_its_specs_and_every_metric() -> None:
+    from onceflow.sinks.marker import Amend
     from onceflow.sinks.sqlite.db import decode_staged, encode_staged
 
     specs = {"stats": Table(key="page", add="clicks", max="worst", min="best"), "raw": Table()}
     outputs = {"stats": pa.table({"page": ["a"], "clicks": [1], "worst": [2], "best": [0]}),
                "raw": pa.table({"page": ["a", "a"]})}
-    stats = BatchStats(12, 3, 5_000, duplicates=4)
+    stats = BatchStats(12, 3, 5_000, duplicates=4, rejected=1, input_range='{"sources": []}',
+                       amend=Amend(6, 11, 2, None, span=11))  # the batch before's, from Spark Connect
     got_outputs, got_specs, got_stats, rows_out = decode_staged(*encode_staged(outputs, specs, stats, 5))
     assert got_specs == specs and got_stats == stats and rows_out == 5  # as recovery re-applies it
     assert all(got_outputs[n].equals(outputs[n]) for n in outputs)

@@ -403,10 +403,9 @@ class KafkaTopicsSink(SinkBase):
         return [("onceflow.sink", self.sink_id.encode()), ("onceflow.batch", str(batch_id).encode())]
 
     def _marker(self, batch_id: int, stats: BatchStats, rows_out: int, written: dict[str, int]) -> bytes:
-        """The marker record's value: the marker row as JSON, with the query id."""
-        row = marker.marker_row(self.sink_id, batch_id, stats, rows_out, written)
-        return json.dumps({**dict(zip(marker.COLUMNS, row, strict=True)), "query_id": self._query_id},
-                          separators=(",", ":")).encode()
+        """The marker record's value: the marker row as JSON, with the query id (and an amendment)."""
+        record = marker.marker_record(self.sink_id, batch_id, stats, rows_out, written)
+        return json.dumps({**record, "query_id": self._query_id}, separators=(",", ":")).encode()
 
     def _transaction(self, batch_id: int, produce: Callable[[], None], value: bytes) -> None:
         """Steps 3-5: begin, ``produce`` the rows' records (or none), the marker, flush, commit.
@@ -523,8 +522,8 @@ class KafkaTopicsSink(SinkBase):
             start = low if tail is None else max(low, high - tail)
             while True:
                 found = self._read_range(consumer, start, high)
-                if found or start <= low:
-                    return [found[b] for b in sorted(found)]
+                if found or start <= low:  # a batch's metrics known only after it: from the next one's
+                    return marker.with_amendments([found[b] for b in sorted(found)])
                 tail = 8 * (tail or 64)
                 high, start = start, max(low, start - tail)
         finally:

@@ -36,7 +36,10 @@ A value onceflow cannot know for a batch is NULL, never 0 or a difference: the i
 batch whose outputs came from a stable copy (its plan did not run), of a plan Spark ran more
 than once, or of a source without scan metrics. On Spark Connect a batch's plan metrics are
 known only from the query's progress, after the batch: batch N+1's commit writes them into N's
-marker where it holds NULL (:class:`Amend`, :mod:`onceflow.progress`).
+marker where it holds NULL (:class:`Amend`, :mod:`onceflow.progress`) — an ``UPDATE`` in SQL
+backends; where a marker cannot be rewritten (a Delta commit's metadata, a record of Kafka's
+marker topic) N+1's marker carries them under ``amends`` and :func:`with_amendments` applies
+them when the markers are read.
 
 The executor-side PostgreSQL sinks commit each table under its own marker
 ``<sink_id>.<table>`` (``tables`` NULL) and then add the batch's row under ``sink_id``, so
@@ -49,7 +52,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 TABLE = "onceflow_batches"
@@ -129,6 +132,12 @@ class BatchStats:
     input_range: str | None = None
     amend: Amend | None = None
 
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> BatchStats:
+        """The stats :func:`dataclasses.asdict` made a dict of (e.g. sent in a data source's options)."""
+        amend = values.get("amend")
+        return cls(**{**values, "amend": Amend(**amend) if isinstance(amend, Mapping) else amend})
+
     def metrics(self, rows_out: int) -> dict[str, int | None]:
         """The marker's metric columns for a batch that had ``rows_out`` rows (all but the writes)."""
         return {"input_rows": self.input_rows, "late_dropped": self.late_dropped,
@@ -151,6 +160,49 @@ def marker_row(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,
     return (sink_id, batch_id, int(time.time() * 1000), m["input_rows"], m["late_dropped"],
             m["duplicates_dropped"], m["events_counted"], sum(written.values()), m["late_watermark_ms"],
             json.dumps(dict(written)), m["rejected_rows"], stats.input_range)
+
+
+def marker_record(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,
+                  written: Mapping[str, int]) -> dict[str, Any]:
+    """A marker as a JSON-able dict (Delta's commit metadata, Kafka's marker record).
+
+    With an amendment (:attr:`BatchStats.amend`), the record carries it under ``amends`` for
+    :func:`with_amendments`: these markers are never rewritten.
+    """
+    record = dict(zip(COLUMNS, marker_row(sink_id, batch_id, stats, rows_out, written), strict=True))
+    if stats.amend is not None:
+        record["amends"] = asdict(stats.amend)
+    return record
+
+
+def with_amendments(markers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Markers read back, each batch's NULL metrics filled from the ``amends`` of the batch after.
+
+    The rule of :func:`amendments`: a column is filled only where it is NULL, and only where the
+    amendment's input rows equal the marker's ``input_rows`` (or, when that is NULL, its
+    ``span``). The ``amends`` entries are dropped from what is returned.
+
+    Args:
+        markers: Marker dicts, as :func:`marker_record` wrote them (any order).
+
+    Returns:
+        New dicts in the same order.
+    """
+    out = [{k: v for k, v in m.items() if k != "amends"} for m in markers]
+    by_batch = {int(m["batch_id"]): m for m in out}
+    for m in markers:
+        a = m.get("amends")
+        target = by_batch.get(int(a["batch_id"])) if isinstance(a, dict) else None
+        if a is None or target is None:
+            continue
+        known = target.get("input_rows")
+        if (known if known is not None else a.get("span")) != a["input_rows"]:
+            continue  # the plan ran more than once (or the span is unknown): NULL stays
+        for column, value in (("input_rows", a["input_rows"]), ("late_dropped", a["late_dropped"]),
+                              ("duplicates_dropped", a["duplicates"])):
+            if target.get(column) is None:
+                target[column] = value
+    return out
 
 
 def insert_sql(param: str = "?", verb: str = "INSERT", suffix: str = "") -> str:

@@ -259,8 +259,8 @@ class DeltaTablesSink(SinkBase):
 
     def _metadata(self, batch_id: int, stats: BatchStats, rows_out: int, written: Mapping[str, int]) -> str:
         """The batch's marker row as a commit's ``onceflow`` metadata (the commit has a time of its own)."""
-        values = marker.marker_row(self.sink_id, batch_id, stats, rows_out, dict(written))
-        return json.dumps({k: v for k, v in zip(marker.COLUMNS, values, strict=True) if k != "committed_ms"})
+        record = marker.marker_record(self.sink_id, batch_id, stats, rows_out, written)
+        return json.dumps({k: v for k, v in record.items() if k != "committed_ms"})
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int, written: Mapping[str, int] | None = None,
@@ -365,7 +365,11 @@ class DeltaTablesSink(SinkBase):
         return wrote  # 6
 
     def batches(self) -> list[dict[str, Any]]:
-        """One dict per batch id found in the tables' commit metadata (by batch id)."""
+        """One dict per batch id found in the tables' commit metadata (by batch id).
+
+        A batch's metrics known only from the batch after (Spark Connect) come from that
+        batch's metadata (:func:`onceflow.sinks.marker.with_amendments`).
+        """
         found: dict[int, dict[str, Any]] = {}
         tables = sorted(p for p in self.root.iterdir() if (p / "_delta_log").is_dir()) \
             if self.root.exists() else []
@@ -373,7 +377,7 @@ class DeltaTablesSink(SinkBase):
             for meta, entry in self._commits(path):
                 if meta.get("sink_id") == self.sink_id:  # + the commit's time, as other sinks' markers
                     found.setdefault(int(meta["batch_id"]), {**meta, "committed_ms": entry.get("timestamp")})
-        return [found[b] for b in sorted(found)]
+        return marker.with_amendments([found[b] for b in sorted(found)])
 
     def flush(self) -> None:
         """Nothing to wait for: a batch is in the tables when ``commit_tables`` returns."""

@@ -195,7 +195,7 @@ def finish(spec: HttpTaskSpec, batch_id: int, messages: Iterable[Any]) -> None:
             counts[k] += int(m[k])
     sink = spec.open()
     try:
-        stats = BatchStats(**spec.stats) if spec.stats else BatchStats(None, None, 0)
+        stats = BatchStats.from_dict(spec.stats) if spec.stats else BatchStats(None, None, 0)
         sink.ledger.finish(batch_id, counts, time.time() - spec.started if spec.started else 0.0, [], stats,
                            spec.rows_out or counts["effects"])
     finally:

@@ -21,6 +21,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pyarrow as pa
@@ -198,10 +199,12 @@ def encode_staged(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], s
             writer.write_table(rows)
         spec = specs[name]
         parts.append({"name": name, **spec.describe(), "bytes": data.tell() - start})
-    meta = {"tables": parts, "input_rows": stats.input_rows, "late_dropped": stats.late_dropped,
-            "late_watermark_ms": stats.late_watermark_ms, "duplicates": stats.duplicates,
-            "rejected": stats.rejected, "input_range": stats.input_range, "rows_out": rows_out}
+    meta = {"tables": parts, **asdict(stats), "rows_out": rows_out}  # Spark Connect's amendment too
     return json.dumps(meta), data.getvalue()
+
+
+STATS_FIELDS = frozenset(f.name for f in fields(BatchStats))
+"""A staged row's metadata keys that are the batch's :class:`BatchStats`."""
 
 
 def decode_staged(meta_json: str,
@@ -216,9 +219,7 @@ def decode_staged(meta_json: str,
         outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
         described = ("key", "add", "max", "min", "mode", "shared")  # (max, min, shared: absent in older rows)
         specs[part["name"]] = Table(**{k: part[k] for k in described if k in part})
-    stats = BatchStats(meta["input_rows"], meta["late_dropped"], meta["late_watermark_ms"],
-                       meta.get("duplicates"), meta.get("rejected"),  # absent: staged by an older onceflow
-                       meta.get("input_range"))
+    stats = BatchStats.from_dict({k: v for k, v in meta.items() if k in STATS_FIELDS})  # some absent: older
     return outputs, specs, stats, int(meta["rows_out"])
 
 
