@@ -301,13 +301,14 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     if not df.isStreaming:
         raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
                           "DataFrame write it directly")
+    if per_batch is not None and not callable(per_batch):
+        raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
+    path = Path(checkpoint)
     if plans.is_connect(df):  # the batches run in a Python worker of the server: onceflow must be there
         from onceflow import remote
 
         remote.check_server(df.sparkSession)
-    if per_batch is not None and not callable(per_batch):
-        raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
-    path = Path(checkpoint)
+        remote.check_checkpoint_seen(df.sparkSession, path)  # the steps below read it here
     idstore.check_checkpoint(path, df.sparkSession.conf.get("spark.jars", "") or "")
     startup.clear_unfinished_start(path)
     logcheck.check(path, repair_command(path, sink))

@@ -6,7 +6,8 @@ customer into SQLite, with ``late=`` and ``rejects=``. The expected tables are c
 with pyarrow from the files (the watermark rule written out), never through onceflow. Faults:
 a crash point in the server's ``foreachBatch`` worker SIGKILLs the server JVM between the sink's
 commit and Spark's commit log of a batch with data; the client is SIGKILLed while a batch with
-data runs; both restarted, the tables are exact.
+data runs; both restarted, the tables are exact. A client that cannot see the server's
+checkpoint is refused.
 """
 
 from __future__ import annotations
@@ -106,11 +107,18 @@ def _write_inputs(root: Path) -> tuple[dict[str, tuple[int, int]], int, int]:
     return {c: (q, k) for c, (q, k) in sums.items()}, late, bad
 
 
-def _client(server: ConnectServer, root: Path, trigger: str = "once",
-            pause: float = 0.0) -> subprocess.Popen[str]:
+def _client(server: ConnectServer, root: Path, trigger: str = "once", pause: float = 0.0,
+            unseen: Path | None = None) -> subprocess.Popen[str]:
+    """The client in a process of its own; with ``unseen``, that directory is hidden from it.
+
+    ``unseen`` is covered by an empty tmpfs in a mount namespace of the client's own
+    (``unshare -m``): the server still sees what is there, the client does not.
+    """
     (root / "client.py").write_text(CLIENT)
-    return subprocess.Popen([sys.executable, str(root / "client.py"), server.url, str(root), trigger,
-                             str(pause)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    cmd = [sys.executable, str(root / "client.py"), server.url, str(root), trigger, str(pause)]
+    if unseen is not None:
+        cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{unseen}" && exec "$@"', "sh", *cmd]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"}, start_new_session=True)
 
 
@@ -189,6 +197,12 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
         again = _client(server, tmp_path)  # the same checkpoint; Spark stops the orphaned run
         out, _ = again.communicate(timeout=300)
         assert again.returncode == 0, out[-4000:]
+        # a client that cannot see the server's checkpoint (an empty file system mounted over it in
+        # the client's own mount namespace) is refused before the query starts
+        blind = _client(server, tmp_path, unseen=tmp_path / "ck")
+        out, _ = blind.communicate(timeout=300)
+        assert blind.returncode != 0 and "cannot read" in out and f"{tmp_path / 'ck'}" in out, out[-4000:]
+        assert "ConfigError" in out, out[-4000:]
     sums, late_rows, rules = _tables(tmp_path)
     assert sums == expected
     assert late_rows == late
