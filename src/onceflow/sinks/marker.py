@@ -52,7 +52,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 TABLE = "onceflow_batches"
@@ -134,15 +134,23 @@ class BatchStats:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> BatchStats:
-        """The stats :func:`dataclasses.asdict` made a dict of (e.g. sent in a data source's options)."""
-        amend = values.get("amend")
-        return cls(**{**values, "amend": Amend(**amend) if isinstance(amend, Mapping) else amend})
+        """The stats :func:`dataclasses.asdict` made a dict of (sent in a data source's options, staged).
+
+        Keys that are not a field are left out (a staged row keeps its tables beside them); a
+        field that is absent takes its default (a row staged by an older onceflow).
+        """
+        known = {k: v for k, v in values.items() if k in _STATS_FIELDS}
+        amend = known.get("amend")
+        return cls(**{**known, "amend": Amend(**amend) if isinstance(amend, Mapping) else amend})
 
     def metrics(self, rows_out: int) -> dict[str, int | None]:
         """The marker's metric columns for a batch that had ``rows_out`` rows (all but the writes)."""
         return {"input_rows": self.input_rows, "late_dropped": self.late_dropped,
                 "duplicates_dropped": self.duplicates, "events_counted": rows_out,
                 "late_watermark_ms": self.late_watermark_ms, "rejected_rows": self.rejected}
+
+
+_STATS_FIELDS = frozenset(f.name for f in fields(BatchStats))
 
 
 def marker_row(sink_id: str, batch_id: int, stats: BatchStats, rows_out: int,

@@ -21,7 +21,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -203,10 +203,6 @@ def encode_staged(outputs: Mapping[str, pa.Table], specs: Mapping[str, Table], s
     return json.dumps(meta), data.getvalue()
 
 
-STATS_FIELDS = frozenset(f.name for f in fields(BatchStats))
-"""A staged row's metadata keys that are the batch's :class:`BatchStats`."""
-
-
 def decode_staged(meta_json: str,
                   data: bytes) -> tuple[dict[str, pa.Table], dict[str, Table], BatchStats, int]:
     """A staged row back as the arguments of :meth:`SQLiteTablesSink.commit_tables`."""
@@ -219,7 +215,7 @@ def decode_staged(meta_json: str,
         outputs[part["name"]] = pa.ipc.open_stream(pa.py_buffer(chunk)).read_all()
         described = ("key", "add", "max", "min", "mode", "shared")  # (max, min, shared: absent in older rows)
         specs[part["name"]] = Table(**{k: part[k] for k in described if k in part})
-    stats = BatchStats.from_dict({k: v for k, v in meta.items() if k in STATS_FIELDS})  # some absent: older
+    stats = BatchStats.from_dict(meta)  # its BatchStats fields (some absent in an older row)
     return outputs, specs, stats, int(meta["rows_out"])
 
 
