@@ -165,12 +165,11 @@ def _task_killed_after_writing(tmp: Path, root: Path) -> None:
     assert f"crash point task_after_write at batch {target}" in d.output(), d.output()[-3000:]
     live = set(pa.table(DeltaTable(str(root / "payments")).get_add_actions(flatten=True)).column("path")
                .to_pylist())
-    # part-<batch>-<token>-<partition>-<attempt>-<uuid>: a retried task's killed first attempt is gone
-    retried = [p.name.split("-") for p in (root / "payments").glob(f"part-{target:05d}-*-*-1-*")]
-    assert retried, sorted(p.name for p in (root / "payments").glob(f"part-{target:05d}-*"))
-    for _, batch, token, part, _, _ in retried:
-        assert not list((root / "payments").glob(f"part-{batch}-{token}-{part}-0-*")), (token, part)
-        assert any(name.startswith(f"part-{batch}-{token}-{part}-1-") for name in live), (token, part)
+    # an append table is written by Spark's own Parquet writer (part-<batch>-<token>-<partition>-spark-
+    # <uuid>): a killed attempt's file never reaches the table; one live file per task
+    names = sorted(p.name for p in (root / "payments").glob(f"part-{target:05d}-*"))
+    parts = [n.split("-")[3] for n in names if n in live]
+    assert parts and len(parts) == len(set(parts)), (names, live)
     stage = root / "_onceflow" / "stage" / "revenue"  # the merge table's staged files are gone
     assert not [d for d in stage.glob("*") if int(d.name.split("-")[0]) <= target], list(stage.glob("*"))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import sqlite3
+import time
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,44 @@ def test_the_format_on_its_own_refuses_a_key_twice(spark: Any, tmp_path: Path) -
     assert "key {'k': 'a'} appears 2 times" in str(from_spark(caught.value))
     with sqlite3.connect(db) as c:
         assert not c.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone()
+
+
+def test_a_large_batch_is_copied_while_its_slower_task_still_writes(spark: Any, tmp_path: Path) -> None:
+    """A real job of two tasks, one slowed by its input: the fast one's file is in before the job ends."""
+    import threading
+
+    from onceflow.sinks.base import Settle
+
+    copied: list[tuple[str, float]] = []
+
+    class Watched(SQLiteTablesSink):
+        def _copy(self, *args: Any, **kwargs: Any) -> int:
+            rows = super()._copy(*args, **kwargs)
+            copied.append((threading.current_thread().name, time.monotonic()))
+            return rows
+
+    def slow(batches: Any) -> Any:
+        import time as t
+
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:
+            t.sleep(4)
+        yield from batches
+
+    db = tmp_path / "app.db"
+    sink = Watched(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    frame = spark.range(0, 20_000, numPartitions=2).selectExpr("id", "concat('n', id) AS note") \
+        .mapInArrow(slow, "id LONG, note STRING")
+    settle = Settle(lambda written: (BatchStats(written["events"], 0, 0), written["events"]))
+    started = time.monotonic()
+    assert sink.commit_frames(0, {"events": frame}, {"events": Table()}, BatchStats(0, 0, 0), 0,
+                              settle=settle)
+    ended = time.monotonic()
+    early = [at for name, at in copied if name == "onceflow-early-copy"]
+    assert early and early[0] < ended - 2, (copied, started, ended)  # seconds before the slow task's end
+    with sqlite3.connect(db) as c:
+        assert sorted(r[0] for r in c.execute("SELECT id FROM events")) == list(range(20_000))
+    assert [(m["batch_id"], m["rows_written"]) for m in sink.batches()] == [(0, 20_000)]
+    sink.close()

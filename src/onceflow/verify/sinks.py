@@ -69,6 +69,8 @@ class NaiveSQLiteSink(SQLiteTablesSink):
 class LossySQLiteSink(SQLiteTablesSink):
     """Negative control: commits the marker before the rows; a crash in between loses the batch."""
 
+    copies_early = False  # its rows come after its marker's commit, never before
+
     def __init__(self, path: str | Path, sink_id: str = "default") -> None:
         super().__init__(path, sink_id=sink_id, staged=False)
 

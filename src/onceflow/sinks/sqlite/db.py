@@ -7,7 +7,8 @@ onceflow's own tables (the user's tables are created by the sink, see
 :mod:`onceflow.sinks.sqlite.sink`):
 
 * ``onceflow_batches`` — one marker row per committed batch and sink id, with the batch's
-  metrics (input rows, late drops, duplicates dropped, rows out, rows written per table);
+  metrics (input rows, late drops, its DataFrame's rows ``events_counted``, duplicates dropped,
+  rows written: all tables, and per table as JSON);
 * ``onceflow_staged`` — batches durably handed over but not yet in the tables (the staged
   protocol of :mod:`onceflow.sinks.sqlite.sink`), as compressed Arrow IPC;
 * ``onceflow_sinks`` — which checkpoint (query id) each sink id belongs to.
@@ -29,6 +30,7 @@ import pyarrow as pa
 from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigError, StorageError
 from onceflow.sinks import marker
 from onceflow.sinks.marker import BatchStats
+from onceflow.sinks.sqlite.values import AddBounds, ddl
 from onceflow.tables import Table
 
 META_SCHEMA = f"""
@@ -42,6 +44,11 @@ CREATE TABLE IF NOT EXISTS onceflow_staged(
 """onceflow's own tables (every SQLite sink)."""
 
 HAS_MARKER = "SELECT 1 FROM onceflow_batches WHERE sink_id = ? AND batch_id = ?"
+
+PAGE_SIZE = 16_384
+"""The page size of a database onceflow creates (SQLite's default is 4 KiB): a large batch's copy
+(the tasks path) builds a quarter as many pages. Set before the file's first table; a database
+made elsewhere keeps its own."""
 
 CACHE_KIB = 65_536
 """Page cache per connection (64 MiB): the counts of a long run stay in memory (the
@@ -69,6 +76,7 @@ def connect(path: str | Path, schema: str = META_SCHEMA) -> sqlite3.Connection:
     try:
         conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None,
                                check_same_thread=False)
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file's; an existing one keeps its own
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
@@ -223,3 +231,30 @@ def broken(name: str, exc: sqlite3.IntegrityError) -> BatchRejectedError:
     """Step 3 / T4 of the sink: the rows break a constraint of table ``name`` (the transaction rolls back)."""
     return BatchRejectedError(f"table {name!r}: the batch breaks a constraint of the table ({exc}); "
                               "nothing of the batch was written")
+
+
+def only_own_tables(conn: sqlite3.Connection, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
+                    bounds: AddBounds) -> bool:
+    """Whether every table of a batch is exactly as onceflow creates it, with nothing of the user's.
+
+    The sink's step S2: such a table's only constraint is its primary key (no trigger, no index
+    but the key, not ``append`` with a key), and no integer ``add`` column can leave 64 bits
+    (``bounds``), so that writing the batch later cannot fail.
+    """
+    names = list(outputs)
+    marks = ",".join("?" * len(names))
+    schema = conn.execute(f"SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name IN "
+                          f"({marks})", names).fetchall()
+    created = {tbl: sql for typ, _, tbl, sql in schema if typ == "table"}
+    for name, rows in outputs.items():
+        spec = specs[name]
+        try:
+            if spec.mode == "append" and spec.key or created.get(name) not in (
+                    ddl(name, spec, rows.schema), ddl(name, spec, rows.schema, strict=False)):
+                return False
+        except ConfigError:  # e.g. a column of type null (an empty batch): the direct path decides
+            return False
+        if not bounds.safe(conn, name, spec, rows):  # a sum could leave 64 bits: checked there
+            return False
+    # a trigger, or an index the user added (onceflow's tables have only their primary key)
+    return not any(typ == "trigger" or typ == "index" and sql is not None for typ, _, _, sql in schema)

@@ -81,11 +81,15 @@ T3. Spark's tasks check and convert each table's rows and write them to scratch 
     beside the database (:mod:`onceflow.sinks.sqlite.tasks`, steps 1-2: a value SQLite would
     change fails the task naming it; of a retried or speculative task only the attempt Spark
     kept counts; crash point ``task_after_write`` kills a task's first attempt after its file).
+    Meanwhile the driver opens T4's transaction and copies each complete file of an ``append``
+    or ``upsert`` table into it (:mod:`onceflow.sinks.sqlite.early`; kept in T4 only if every
+    file copied is of an attempt Spark kept, with its rows; else rolled back).
 T4. One transaction: if the marker exists, roll back and return False. Create or check the
-    tables as step 3 does; attach each file and copy it with SQLite's ``INSERT ... SELECT`` (in key
-    order; an integer ``add`` sum that could leave 64 bits checked exactly by a join first), its
-    row count checked against its task's; a constraint the rows break rolls back and raises
-    :class:`BatchRejectedError`. Insert the marker. Crash point ``inside_sink_txn``.
+    tables as step 3 does; attach each file not copied in T3 and copy it with SQLite's
+    ``INSERT ... SELECT`` (in key order; an integer ``add`` sum that could leave 64 bits checked
+    exactly by a join first), its row count checked against its task's; a constraint the rows
+    break rolls back and raises :class:`BatchRejectedError`. Insert the marker. Crash point
+    ``inside_sink_txn``.
 T5. Commit durably (the WAL; copying it into the database file, SQLite's checkpoint, runs in the
     apply thread beside Spark's next batch). Crash point ``after_sink_commit`` (and
     ``ambiguous_commit``); return True.
@@ -95,16 +99,13 @@ T6. Remove the attempt's scratch files, whatever happened (``bind`` removes thos
 One table without a key may come uncached (``settle``, :attr:`onceflow.sinks.base.Sink.writes_uncached`):
 T3 is the batch's only Spark job; the marker's numbers are settled from the files' rows before T4.
 
-Types: integers and booleans ``INTEGER``, floats and decimals ``REAL``, strings ``TEXT``, binary
-``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``: sorts, compares, and SQLite's
-date functions read it), dates ``TEXT``; ``STRICT`` tables; nested types and the values SQLite
-would not store as given are refused (:mod:`onceflow.sinks.sqlite.values`). The marker row
-(:mod:`onceflow.sinks.sqlite.db`) holds the batch's input rows, late drops, its DataFrame's rows
-(``events_counted``), duplicates dropped, and rows written (all tables, and per table as JSON).
+Types and the values refused: :mod:`onceflow.sinks.sqlite.values`; the marker row:
+:mod:`onceflow.sinks.sqlite.db`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sqlite3
 import time
@@ -116,7 +117,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.errors import ConfigError, OnceflowError, SinkApplyError
+from onceflow.errors import OnceflowError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks import marker, owners
 from onceflow.sinks.base import Settle, SinkBase, collected
@@ -130,7 +131,9 @@ from onceflow.sinks.sqlite.db import (
     connect,
     decode_staged,
     encode_staged,
+    only_own_tables,
 )
+from onceflow.sinks.sqlite.early import EarlyCopy
 from onceflow.sinks.sqlite.values import (
     AddBounds,
     check_types,
@@ -164,6 +167,8 @@ class SQLiteTablesSink(SinkBase):
     all_or_nothing = True
     """Every table of a batch commits in one transaction."""
     writes_uncached = True
+    copies_early = True
+    """T3 copies complete scratch files while later tasks run (:mod:`onceflow.sinks.sqlite.early`)."""
 
     def __init__(self, path: str | Path, sink_id: str = "default", staged: bool = True,
                  collect_below: int = 100_000) -> None:
@@ -242,25 +247,7 @@ class SQLiteTablesSink(SinkBase):
 
     def _appliable(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> bool:
         """Step S2: whether every table is onceflow's own, so that writing the batch cannot fail."""
-        if not self.staged or not outputs:
-            return False
-        names = list(outputs)
-        marks = ",".join("?" * len(names))
-        schema = self.conn.execute(f"SELECT type, name, tbl_name, sql FROM sqlite_master WHERE tbl_name IN "
-                                   f"({marks})", names).fetchall()
-        created = {tbl: sql for typ, _, tbl, sql in schema if typ == "table"}
-        for name, rows in outputs.items():
-            spec = specs[name]
-            try:
-                if spec.mode == "append" and spec.key or created.get(name) not in (
-                        ddl(name, spec, rows.schema), ddl(name, spec, rows.schema, strict=False)):
-                    return False
-            except ConfigError:  # e.g. a column of type null (an empty batch): the direct path decides
-                return False
-            if not self._bounds.safe(self.conn, name, spec, rows):  # a sum could leave 64 bits: checked there
-                return False
-        # a trigger, or an index the user added (onceflow's tables have only their primary key)
-        return not any(typ == "trigger" or typ == "index" and sql is not None for typ, _, _, sql in schema)
+        return self.staged and bool(outputs) and only_own_tables(self.conn, outputs, specs, self._bounds)
 
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
@@ -417,19 +404,26 @@ class SQLiteTablesSink(SinkBase):
             return False
         token, each = uuid.uuid4().hex[:12], tasks.frames_per_table(len(frames))
         found: dict[str, tuple[pa.Schema, list[dict[str, Any]]]] = {}
+        folder = tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token).folder(batch_id)
+        early = EarlyCopy(self, batch_id, folder) if self.copies_early else None
         try:
             for name, frame in frames.items():  # T3
                 spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
                                       specs[name].describe())
-                files = tasks.run(frame.coalesce(each), spec) if counts is None or counts[name] else []
-                found[name] = (to_arrow_schema(frame.schema, timezone="UTC"), files)
-            return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle)  # T4, T5
+                schema = to_arrow_schema(frame.schema, timezone="UTC")
+                with early.watching(name, specs[name], schema) if early else contextlib.nullcontext():
+                    files = tasks.run(frame.coalesce(each), spec) if counts is None or counts[name] else []
+                found[name] = (schema, files)
+            return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle, early=early)  # T4
         finally:
-            tasks.discard(tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token), batch_id)  # T6
+            if early is not None:
+                early.close()
+            shutil.rmtree(folder, ignore_errors=True)  # T6
 
     def apply_files(self, batch_id: int, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]],
                     specs: Mapping[str, Table], stats: BatchStats, rows_out: int,
-                    check_keys: bool = False, settle: Settle | None = None) -> bool:
+                    check_keys: bool = False, settle: Settle | None = None,
+                    early: EarlyCopy | None = None) -> bool:
         """T4-T5: the tasks' scratch files of every table and the marker, in one transaction.
 
         Args:
@@ -441,17 +435,20 @@ class SQLiteTablesSink(SinkBase):
             check_keys: Look for a key twice in the files (T1 did not: the format on its own).
             settle: The batch's numbers from the files' rows (``stats`` and ``rows_out`` are
                 placeholders then).
+            early: What T3 copied already (:mod:`onceflow.sinks.sqlite.early`): kept if right.
 
         Returns:
             True if this call wrote the batch, False if its marker was there.
         """
-        conn, attached = self.conn, 0
+        conn = self.conn
         counts = {n: sum(int(f["rows"]) for f in files) for n, (_, files) in found.items()}
         extents = {n: tasks.folded(files) for n, (_, files) in found.items()}
         if settle is not None:
             stats, rows_out = settle(counts)
+        copied, attached = early.hand_over(found) if early is not None else (set(), 0)
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the commit's checkpoint: after T5, off the batch's path
-        conn.execute("BEGIN IMMEDIATE")  # T4
+        if not conn.in_transaction:
+            conn.execute("BEGIN IMMEDIATE")  # T4 (or begun in T3 by the early copy)
         try:
             if self._committed(batch_id):
                 conn.execute("ROLLBACK")
@@ -460,6 +457,7 @@ class SQLiteTablesSink(SinkBase):
             for name, (schema, files) in found.items():
                 spec = specs[name]
                 self._fit(name, spec, schema)
+                files = [f for f in files if f["path"] not in copied]
                 aliases = [f"onceflow_task{attached + i}" for i in range(len(files))]
                 for f, alias in zip(files, aliases, strict=True):
                     conn.execute(f"ATTACH DATABASE ? AS {alias}", (f["path"],))
@@ -488,10 +486,11 @@ class SQLiteTablesSink(SinkBase):
         return True
 
     def _copy(self, batch_id: int, name: str, spec: Table, columns: list[str], f: Mapping[str, Any],
-              extents: Mapping[str, tuple[int, int]], alias: str) -> None:
+              extents: Mapping[str, tuple[int, int]], alias: str) -> int:
         """T4 for one scratch file ``f`` (attached as ``alias``): checked, copied by SQLite, counted.
 
-        ``extents`` are the table's integer ``add`` columns' lowest and highest values over all its files.
+        ``extents`` are the table's integer ``add`` columns' lowest and highest values over all its
+        files. Returns the rows copied (checked against ``f["rows"]`` unless that is None).
         """
         conn = self.conn
         self._bounds.check_attached(conn, str(self.path), name, spec, extents, alias)
@@ -500,9 +499,10 @@ class SQLiteTablesSink(SinkBase):
             cur = conn.execute(tasks.insert_select(name, spec, columns, alias, table_columns))
         except sqlite3.IntegrityError as exc:
             raise broken(name, exc) from None
-        if cur.rowcount != f["rows"]:
+        if f["rows"] is not None and cur.rowcount != f["rows"]:
             raise OnceflowError(f"batch {batch_id}: scratch file {f['path']} of table {name!r} gave "
                                 f"{cur.rowcount} rows, its task wrote {f['rows']}; the batch runs again")
+        return int(cur.rowcount)
 
     def _accepted(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> None:
         """Widen the ``add`` columns' bounds by a batch committed or staged (once per batch)."""

@@ -14,7 +14,8 @@ tasks, in parallel. For table T and batch N, each commit attempt of N draws a to
    (:func:`onceflow.sinks.sqlite.values.stored_array`) and inserted into a scratch SQLite file of
    its own, ``<db>.onceflow-stage/<sink_id>/<N>-<token>/<T>-<p>-<a>-<uuid>.db`` (one STRICT table
    ``rows`` of the table's types, filled by Arrow's SQLite driver; no journal: nobody reads the
-   file unless the task returned). It returns the file's
+   file before it is complete; it has that name only then, ``.part`` added before: the sink may
+   copy it while other tasks run, :mod:`onceflow.sinks.sqlite.early`). It returns the file's
    path, its rows, and the lowest and highest value of each integer ``add`` column — a few
    hundred bytes, whatever the rows.
 2. **Kept files** (the driver: the format's ``commit``, or the sink through
@@ -54,6 +55,8 @@ from onceflow.tables import Table
 
 MAX_FILES = 10
 """Files one connection may attach (SQLite's ``SQLITE_MAX_ATTACHED`` default)."""
+SCRATCH_PAGE_SIZE = 65536
+"""The scratch files' page size (SQLite's largest): fewer pages to fill, and to read in the copy."""
 STAGE_SUFFIX = ".onceflow-stage"
 """The scratch files' directory: the database's path with this suffix."""
 
@@ -144,6 +147,7 @@ class _Scratch:
 
         self.conn = adbc.connect(str(path), autocommit=True)
         self.cur = self.conn.cursor()
+        self.cur.execute(f"PRAGMA page_size={SCRATCH_PAGE_SIZE}")
         self.cur.execute("PRAGMA journal_mode=OFF")
         self.cur.execute("PRAGMA synchronous=OFF")
         self.cur.execute(ddl("rows", Table(), schema))
@@ -179,6 +183,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
     table = spec.table_spec()
     folder = spec.folder(batch_id)
     path = folder / f"{spec.table}-{task.partition:05d}-{task.attempt}-{uuid.uuid4().hex[:8]}.db"
+    part = path.with_name(path.name + ".part")  # its name until complete
     scratch: _Scratch | None = None
     rows = 0
     extents: dict[str, tuple[int, int]] = {}  # the integer add columns' (lowest, highest)
@@ -191,7 +196,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
             _fold(extents, AddBounds.extents(table, batch))
             if scratch is None:
                 folder.mkdir(parents=True, exist_ok=True)
-                scratch = _Scratch(path, batch.schema)
+                scratch = _Scratch(part, batch.schema)
             scratch.add(pa.table([stored_array(batch.column(c)) for c in batch.column_names],
                                  names=batch.column_names))
             rows += batch.num_rows
@@ -203,6 +208,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
             scratch.close()
     if scratch is None:
         return {"path": None, "rows": 0, "extents": {}}
+    part.replace(path)  # complete: the driver may copy it while other tasks still run
     faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     return {"path": str(path), "rows": rows, "extents": extents}
 

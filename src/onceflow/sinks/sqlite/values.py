@@ -1,5 +1,9 @@
 """Every value a SQLite table stores is the value the batch gave, or the batch is refused.
 
+Types: integers and booleans ``INTEGER``, floats and decimals ``REAL``, strings ``TEXT``, binary
+``BLOB``, timestamps ``TEXT`` in UTC (``YYYY-MM-DD HH:MM:SS.ffffff``: sorts, compares, and SQLite's
+date functions read it), dates ``TEXT``; ``STRICT`` tables; nested types are refused.
+
 SQLite converts some values quietly: a NaN is bound as NULL, ``-0.0`` comes back as ``0.0``
 (a REAL with an integral value is stored as an integer), an integer sum past ``2**63-1``
 becomes a REAL, a column's type affinity turns the text ``'123'`` into the integer ``123``

@@ -1,0 +1,181 @@
+"""A large batch's scratch files copied into their tables while Spark's tasks still write the others.
+
+Part of the SQLite sink's tasks path (:class:`onceflow.sinks.sqlite.sink.SQLiteTablesSink`, steps
+T3-T4). SQLite has one writer: the driver copies every scratch file of a batch into its table in
+one transaction with the batch's marker. Copied only after the last task returned, that copy is
+on the batch's critical path after the tasks; copied while the later tasks still run, only the
+last files' copy is. What :class:`EarlyCopy` does, for batch N, beside Spark's job:
+
+1. A task renames its scratch file to its final name only once the file is complete
+   (:func:`onceflow.sinks.sqlite.tasks.write_task`); a thread of the driver looks for such files
+   of the table whose tasks run, every :data:`POLL_S` seconds.
+2. At the first one it opens the batch's transaction (``BEGIN IMMEDIATE``: SQLite's write lock,
+   held until T5; readers keep reading the last committed state), creates or checks the table
+   (the sink's step 3), attaches the file and copies it (the sink's copy: ``INSERT ... SELECT``),
+   noting its path and the rows copied. Nothing of it is visible: the marker and the commit come
+   only in T4-T5, on the driver's thread, after Spark's job.
+3. At T4 (:meth:`EarlyCopy.hand_over`) the thread stops. The early copies are kept only if every
+   file copied is the file of an attempt Spark kept (its task's message names it) with the rows
+   that message counts, and the thread met no error; else the transaction is rolled back and T4
+   copies every kept file as it would have without this (a task attempt that completed its file
+   and was then killed or outrun by another attempt — Spark's retries and speculation — is the
+   usual cause).
+
+Only tables that need no look at the whole batch before their first row is written are copied
+early: ``append`` and ``upsert`` tables (the batch's keys were proved unique in T1). An ``add``
+table's 64-bit check folds every file's extents first, so its files wait for T4. At most
+:data:`onceflow.sinks.sqlite.tasks.MAX_FILES` files are attached, as in T4.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+from onceflow.sinks.sqlite.tasks import MAX_FILES
+from onceflow.tables import Table
+
+POLL_S = 0.05
+"""How often the thread looks for complete scratch files."""
+
+
+class _Copier(Protocol):
+    """What :class:`EarlyCopy` uses of the sink."""
+
+    @property
+    def conn(self) -> sqlite3.Connection: ...
+
+    def _fit(self, name: str, spec: Table, schema: pa.Schema) -> None: ...
+
+    def _copy(self, batch_id: int, name: str, spec: Table, columns: list[str], f: Mapping[str, Any],
+              extents: Mapping[str, tuple[int, int]], alias: str) -> int: ...
+
+
+class EarlyCopy:
+    """Copies batch ``batch_id``'s complete scratch files while Spark's tasks write the rest (steps 1-3).
+
+    Args:
+        sink: The sink whose connection, table check and copy it uses.
+        batch_id: The micro-batch.
+        folder: The attempt's directory of scratch files.
+    """
+
+    def __init__(self, sink: _Copier, batch_id: int, folder: Path) -> None:
+        self.sink = sink
+        self.batch_id = batch_id
+        self.folder = folder
+        self.copied: dict[str, tuple[str, int]] = {}
+        """Path -> (table, rows copied), in this transaction."""
+        self.attached = 0
+        self.error: BaseException | None = None
+        self._owns = False  # this object began the open transaction (until hand_over keeps it)
+        self._seen: set[str] = set()
+        self._fitted: set[str] = set()
+        self._table: tuple[str, Table, pa.Schema, re.Pattern[str]] | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def takes(spec: Table) -> bool:
+        """Whether a table of ``spec`` is copied early (``append`` and ``upsert``; not ``add``)."""
+        return spec.mode in ("append", "upsert")
+
+    @contextmanager
+    def watching(self, name: str, spec: Table, schema: pa.Schema) -> Iterator[None]:
+        """While Spark's tasks write table ``name``: copy its complete files (step 1)."""
+        if not self.takes(spec):
+            yield
+            return
+        pattern = re.compile(re.escape(name) + r"-\d{5}-\d+-[0-9a-f]{8}\.db")
+        with self._lock:
+            self._table = (name, spec, schema, pattern)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="onceflow-early-copy", daemon=True)
+            self._thread.start()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._table = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            try:
+                self._scan()
+            except BaseException as exc:  # noqa: BLE001 - T4 rolls back and copies without it
+                self.error = exc
+                return
+
+    def _scan(self) -> None:
+        """Steps 1-2 for the files complete now."""
+        with self._lock:
+            table = self._table
+        if table is None or self.attached >= MAX_FILES:
+            return
+        name, spec, schema, pattern = table
+        try:
+            found = sorted(e.name for e in os.scandir(self.folder) if pattern.fullmatch(e.name))
+        except FileNotFoundError:  # no task has written yet
+            return
+        conn = self.sink.conn
+        for file in found:
+            path = str(self.folder / file)
+            if path in self._seen or self.attached >= MAX_FILES or self._stop.is_set():
+                continue
+            self._seen.add(path)
+            if not conn.in_transaction:
+                conn.execute("BEGIN IMMEDIATE")
+                self._owns = True
+            if name not in self._fitted:
+                self.sink._fit(name, spec, schema)
+                self._fitted.add(name)
+            alias = f"onceflow_task{self.attached}"
+            conn.execute(f"ATTACH DATABASE ? AS {alias}", (path,))
+            self.attached += 1
+            rows = self.sink._copy(self.batch_id, name, spec, list(schema.names),
+                                   {"path": path, "rows": None}, {}, alias)
+            self.copied[path] = (name, rows)
+
+    def _halt(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def hand_over(self, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]]) -> tuple[set[str], int]:
+        """Step 3: the files already copied and the files attached, for T4 to go on from.
+
+        Args:
+            found: Table name -> (its columns, the messages of the attempts Spark kept).
+
+        Returns:
+            (paths copied in the open transaction, databases attached to the connection); with
+            the transaction rolled back and nothing attached: (empty, 0).
+        """
+        self._halt()
+        kept = {str(f["path"]): (name, int(f["rows"])) for name, (_, files) in found.items() for f in files}
+        conn = self.sink.conn
+        if conn.in_transaction and self.error is None and all(
+                kept.get(path) == done for path, done in self.copied.items()):
+            attached, self.attached, self._owns = self.attached, 0, False
+            return set(self.copied), attached
+        self.close()
+        return set(), 0
+
+    def close(self) -> None:
+        """Stop; roll back what was copied and detach the files unless T4 took them over."""
+        self._halt()
+        conn = self.sink.conn
+        if self._owns and conn.in_transaction:
+            conn.execute("ROLLBACK")
+        for i in range(self.attached):
+            conn.execute(f"DETACH DATABASE onceflow_task{i}")
+        self.attached, self.copied, self._owns = 0, {}, False
