@@ -41,20 +41,14 @@ def rows(n: int) -> pa.Table:
 
 def fill(path: Path, table: pa.Table, page_size: int) -> float:
     """Seconds to fill a scratch file of ``page_size`` pages (the tasks' way)."""
-    import onceflow.sinks.sqlite.tasks as tasks
-
     path.unlink(missing_ok=True)
-    was, tasks.SCRATCH_PAGE_SIZE = tasks.SCRATCH_PAGE_SIZE, page_size  # type: ignore[misc]
-    try:
-        started = time.perf_counter()
-        scratch = _Scratch(path, table.schema)
-        for batch in table.to_batches(10_000):  # Spark's Arrow batches
-            scratch.add(pa.Table.from_batches([batch]))
-        scratch.commit()
-        scratch.close()
-        return time.perf_counter() - started
-    finally:
-        tasks.SCRATCH_PAGE_SIZE = was  # type: ignore[misc]
+    started = time.perf_counter()
+    scratch = _Scratch(path, table.schema, page_size)
+    for batch in table.to_batches(10_000):  # Spark's Arrow batches
+        scratch.add(pa.Table.from_batches([batch]))
+    scratch.commit()
+    scratch.close()
+    return time.perf_counter() - started
 
 
 def copy(db: Path, scratch: Path, schema: pa.Schema, page_size: int) -> float:

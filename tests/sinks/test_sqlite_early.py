@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from onceflow.errors import ConfigError
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.sqlite.early import EarlyCopy
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
-from onceflow.sinks.sqlite.tasks import _Scratch
+from onceflow.sinks.sqlite.tasks import _Scratch, scratch_name
 from onceflow.sinks.sqlite.values import stored_array
 from onceflow.tables import Table
 
@@ -36,7 +35,7 @@ def _rows(first: int, n: int) -> pa.Table:
 def _scratch(folder: Path, table: str, partition: int, attempt: int, rows: pa.Table) -> dict[str, Any]:
     """A task attempt's complete scratch file of ``rows`` (written under ``.part``, then renamed)."""
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{table}-{partition:05d}-{attempt}-{uuid.uuid4().hex[:8]}.db"
+    path = folder / scratch_name(table, partition, attempt)
     part = path.with_name(path.name + ".part")
     scratch = _Scratch(part, rows.schema)
     scratch.add(pa.table([stored_array(rows.column(c)) for c in rows.column_names], names=rows.column_names))

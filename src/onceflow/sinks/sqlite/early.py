@@ -30,7 +30,6 @@ table's 64-bit check folds every file's extents first, so its files wait for T4.
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import threading
 from collections.abc import Iterator, Mapping
@@ -40,7 +39,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from onceflow.sinks.sqlite.tasks import MAX_FILES
+from onceflow.sinks.sqlite.tasks import MAX_FILES, is_scratch_of
 from onceflow.tables import Table
 
 POLL_S = 0.05
@@ -77,9 +76,7 @@ class EarlyCopy:
         self.attached = 0
         self.error: BaseException | None = None
         self._owns = False  # this object began the open transaction (until hand_over keeps it)
-        self._seen: set[str] = set()
-        self._fitted: set[str] = set()
-        self._table: tuple[str, Table, pa.Schema, re.Pattern[str]] | None = None
+        self._table: tuple[str, Table, pa.Schema] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -95,9 +92,8 @@ class EarlyCopy:
         if not self.takes(spec):
             yield
             return
-        pattern = re.compile(re.escape(name) + r"-\d{5}-\d+-[0-9a-f]{8}\.db")
         with self._lock:
-            self._table = (name, spec, schema, pattern)
+            self._table = (name, spec, schema)
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="onceflow-early-copy", daemon=True)
             self._thread.start()
@@ -121,23 +117,20 @@ class EarlyCopy:
             table = self._table
         if table is None or self.attached >= MAX_FILES:
             return
-        name, spec, schema, pattern = table
+        name, spec, schema = table
         try:
-            found = sorted(e.name for e in os.scandir(self.folder) if pattern.fullmatch(e.name))
+            found = sorted(e.name for e in os.scandir(self.folder) if is_scratch_of(name, e.name))
         except FileNotFoundError:  # no task has written yet
             return
         conn = self.sink.conn
         for file in found:
             path = str(self.folder / file)
-            if path in self._seen or self.attached >= MAX_FILES or self._stop.is_set():
-                continue
-            self._seen.add(path)
+            if path in self.copied or self.attached >= MAX_FILES or self._stop.is_set():
+                continue  # (a file whose copy failed stops the thread: never tried twice)
             if not conn.in_transaction:
                 conn.execute("BEGIN IMMEDIATE")
                 self._owns = True
-            if name not in self._fitted:
-                self.sink._fit(name, spec, schema)
-                self._fitted.add(name)
+            self.sink._fit(name, spec, schema)  # the first file creates or checks; later ones find it
             alias = f"onceflow_task{self.attached}"
             conn.execute(f"ATTACH DATABASE ? AS {alias}", (path,))
             self.attached += 1

@@ -404,8 +404,8 @@ class SQLiteTablesSink(SinkBase):
             return False
         token, each = uuid.uuid4().hex[:12], tasks.frames_per_table(len(frames))
         found: dict[str, tuple[pa.Schema, list[dict[str, Any]]]] = {}
-        folder = tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token).folder(batch_id)
-        early = EarlyCopy(self, batch_id, folder) if self.copies_early else None
+        stage = tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token)
+        early = EarlyCopy(self, batch_id, stage.folder(batch_id)) if self.copies_early else None
         try:
             for name, frame in frames.items():  # T3
                 spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
@@ -418,7 +418,7 @@ class SQLiteTablesSink(SinkBase):
         finally:
             if early is not None:
                 early.close()
-            shutil.rmtree(folder, ignore_errors=True)  # T6
+            tasks.discard(stage, batch_id)  # T6
 
     def apply_files(self, batch_id: int, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]],
                     specs: Mapping[str, Table], stats: BatchStats, rows_out: int,

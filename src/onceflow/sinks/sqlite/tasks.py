@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import shutil
 import sqlite3
 import uuid
@@ -59,6 +60,16 @@ SCRATCH_PAGE_SIZE = 65536
 """The scratch files' page size (SQLite's largest): fewer pages to fill, and to read in the copy."""
 STAGE_SUFFIX = ".onceflow-stage"
 """The scratch files' directory: the database's path with this suffix."""
+
+
+def scratch_name(table: str, partition: int, attempt: int) -> str:
+    """A task attempt's scratch file name (unique: a random part; complete once it has this name)."""
+    return f"{table}-{partition:05d}-{attempt}-{uuid.uuid4().hex[:8]}.db"
+
+
+def is_scratch_of(table: str, name: str) -> bool:
+    """Whether ``name`` is a complete scratch file of ``table`` (:func:`scratch_name`'s shape)."""
+    return re.fullmatch(re.escape(table) + r"-\d{5}-\d+-[0-9a-f]{8}\.db", name) is not None
 
 
 def stage_root(db: str | Path, sink_id: str) -> Path:
@@ -137,7 +148,7 @@ class _Scratch:
     double, a text or a blob, stored as given, a null as NULL.
     """
 
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, page_size: int = SCRATCH_PAGE_SIZE) -> None:
         """``rows`` has the columns and types onceflow creates a table of ``schema`` with (STRICT).
 
         So that SQLite copies an append table's file record by record (its transfer
@@ -147,7 +158,7 @@ class _Scratch:
 
         self.conn = adbc.connect(str(path), autocommit=True)
         self.cur = self.conn.cursor()
-        self.cur.execute(f"PRAGMA page_size={SCRATCH_PAGE_SIZE}")
+        self.cur.execute(f"PRAGMA page_size={page_size}")
         self.cur.execute("PRAGMA journal_mode=OFF")
         self.cur.execute("PRAGMA synchronous=OFF")
         self.cur.execute(ddl("rows", Table(), schema))
@@ -182,7 +193,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
     batch_id = spec.batch_id if spec.batch_id >= 0 else task.batch_id
     table = spec.table_spec()
     folder = spec.folder(batch_id)
-    path = folder / f"{spec.table}-{task.partition:05d}-{task.attempt}-{uuid.uuid4().hex[:8]}.db"
+    path = folder / scratch_name(spec.table, task.partition, task.attempt)
     part = path.with_name(path.name + ".part")  # its name until complete
     scratch: _Scratch | None = None
     rows = 0
