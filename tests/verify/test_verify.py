@@ -30,7 +30,7 @@ def _verify(report: Path, *args: str, timeout: float = 900,
 def _dsn_for(sink: str, request: pytest.FixtureRequest) -> str | None:
     """The test server's DSN, with a password (ignored by its trust authentication) that must
     never show up in anything verify writes."""
-    if not sink.startswith("postgres"):
+    if not sink.startswith("postgres") and not sink.endswith("-pg"):  # -pg: a ledger in PostgreSQL
         return None
     return f"{request.getfixturevalue('pg_dsn')} password=s3cr3t"
 
@@ -197,12 +197,12 @@ def test_delta_sink_under_the_crash_points_and_a_tampered_table_is_caught(tmp_pa
 
 @pytest.mark.long  # make test-long; the task points of SQLite and PostgreSQL: test_api_crash.py
 @pytest.mark.parametrize("sink", ["delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks",
-                                  "http-tasks"])
+                                  "http-tasks", "http-tasks-pg"])
 def test_tasks_paths_under_task_deaths_and_the_crash_points(tmp_path: Path, sink: str,
                                                             request: pytest.FixtureRequest) -> None:
     """Every batch written by Spark's tasks: tasks killed after writing their files (or staging their
     rows), before their messages reached the driver, and the driver killed inside and after the commit."""
-    inside = "ambiguous_commit" if sink == "http-tasks" else "crash_inside_sink_txn"  # calls: no transaction
+    inside = "ambiguous_commit" if sink.startswith("http") else "crash_inside_sink_txn"  # no transaction
     faults = f"crash_task_after_write,{inside},crash_after_sink_commit,kill_random"
     rc, out, rep = _verify(tmp_path, "--rounds", "4", "--seed", "5", "--events-per-round", "3000",
                            "--faults", faults, "--sink", sink, dsn=_dsn_for(sink, request))

@@ -26,18 +26,21 @@ if TYPE_CHECKING:
                    "worker_kill only with --cluster standalone, "
                    "crash_apply_pending only with --sink sqlite, crash_effects_* only with --sink "
                    "http (which has no crash_inside_sink_txn), crash_task_after_write only with --sink "
-                   "delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks or http-tasks, the receiver_*, "
+                   "delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks, http-tasks or http-tasks-pg, the "
+                   "receiver_*, "
                    "sender_kill and dropped_acks faults only with --ingest).")
 @click.option("--sink", type=click.Choice([*SINKS, REALTIME]), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'; http: calls to a demo service verify "
                    "starts; delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks, http-tasks: every batch "
-                   "written by Spark's tasks); naive, lossy, postgres-naive, http-naive and delta-naive are "
+                   "written by Spark's tasks; http-tasks-pg: as http-tasks, the ledger in a new schema of "
+                   "--pg-dsn); naive, lossy, postgres-naive, http-naive and delta-naive are "
                    "negative controls: verify must fail. realtime: a --pipeline that writes with "
                    "onceflow.write_realtime "
                    "(Spark's Real-Time Mode into PostgreSQL; --source kafka; faults kill_random, "
                    "sink_outage).")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
-              help="PostgreSQL server for postgres* sinks; the run writes to a new schema there.")
+              help="PostgreSQL server for postgres* sinks and http-tasks-pg's ledger; the run writes to a "
+                   "new schema there.")
 @click.option("--cluster", type=click.Choice(["local", "standalone", "connect"]), is_flag=False,
               flag_value="local",
               default=None,

@@ -28,15 +28,14 @@ STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
 EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
 """Faults at points only the side-effect sinks' driver-side path (``--sink http``, ``http-naive``) has."""
 
-TASK_SINKS = ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks", "http-tasks")
+TASK_SINKS = ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks", "http-tasks", "http-tasks-pg")
 """The sinks whose every batch Spark's tasks write (``collect_below=0``)."""
 
 TASK_FAULTS = ("crash_task_after_write",)
-"""Faults of the tasks that write a batch's rows (``--sink delta-tasks``, ``sqlite-tasks``,
-``postgres-tasks``, ``kafka-tasks``, ``http-tasks``): not the driver. Not on a cluster, where Spark
-retries a failed task (the batch then commits in the same round)."""
+"""Faults of the tasks that write a batch's rows (the :data:`TASK_SINKS`): not the driver. Not on a
+cluster, where Spark retries a failed task (the batch then commits in the same round)."""
 
-NO_TXN_SINKS = ("http", "http-tasks", "http-naive")
+NO_TXN_SINKS = ("http", "http-tasks", "http-tasks-pg", "http-naive")
 """Sinks without a transaction to crash inside (no ``crash_inside_sink_txn``)."""
 
 

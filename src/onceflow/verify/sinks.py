@@ -27,6 +27,7 @@ from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats, SinkBase, TablesSink
 from onceflow.sinks.delta import DeltaTablesSink
 from onceflow.sinks.http.sink import HttpEffectsSink
+from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
 from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
@@ -39,7 +40,10 @@ __all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID"
 SQLITE_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
 POSTGRES_SINKS = ("postgres", "postgres-tasks", *EXECUTOR_SINKS, "postgres-naive")
-EFFECT_SINKS = ("http", "http-tasks", "http-naive")
+EFFECT_SINKS = ("http", "http-tasks", "http-tasks-pg", "http-naive")
+PG_LEDGER_SINKS = ("http-tasks-pg",)
+"""Effect sinks whose ledger is in PostgreSQL (``$ONCEFLOW_PG_DSN``): what the tasks of a cluster
+without a shared file system reach."""
 DELTA_SINKS = ("delta", "delta-tasks", "delta-naive")
 KAFKA_SINKS = ("kafka", "kafka-tasks", "kafka-naive")
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
@@ -216,14 +220,13 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
         every = kind == "delta-tasks"  # every batch through Spark's tasks
         return DeltaTablesSink(where.delta, sink_id=sink_id, collect_below=0 if every else 100_000)
     if kind in EFFECT_SINKS:
-        if where.db is None or not where.effects_url:
-            raise ConfigError(f"--sink {kind} calls a service: pass --effects-url URL and --db PATH for "
-                              "its ledger")
+        ledger = _ledger(kind, where)
         timeout = where.effects_timeout_s
+        assert where.effects_url
         if kind == "http-naive":
-            return NaiveHttpSink(where.effects_url, where.db, sink_id=sink_id, timeout_s=timeout)
-        every = kind == "http-tasks"  # every batch called by Spark's tasks
-        return HttpEffectsSink(where.effects_url, where.db, sink_id=sink_id, timeout_s=timeout,
+            return NaiveHttpSink(where.effects_url, ledger, sink_id=sink_id, timeout_s=timeout)
+        every = kind.startswith("http-tasks")  # every batch called by Spark's tasks
+        return HttpEffectsSink(where.effects_url, ledger, sink_id=sink_id, timeout_s=timeout,
                                collect_below=0 if every else 100_000)
     if kind in SQLITE_SINKS:
         if where.db is None:
@@ -243,6 +246,24 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
     if kind in EXECUTOR_SINKS:
         return PostgresFramesSink(where.pg_dsn, sink_id=sink_id, protocol=kind.removeprefix("postgres-"))
     raise ConfigError(f"unknown sink {kind!r}; use one of {', '.join(SINKS)}")
+
+
+def _ledger(kind: str, where: SinkOptions) -> str | Path:
+    """The ledger of an effect sink: ``--db PATH``, or (``http-tasks-pg``) the PostgreSQL database.
+
+    Raises:
+        ConfigError: No service URL, or no ledger where the kind keeps it.
+    """
+    if kind in PG_LEDGER_SINKS:
+        if not where.effects_url:
+            raise ConfigError(f"--sink {kind} calls a service: pass --effects-url URL (its ledger is in "
+                              f"PostgreSQL: --pg-dsn or ${pg.DSN_ENV})")
+        require_psycopg()
+        return pg.resolve_dsn(where.pg_dsn)
+    if where.db is None or not where.effects_url:
+        raise ConfigError(f"--sink {kind} calls a service: pass --effects-url URL and --db PATH for "
+                          "its ledger")
+    return where.db
 
 
 def marker_id(kind: str, table: str, sink_id: str = EXAMPLE_SINK_ID) -> str:

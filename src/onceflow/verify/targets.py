@@ -3,7 +3,8 @@
 SQLite sinks live in a fresh database file in the work directory. The ``http`` sinks call the
 demo service (:mod:`onceflow.verify.service`, a process of its own, which applies 3% of calls
 and answers 500, and applies 1% and answers too late for the driver's 1.5 s timeout), their
-ledger a database file in the work directory; ``http-naive`` calls a service that ignores
+ledger a database file in the work directory (``http-tasks-pg``: a fresh PostgreSQL schema, as the
+PostgreSQL sinks get); ``http-naive`` calls a service that ignores
 idempotency keys (so its duplicates show). The ``delta`` sink writes Delta tables under
 ``<workdir>/delta`` (its markers: the tables' app transactions and commit metadata);
 ``delta-naive`` never checks the app transaction (its duplicates show). PostgreSQL sinks
@@ -35,6 +36,7 @@ from onceflow.verify.sinks import (
     EFFECT_SINKS,
     EXAMPLE_SINK_ID,
     KAFKA_SINKS,
+    PG_LEDGER_SINKS,
     SINKS,
     SQLITE_SINKS,
     marker_id,
@@ -106,7 +108,7 @@ class SinkTarget:
             self._base_dsn = ""
         elif kind in SQLITE_KINDS:
             self.db = workdir / "sink.db"
-        elif kind in EFFECT_SINKS:
+        elif kind in EFFECT_SINKS and kind not in PG_LEDGER_SINKS:
             self.db = workdir / "ledger.db"
         elif kind in DELTA_SINKS:
             from onceflow.sinks.delta import DeltaTablesSink
@@ -118,11 +120,13 @@ class SinkTarget:
 
     @property
     def is_postgres(self) -> bool:
-        """Whether the sink is in PostgreSQL."""
+        """Whether the sink (or its ledger: ``http-tasks-pg``) is in PostgreSQL."""
         return self.db is None and self.kind not in KAFKA_SINKS
 
     def prepare(self, schema: str | None = None) -> None:
-        """Create the empty place the run writes to (a new PostgreSQL schema), or start the service.
+        """Create the place the run writes to, and start the service an effect sink calls.
+
+        A new PostgreSQL schema for the PostgreSQL sinks and ``http-tasks-pg`` (its ledger).
 
         Args:
             schema: Reuse this schema of a resumed run instead.
@@ -137,8 +141,7 @@ class SinkTarget:
             self.service = ServiceProcess(self.workdir / "service.db", *flags,
                                           *(["--ignore-keys"] if self.kind == "http-naive" else [])).start()
             pid.write_text(str(self.service.proc.pid))
-            return
-        if self.kind in KAFKA_SINKS:
+        elif self.kind in KAFKA_SINKS:
             from onceflow.verify.kafka_server import KafkaServer
 
             self.broker = KafkaServer(data_dir=self.workdir / "kafka-out")
@@ -309,8 +312,8 @@ class SinkTarget:
         if self.broker is not None:
             return judge_kafka(self.broker.bootstrap, expectation, self.sink_id)
         if self.kind in EFFECT_SINKS:
-            assert self.db is not None
-            return judge_effects(self.workdir / "service.db", self.db, expectation, self.marker_id)
+            ledger = self.db or self.dsn
+            return judge_effects(self.workdir / "service.db", ledger, expectation, self.marker_id)
         if self.kind in DELTA_SINKS:
             assert self.db is not None
             return judge_delta(self.db, expectation, SINK_ID)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from onceflow.sinks.http.ledger import is_dsn
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.verify.oracle import Expectation
 from onceflow.verify.recompute import CountDiff, diff_counts
@@ -247,7 +248,8 @@ def judge_effects(service_db: str | Path, ledger: str | Path, expectation: Expec
 
     Args:
         service_db: The demo service's database (its own record of every call and effect).
-        ledger: The sink's ledger (markers, with late drops, and unconfirmed keys).
+        ledger: The sink's ledger (markers, with late drops, and unconfirmed keys): a SQLite file's
+            path, or a PostgreSQL connection string (``http-tasks-pg``).
         expectation: From :func:`onceflow.verify.oracle.expect`.
         sink_id: The sink's id (key prefix and marker namespace).
 
@@ -269,7 +271,8 @@ def judge_effects(service_db: str | Path, ledger: str | Path, expectation: Expec
     payloads: dict[str, set[str]] = {}
     for c in read_effects(service_db, calls=True):
         payloads.setdefault(c["key"], set()).add(json.dumps(c["payload"], sort_keys=True))
-    verdict = judge(f"http:{service_db}", dict(users), dict(glob), read_batches(ledger, sink_id), expectation)
+    batches = _ledger_batches(ledger, sink_id)
+    verdict = judge(f"http:{service_db}", dict(users), dict(glob), batches, expectation)
     twice = sorted(k for k, n in applied.items() if n > 1)
     if twice:
         verdict.violations.append(f"{len(twice)} effects applied more than once: {twice[:3]}")
@@ -277,18 +280,43 @@ def judge_effects(service_db: str | Path, ledger: str | Path, expectation: Expec
     if versions:
         verdict.violations.append(f"{len(versions)} keys reached the service with two payloads: "
                                   f"{versions[:3]}")
-    if Path(ledger).exists():
+    left = started_keys(ledger, sink_id)
+    if left:
+        verdict.violations.append(f"{left} effects started and never confirmed in the ledger")
+    return verdict
+
+
+def _ledger_batches(ledger: str | Path, sink_id: str) -> list[dict[str, Any]]:
+    """The markers of an effect sink's ledger: a SQLite file, or a PostgreSQL DSN (``http-tasks-pg``)."""
+    if not is_dsn(ledger):
+        return read_batches(ledger, sink_id)
+    from onceflow.sinks.postgres import sql as pg
+
+    return pg.read_batches(str(ledger), sink_id)
+
+
+def started_keys(ledger: str | Path, sink_id: str) -> int:
+    """Keys the ledger left ``started`` (never confirmed); 0 when it has no effects table yet."""
+    query = "SELECT count(*) FROM onceflow_effects WHERE sink_id = {p} AND state = 'started'"
+    if not is_dsn(ledger):
+        if not Path(ledger).exists():
+            return 0
         conn = sqlite3.connect(str(ledger))
         try:
-            left = conn.execute("SELECT count(*) FROM onceflow_effects WHERE sink_id = ? "
-                                "AND state = 'started'", (sink_id,)).fetchone()[0]
+            return int(conn.execute(query.format(p="?"), (sink_id,)).fetchone()[0])
         except sqlite3.OperationalError:
-            left = 0
+            return 0
         finally:
             conn.close()
-        if left:
-            verdict.violations.append(f"{left} effects started and never confirmed in the ledger")
-    return verdict
+    from psycopg import errors
+
+    from onceflow.sinks.postgres import sql as pg
+
+    with pg.connect(str(ledger)) as conn:
+        try:
+            return int(conn.execute(query.format(p="%s"), (sink_id,)).fetchone()[0])
+        except errors.UndefinedTable:
+            return 0
 
 
 def judge(name: str, users: dict[tuple[str, int], int], glob: dict[int, int],
