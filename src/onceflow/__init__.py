@@ -54,7 +54,7 @@ _import_pyspark_from_its_package()
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError  # noqa: E402
 
 if TYPE_CHECKING:
-    from onceflow.api import deduplicate, delta, http, kafka, postgres, sqlite, write_stream
+    from onceflow.api import deduplicate, delta, http, iceberg, kafka, postgres, sqlite, write_stream
     from onceflow.contract import expect
     from onceflow.query import OnceQuery
     from onceflow.realtime import write_realtime
@@ -64,7 +64,8 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_WHERE = {**dict.fromkeys(("deduplicate", "delta", "http", "kafka", "postgres", "sqlite", "write_stream"),
+_WHERE = {**dict.fromkeys(("deduplicate", "delta", "http", "iceberg", "kafka", "postgres", "sqlite",
+                           "write_stream"),
                           "onceflow.api"),
           "expect": "onceflow.contract", "OnceQuery": "onceflow.query",
           "write_realtime": "onceflow.realtime", "read_kafka": "onceflow.sources.kafka",
@@ -72,8 +73,8 @@ _WHERE = {**dict.fromkeys(("deduplicate", "delta", "http", "kafka", "postgres", 
 """Each public name the package imports on first use -> its module."""
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
-           "__version__", "deduplicate", "delta", "expect", "http", "kafka", "postgres", "read_kafka",
-           "sqlite", "write_realtime", "write_stream"]
+           "__version__", "deduplicate", "delta", "expect", "http", "iceberg", "kafka", "postgres",
+           "read_kafka", "sqlite", "write_realtime", "write_stream"]
 
 
 def __getattr__(name: str) -> Any:

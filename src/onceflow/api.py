@@ -150,6 +150,30 @@ def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 10
     return DeltaTablesSink(root, sink_id=sink_id, collect_below=collect_below)
 
 
+def iceberg(catalog_uri: str, warehouse: str | Path, namespace: str = "onceflow",
+            sink_id: str = "default") -> TablesSink:
+    """The Apache Iceberg sink: one Iceberg table per table name in ``namespace`` of a SQL catalog.
+
+    Every batch's Parquet files are written by Spark's tasks and committed by the driver with
+    the batch's marker (table properties and the snapshot summary) in one Iceberg commit per
+    table (see :mod:`onceflow.sinks.iceberg.sink`). Append tables (``Table()`` without a key).
+
+    Args:
+        catalog_uri: pyiceberg's SQL catalog database: ``sqlite:////path/catalog.db`` or
+            ``postgresql+psycopg://user@host/db``.
+        warehouse: The directory new tables' files go to (every executor must reach it).
+        namespace: The tables' namespace (created if missing).
+        sink_id: Marker namespace; two queries writing to one table need different ids.
+
+    Raises:
+        ConfigError: pyiceberg is missing (``pip install 'onceflow[iceberg]'``), or the warehouse
+            is not a file system path.
+    """
+    from onceflow.sinks.iceberg import IcebergTablesSink
+
+    return IcebergTablesSink(catalog_uri, warehouse, namespace=namespace, sink_id=sink_id)
+
+
 def kafka(bootstrap_servers: str, sink_id: str = "default", *,
           marker_topic: str = "onceflow_batches.{sink_id}", partitions: int = 1,
           options: Mapping[str, str] | None = None, batch_headers: bool = False,

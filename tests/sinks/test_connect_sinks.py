@@ -50,6 +50,8 @@ elif sink_name == "kafka":
 elif sink_name == "http":
     sink = onceflow.http(target, ledger=f"{root}/ledger.db", collect_below=below)
     table = Table(key=["customer", "b"])
+elif sink_name == "iceberg":  # every batch through the tasks; append tables
+    sink, table = onceflow.iceberg(f"sqlite:///{root}/catalog.db", target), Table()
 else:
     sink = onceflow.sqlite(target, collect_below=below)
 
@@ -115,8 +117,9 @@ def _kafka_rows(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.parametrize("collect_below", [100_000, 0], ids=["collected", "tasks"])
-@pytest.mark.parametrize("sink", ["sqlite", "delta", "kafka", "http"])
+@pytest.mark.parametrize(("sink", "collect_below"), [
+    *((s, c) for s in ("sqlite", "delta", "kafka", "http") for c in (100_000, 0)), ("iceberg", 0)],
+    ids=lambda v: {100_000: "collected", 0: "tasks"}.get(v, v) if isinstance(v, int) else v)
 def test_every_sink_through_connect(server: ConnectServer, broker: KafkaServer, tmp_path: Path,
                                     sink: str, collect_below: int) -> None:
     orders, qty = _inputs(tmp_path)
@@ -130,6 +133,13 @@ def test_every_sink_through_connect(server: ConnectServer, broker: KafkaServer, 
 
         _run(server, tmp_path, sink, str(tmp_path / "lake"), collect_below, name)
         t = DeltaTable(str(tmp_path / "lake" / name)).to_pyarrow_table()
+        got = (sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist()))
+    elif sink == "iceberg":
+        from onceflow.sinks.iceberg import IcebergTablesSink
+
+        _run(server, tmp_path, sink, str(tmp_path / "warehouse"), collect_below, name)
+        lake = IcebergTablesSink(f"sqlite:///{tmp_path}/catalog.db", tmp_path / "warehouse")
+        t = lake.catalog.load_table(("onceflow", name)).scan().to_arrow()
         got = (sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist()))
     elif sink == "kafka":
         _run(server, tmp_path, sink, broker.bootstrap, collect_below, name)
@@ -154,6 +164,8 @@ def _markers(sink: str, root: Path, bootstrap: str, collect_below: int) -> list[
             return [dict(r) for r in db.execute("SELECT * FROM onceflow_batches ORDER BY batch_id")]
     if sink == "delta":
         return onceflow.delta(str(root / "lake")).batches()
+    if sink == "iceberg":
+        return onceflow.iceberg(f"sqlite:///{root}/catalog.db", root / "warehouse").batches()
     if sink == "kafka":
         return onceflow.kafka(bootstrap, sink_id=f"k{collect_below}").batches()
     return onceflow.http("http://127.0.0.1:9/unused", ledger=str(root / "ledger.db")).batches()
