@@ -151,7 +151,7 @@ def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 10
 
 
 def iceberg(catalog_uri: str, warehouse: str | Path, namespace: str = "onceflow",
-            sink_id: str = "default") -> TablesSink:
+            sink_id: str = "default", *, catalog_name: str = "onceflow") -> TablesSink:
     """The Apache Iceberg sink: one Iceberg table per table name in ``namespace`` of a SQL catalog.
 
     Every batch's Parquet files are written by Spark's tasks and committed by the driver with
@@ -164,6 +164,8 @@ def iceberg(catalog_uri: str, warehouse: str | Path, namespace: str = "onceflow"
         warehouse: The directory new tables' files go to (every executor must reach it).
         namespace: The tables' namespace (created if missing).
         sink_id: Marker namespace; two queries writing to one table need different ids.
+        catalog_name: The catalog's name (a SQL catalog's rows carry it; readers open the catalog
+            under the same name, e.g. ``SqlCatalog("onceflow", uri=...)``).
 
     Raises:
         ConfigError: pyiceberg is missing (``pip install 'onceflow[iceberg]'``), or the warehouse
@@ -171,7 +173,8 @@ def iceberg(catalog_uri: str, warehouse: str | Path, namespace: str = "onceflow"
     """
     from onceflow.sinks.iceberg import IcebergTablesSink
 
-    return IcebergTablesSink(catalog_uri, warehouse, namespace=namespace, sink_id=sink_id)
+    return IcebergTablesSink(catalog_uri, warehouse, namespace=namespace, sink_id=sink_id,
+                             catalog_name=catalog_name)
 
 
 def kafka(bootstrap_servers: str, sink_id: str = "default", *,

@@ -130,6 +130,10 @@ def test_what_it_does_not_take_is_refused_with_the_table_and_the_fix(spark: Any,
     frame = spark.range(3).selectExpr("id", "array(id) AS xs")
     with pytest.raises(ConfigError, match="column 'xs' is array<bigint>.*cast it to string"):
         sink.commit_frames(0, {"t": frame}, {"t": Table()}, BatchStats(3, 0, 0), 3)
+    sink.commit_frames(0, {"t": spark.range(3).selectExpr("id")}, {"t": Table()}, BatchStats(3, 0, 0), 3)
+    with pytest.raises(ConfigError, match=r"column 'id' is int64 in the table and int32 in the batch; cast"):
+        sink.commit_frames(1, {"t": spark.range(3).selectExpr("cast(id as int) AS id")}, {"t": Table()},
+                           BatchStats(3, 0, 0), 3)
     with pytest.raises(ConfigError, match="object stores are not supported"):
         IcebergTablesSink("sqlite:///x.db", "s3://bucket/wh")
     sink.bind("query-1")
@@ -269,3 +273,16 @@ def test_a_catalog_in_postgresql(spark: Any, tmp_path: Path, pg_dsn: str) -> Non
     want = sorted(tuple(r.values()) for r in frame.toArrow().to_pylist())
     got = _duckdb_rows(table)
     assert got[::2] == want and got[1::2] == want  # each row twice: batches 0 and 1, once each
+
+
+def test_a_batch_the_table_is_past_is_skipped_and_its_files_kept(spark: Any, tmp_path: Path) -> None:
+    """A checkpoint restored from an older backup runs batch 1 again while the table has 0-2."""
+    sink = _sink(tmp_path)
+    for batch in range(3):
+        frame = spark.range(batch * 10, batch * 10 + 10).selectExpr("id")
+        assert sink.commit_frames(batch, {"t": frame}, {"t": Table()}, BatchStats(10, 0, 0), 10)
+    again = spark.range(10, 20).selectExpr("id")
+    assert not sink.commit_frames(1, {"t": again}, {"t": Table()}, BatchStats(10, 0, 0), 10)
+    table = sink.catalog.load_table(("onceflow", "t"))
+    assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(30))  # every file there
+    assert len(list(sink._folder(table).iterdir())) == 3

@@ -28,13 +28,6 @@ ORDERS = str(Path(__file__).parent / "pipelines" / "orders.py")
 KAFKA = str(Path(__file__).parent / "pipelines" / "orders_kafka.py")
 
 
-@pytest.fixture(scope="module")
-def orders_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("orders") / "sample"
-    sample.write(directory, files=4, per_file=1500, seed=4)
-    return directory
-
-
 @pytest.mark.long  # make test measured 32:53 on a slow day (2026-11-27): multi-round runs go long
 def test_every_fault_kind_on_the_orders_pipeline_leaves_exact_tables(orders_sample: Path,
                                                                       tmp_path: Path) -> None:

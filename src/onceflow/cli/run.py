@@ -169,6 +169,9 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
               help="SQLite database for user_counts and global_counts (SQLite sinks).")
 @click.option("--delta", "delta_root", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Root directory of the Delta tables (--sink delta; one table per directory).")
+@click.option("--iceberg", "iceberg_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Directory of --sink iceberg's tables: a pyiceberg SQL catalog DIR/catalog.db (SQLite), "
+                   "the files under DIR/warehouse (another catalog: onceflow.iceberg in your code).")
 @click.option("--pg-dsn", envvar="ONCEFLOW_PG_DSN", default=None, show_envvar=True, callback=secret_dsn,
               help="PostgreSQL connection string (postgres* sinks); prefer the environment "
                    "variable, which keeps a password out of the process list.")
@@ -201,10 +204,12 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "delta (Delta tables under --delta, the marker a Delta app transaction; delta-tasks: "
                    "every batch's files written by Spark's tasks); "
                    "kafka (topics on --out-kafka, each batch one Kafka transaction; kafka-tasks: every "
-                   "batch produced by Spark's tasks, a transaction each). "
+                   "batch produced by Spark's tasks, a transaction each); iceberg (append tables of a "
+                   "--pipeline in the catalog under --iceberg, the marker in each table's properties). "
                    "Negative controls, never "
                    "for real data: 'naive', 'postgres-naive' and 'http-naive' have no batch marker, "
-                   "'delta-naive' never checks it, 'kafka-naive' produces without a transaction "
+                   "'delta-naive' and 'iceberg-naive' never check it, 'kafka-naive' produces without a "
+                   "transaction "
                    "(duplicates), 'lossy' commits the marker before the rows (loss). "
                    "realtime: a --pipeline PATH.py:FUNCTION that writes with onceflow.write_realtime "
                    "(Spark's Real-Time Mode; its sink argument is --pg-dsn).")
@@ -229,7 +234,8 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "Example 5-1 ~1.5x faster; compiled once on first use) or Spark's HDFS-backed "
                    "store. A checkpoint keeps the store it started with.")
 def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_per_trigger: int | None,
-        kafka_connector: str, checkpoint: Path, db: Path | None, delta_root: Path | None, pg_dsn: str | None,
+        kafka_connector: str, checkpoint: Path, db: Path | None, delta_root: Path | None,
+        iceberg_dir: Path | None, pg_dsn: str | None,
         effects_url: str | None, out_kafka: str | None, effects_timeout: float,
         once: bool, allowed_lateness: float, max_files_per_trigger: int | None, trigger_interval: str,
         master: str | None, retain_batches: int | None, sink_kind: str | None,
@@ -253,7 +259,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         raise click.UsageError(f"--sink {REALTIME} is for a --pipeline PATH.py:FUNCTION that writes with "
                                f"onceflow.write_realtime; {pipeline} writes micro-batches")
     if pipeline not in PIPELINES:
-        out = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, kafka=out_kafka)
+        out = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, kafka=out_kafka, iceberg=iceberg_dir)
         _run_user_pipeline(pipeline, input_dir, checkpoint, out, sink_kind, once, master, conf, standby,
                            remote)
         return
@@ -269,7 +275,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
     if isinstance(source, Path):
         EventLog(source).validate()  # fail fast, before Spark starts
     where = SinkOptions(db=db, pg_dsn=pg_dsn, delta=delta_root, effects_url=effects_url,
-                        effects_timeout_s=effects_timeout, kafka=out_kafka)
+                        effects_timeout_s=effects_timeout, kafka=out_kafka, iceberg=iceberg_dir)
     sink = make_sink(sink_kind or DEFAULT_SINK[pipeline], where, sink_id=pipeline)
     spark = spark or _session(master, conf, remote, checkpoint)
     try:

@@ -136,7 +136,8 @@ class Driver(ProcessGroup):
         args = ["run", *source, "--checkpoint", str(ck), "--sink", sink, "--trigger", "200 milliseconds",
                 "--retain-batches", str(RETAIN_ALL)]
         if db is not None:
-            args += ["--delta" if sink.startswith("delta") else "--db", str(db)]
+            flags = {"delta": "--delta", "iceberg": "--iceberg"}
+            args += [flags.get(sink.split("-")[0], "--db"), str(db)]
         if once:
             args.append("--once")
         if master:

@@ -289,6 +289,24 @@ def delta_reader(root: Path) -> Reader:
     return read
 
 
+def iceberg_reader(folder: Path, namespace: str = "onceflow") -> Reader:  # the sink's catalog name too
+    """The Iceberg tables of ``--iceberg DIR`` (a SQLite catalog ``DIR/catalog.db``) as rows (pyiceberg)."""
+    def read(name: str, _want: Folded | None = None) -> Rows | None:
+        from pyiceberg.catalog.sql import SqlCatalog
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        if not (folder / "catalog.db").exists():
+            return None
+        catalog = SqlCatalog("onceflow", uri=f"sqlite:///{folder.absolute() / 'catalog.db'}",
+                             warehouse=(folder.absolute() / "warehouse").as_uri())
+        try:
+            table = catalog.load_table((namespace, name))
+        except (NoSuchTableError, NoSuchNamespaceError):
+            return None
+        return table.scan().to_arrow().to_pylist()  # type: ignore[no-any-return]
+    return read
+
+
 def _record_row(key: bytes | None, value: bytes | None, want: Folded | None) -> dict[str, Any]:
     """One record as a row, by the Kafka sink's documented record form.
 

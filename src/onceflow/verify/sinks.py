@@ -10,6 +10,7 @@ library: the production classes have no such mode.
 * ``lossy``: the marker commits before the rows, so a crash in between loses the batch.
 * ``http-naive``: no ledger and no marker: every attempt calls every row.
 * ``kafka-naive``: no transaction and no marker: every attempt produces its records.
+* ``iceberg-naive``: the table properties' marker is never read, so a replayed batch is added again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats, SinkBase, TablesSink
 from onceflow.sinks.delta import DeltaTablesSink
 from onceflow.sinks.http.sink import HttpEffectsSink
+from onceflow.sinks.iceberg import IcebergTablesSink
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
 from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
@@ -34,8 +36,8 @@ from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 
 __all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink",
-           "NaiveDeltaSink", "NaiveHttpSink", "NaiveKafkaSink", "NaivePostgresSink", "NaiveSQLiteSink",
-           "SinkOptions", "make_sink", "marker_id"]
+           "NaiveDeltaSink", "NaiveHttpSink", "NaiveIcebergSink", "NaiveKafkaSink", "NaivePostgresSink",
+           "NaiveSQLiteSink", "SinkOptions", "iceberg_in", "make_sink", "marker_id"]
 
 SQLITE_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy")
 EXECUTOR_SINKS = ("postgres-staged", "postgres-2pc")
@@ -46,9 +48,12 @@ PG_LEDGER_SINKS = ("http-tasks-pg",)
 without a shared file system reach."""
 DELTA_SINKS = ("delta", "delta-tasks", "delta-naive")
 KAFKA_SINKS = ("kafka", "kafka-tasks", "kafka-naive")
-SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS
+ICEBERG_SINKS = ("iceberg", "iceberg-naive")
+"""Iceberg tables of a SQLite catalog ``DIR/catalog.db``, warehouse ``DIR/warehouse`` (``--iceberg DIR``):
+append tables only, so for a user's pipeline (``--pipeline``), not Example 5-1's merged counts."""
+SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS + ICEBERG_SINKS
 USER_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy", "postgres", "postgres-tasks", "postgres-naive",
-              "delta", "delta-tasks", "delta-naive", "kafka", "kafka-tasks", "kafka-naive")
+              "delta", "delta-tasks", "delta-naive", "kafka", "kafka-tasks", "kafka-naive", *ICEBERG_SINKS)
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
 REALTIME = "realtime"
@@ -168,6 +173,24 @@ class NaiveKafkaSink(SinkBase):
         self._p.flush(30)
 
 
+class NaiveIcebergSink(IcebergTablesSink):
+    """Negative control: never reads its marker, so a replayed batch is added to the tables again."""
+
+    def committed(self, table: Any) -> int:
+        """No batch, ever (step 2 always writes)."""
+        return -1
+
+    def _clean(self, table: Any, batch_id: int, keep: str | None = None) -> None:
+        """Nothing (a writer without a marker has no idea which files are committed)."""
+
+
+def iceberg_in(folder: Path, sink_id: str, naive: bool = False) -> IcebergTablesSink:
+    """The Iceberg sink of ``--iceberg DIR``: a SQLite catalog ``DIR/catalog.db``, files in DIR/warehouse."""
+    cls = NaiveIcebergSink if naive else IcebergTablesSink
+    return cls(f"sqlite:///{Path(folder).absolute() / 'catalog.db'}", Path(folder) / "warehouse",
+               sink_id=sink_id)
+
+
 @dataclass(frozen=True)
 class SinkOptions:
     """Where a ``--sink`` choice writes.
@@ -179,6 +202,7 @@ class SinkOptions:
         effects_url: Where the ``http`` sinks POST effects.
         effects_timeout_s: Seconds an effect call may take.
         kafka: ``host:port`` of the brokers the ``kafka`` sinks produce to.
+        iceberg: Directory of the ``iceberg`` sinks' SQLite catalog and warehouse.
     """
 
     db: Path | None = None
@@ -187,6 +211,7 @@ class SinkOptions:
     effects_url: str | None = None
     effects_timeout_s: float = 10.0
     kafka: str | None = None
+    iceberg: Path | None = None
 
 
 def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> TablesSink:
@@ -203,6 +228,11 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
     Raises:
         ConfigError: A required location is missing, or the extra the sink needs is not installed.
     """
+    if kind in ICEBERG_SINKS:
+        if where.iceberg is None:
+            raise ConfigError(f"--sink {kind} writes Iceberg tables: pass --iceberg DIR (a SQLite catalog "
+                              "DIR/catalog.db, the tables' files under DIR/warehouse)")
+        return iceberg_in(where.iceberg, sink_id, naive=kind == "iceberg-naive")
     if kind in KAFKA_SINKS:
         if not where.kafka:
             raise ConfigError(f"--sink {kind} produces to Kafka: pass --out-kafka HOST:PORT (the brokers)")

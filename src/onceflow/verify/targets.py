@@ -7,7 +7,9 @@ ledger a database file in the work directory (``http-tasks-pg``: a fresh Postgre
 PostgreSQL sinks get); ``http-naive`` calls a service that ignores
 idempotency keys (so its duplicates show). The ``delta`` sink writes Delta tables under
 ``<workdir>/delta`` (its markers: the tables' app transactions and commit metadata);
-``delta-naive`` never checks the app transaction (its duplicates show). PostgreSQL sinks
+``delta-naive`` never checks the app transaction (its duplicates show). The ``iceberg`` sinks (a user's
+pipeline only: append tables) keep a SQLite catalog and the tables' files under ``<workdir>/iceberg``;
+``iceberg-naive`` never reads its marker. PostgreSQL sinks
 get a fresh schema (``onceflow_verify_<id>``) in the database of the given DSN, selected
 through the connection's ``search_path``; the DSN reaches the driver processes through
 ``ONCEFLOW_PG_DSN``, never on a command line. The ``kafka`` sinks produce to a Kafka broker of
@@ -35,10 +37,12 @@ from onceflow.verify.sinks import (
     DELTA_SINKS,
     EFFECT_SINKS,
     EXAMPLE_SINK_ID,
+    ICEBERG_SINKS,
     KAFKA_SINKS,
     PG_LEDGER_SINKS,
     SINKS,
     SQLITE_SINKS,
+    iceberg_in,
     marker_id,
 )
 from onceflow.verify.verdict import (
@@ -115,6 +119,11 @@ class SinkTarget:
 
             self.db = workdir / "delta"  # the tables' root directory
             DeltaTablesSink(self.db, sink_id=SINK_ID)  # no deltalake: a ConfigError naming the extra
+        elif kind in ICEBERG_SINKS:
+            from onceflow.sinks.iceberg.sink import _require
+
+            self.db = workdir / "iceberg"  # the SQLite catalog and the warehouse (run --iceberg)
+            _require()  # no pyiceberg: a ConfigError naming the extra
         else:
             self._base_dsn = pg.resolve_dsn(pg_dsn)
 
@@ -215,13 +224,16 @@ class SinkTarget:
         if self.kind in DELTA_SINKS:
             assert self.db is not None
             return delta_batches(self.db, self.sink_id)
+        if self.kind in ICEBERG_SINKS:
+            assert self.db is not None
+            return iceberg_in(self.db, self.sink_id).batches() if (self.db / "catalog.db").exists() else []
         if self.db is not None:
             return read_batches(self.db, self.marker_id)
         return pg.read_batches(self.dsn, self.marker_id)
 
     def committed_batches(self) -> int:
         """Number of batch markers (0 before the sink exists)."""
-        if self.kind in DELTA_SINKS or self.broker is not None:
+        if self.kind in DELTA_SINKS or self.kind in ICEBERG_SINKS or self.broker is not None:
             return len(self.batches())
         if self.db is not None:
             from onceflow.verify.driver import committed_batches
@@ -303,6 +315,9 @@ class SinkTarget:
         if self.kind in DELTA_SINKS:
             assert self.db is not None
             return pv.delta_reader(self.db)
+        if self.kind in ICEBERG_SINKS:
+            assert self.db is not None
+            return pv.iceberg_reader(self.db)
         if self.db is not None:
             return pv.sqlite_reader(self.db)
         return pv.postgres_reader(self.dsn)

@@ -108,13 +108,15 @@ class IcebergTablesSink(SinkBase):
         warehouse: Where new tables' files go: a directory every executor reaches.
         namespace: The tables' namespace (created if missing).
         sink_id: Marker namespace (two queries writing to one table need different ids).
+        catalog_name: The catalog's name in its database (a SQL catalog's rows carry it: a reader
+            opens the catalog under the same name).
     """
 
     all_or_nothing = False
     """Each table of a batch commits on its own."""
 
     def __init__(self, catalog_uri: str, warehouse: str | Path, namespace: str = "onceflow",
-                 sink_id: str = "default") -> None:
+                 sink_id: str = "default", catalog_name: str = "onceflow") -> None:
         self._catalog_class = _require()
         if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():
             raise ConfigError(f"sink id {sink_id!r} is invalid: use letters, digits, _ . -")
@@ -122,6 +124,7 @@ class IcebergTablesSink(SinkBase):
         self.warehouse = local_path(str(warehouse)).absolute()
         self.namespace = namespace
         self.sink_id = sink_id
+        self.catalog_name = catalog_name
         self._catalog: Any = None
 
     def __repr__(self) -> str:
@@ -146,7 +149,7 @@ class IcebergTablesSink(SinkBase):
         """The catalog (opened on first use, on the driver), its namespace created if missing."""
         if self._catalog is None:
             self.warehouse.mkdir(parents=True, exist_ok=True)
-            self._catalog = self._catalog_class("onceflow", uri=self.catalog_uri,
+            self._catalog = self._catalog_class(self.catalog_name, uri=self.catalog_uri,
                                                 warehouse=self.warehouse.as_uri())
             self._catalog.create_namespace_if_not_exists(self.namespace)
         return self._catalog
@@ -252,6 +255,7 @@ class IcebergTablesSink(SinkBase):
         if self.committed(table) >= batch_id:  # 2
             self._clean(table, batch_id)
             return False
+        self._check_columns(name, table, frame)
         folder = f"{batch_id}-{uuid.uuid4().hex[:12]}"
         paths = self._write(table, folder, frame) if rows else []  # 3
         for attempt in range(RETRIES):  # 4
@@ -266,6 +270,9 @@ class IcebergTablesSink(SinkBase):
                 if self.committed(table) >= batch_id:  # the unknown outcome was our commit, or another's
                     self._clean(table, batch_id)
                     return bool(table.properties.get(self._key("files")) == folder)
+                if isinstance(exc, (ValueError, TypeError)):  # pyiceberg refused the files: not transient
+                    raise OnceflowError(f"batch {batch_id}: Iceberg table {self.namespace}.{name} refused "
+                                        f"the batch's files: {exc}") from None
                 why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
                 what = "a concurrent commit won" if isinstance(exc, CommitFailedException) else \
                     "the commit's outcome was unknown, and it did not commit"
@@ -274,6 +281,22 @@ class IcebergTablesSink(SinkBase):
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))
         raise OnceflowError(f"batch {batch_id} could not be committed to Iceberg table "
                             f"{self.namespace}.{name}: {RETRIES} commits failed")
+
+    def _check_columns(self, name: str, table: Any, frame: Any) -> None:
+        """Each of the batch's columns has the table's type (Iceberg would refuse the files at step 4).
+
+        Raises:
+            ConfigError: Naming the table, the column and both types.
+        """
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        wide = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+        have = {f.name: wide.get(f.type, f.type) for f in table.schema().as_arrow()}
+        for field in to_arrow_schema(frame.schema, timezone="UTC"):
+            want = have.get(field.name)
+            if want is not None and want != field.type:
+                raise ConfigError(f"Iceberg table {self.namespace}.{name}: column {field.name!r} is {want} "
+                                  f"in the table and {field.type} in the batch; cast it in the query")
 
     def _reread(self, name: str, batch_id: int, exc: BaseException) -> Any:
         """The table after a failed commit, read before anything else is tried.
@@ -306,9 +329,14 @@ class IcebergTablesSink(SinkBase):
     def _clean(self, table: Any, batch_id: int, keep: str | None = None) -> None:
         """Delete the folders of batch ``batch_id``'s attempts but the committed one (N is committed).
 
-        ``keep``: the committed folder (else the table's ``onceflow.<sink_id>.files``).
+        ``keep``: the committed folder; else the table's ``onceflow.<sink_id>.files`` when the table's
+        last batch is N. A table already past N (a checkpoint restored from an older backup runs N
+        again) names a later batch's folder there: nothing is deleted then, as N's own is unknown.
         """
-        keep = keep or table.properties.get(self._key("files"))
+        if keep is None:
+            if self.committed(table) != batch_id:
+                return
+            keep = table.properties.get(self._key("files"))
         root = self._folder(table)
         if root.is_dir():
             for old in root.glob(f"{batch_id}-*"):
