@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.faults]
 LAKE = str(Path(__file__).parent / "pipelines" / "orders_lake.py")
 
 
+@pytest.mark.long  # ~50 s, make test's 30 minutes; the sink's own crash tests: tests/sinks/test_iceberg.py
 def test_crashes_between_and_after_the_tables_commits_leave_exact_iceberg_tables(orders_sample: Path,
                                                                                    tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{LAKE}:build", "--input", str(orders_sample),
@@ -35,6 +36,7 @@ def test_crashes_between_and_after_the_tables_commits_leave_exact_iceberg_tables
         assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r
         assert r["rows_at_risk"] > 0, r  # each fault met a batch with orders in it
     assert set(rep["verdict"]["tables"]) == {"orders", "customer_batches"}
+    assert rep["verdict"]["late_expected"] == rep["verdict"]["late_recorded"]  # late= (an append table)
     # one total by hand: each order id once in the lake (late ones dropped by the watermark)
     stored = iceberg_reader(tmp_path / "work" / "iceberg")("orders", None)
     assert stored is not None

@@ -91,8 +91,10 @@ def local_path(location: str) -> Path:
     Raises:
         ConfigError: An object store location (``s3://``, ...), which this sink does not write.
     """
-    if location.startswith("file://"):
-        return Path(location.removeprefix("file://"))
+    if location.startswith("file:"):  # file:///x, or Hadoop's file:/x
+        from urllib.parse import unquote, urlparse
+
+        return Path(unquote(urlparse(location).path))
     if "://" in location:
         raise ConfigError(f"Iceberg location {location!r}: the Iceberg sink writes to a file system path "
                           "(local, or mounted on every executor); object stores are not supported")
@@ -347,7 +349,7 @@ class IcebergTablesSink(SinkBase):
         """Step 3: the table's rows as Parquet files in a new folder, by Spark's tasks; their paths."""
         target = self._folder(table) / folder
         columns = [f.name for f in table.schema().fields]
-        (frame.select(*[f"`{c}`" for c in columns if c in frame.columns])
+        (frame.select(*["`" + c.replace("`", "``") + "`" for c in columns if c in frame.columns])
          .write.options(**WRITE_OPTIONS).mode("error").parquet(target.as_uri()))
         return sorted(p.as_uri() for p in target.glob("*.parquet"))
 
