@@ -20,7 +20,8 @@ its size: no row passes through the driver):
    against the table's. May run any number of times.
 2. **Decide**, per table in the order of ``tables=``: load the table (created empty, from the
    batch's columns, if missing). If its ``onceflow.<sink_id>.batch`` is N or more, it has the
-   batch: skip it, and delete the folders of N's attempts (3) that no commit names.
+   batch: skip it, and (when N is the table's last batch) delete the folders of N's attempts (3)
+   that no commit names.
 3. **Write**: Spark's own Parquet writer writes the table's rows into a new folder
    ``<table location>/data/onceflow-<sink_id>/<N>-<token>/``; its file commit protocol keeps one
    attempt per task (a failed, retried or speculative attempt's files stay in its temporary
@@ -32,9 +33,11 @@ its size: no row passes through the driver):
    the three properties. A batch without rows commits an empty append (a snapshot all the same:
    the marker and its metrics). A concurrent commit that moved the table's snapshot makes the
    catalog refuse this one (``CommitFailedException``): reload and decide again (2), the files
-   kept for the retry. Any other failure of the commit leaves its outcome unknown: the table is
-   read again before anything else — committed with this folder: done; else decided again. Crash
-   point ``inside_sink_txn`` between two tables' commits (after the first table's).
+   kept for the retry — never pyiceberg's own retry, which would re-apply the files without that
+   decision (:meth:`IcebergTablesSink._commit`). Any other failure of the commit leaves its
+   outcome unknown: the table is read again before anything else — committed with this folder:
+   done; else decided again. Crash point ``inside_sink_txn`` between two tables' commits (after
+   the first table's).
 5. **Commit**: each table's commit is durable when the catalog returns. Crash points
    ``after_sink_commit`` and ``ambiguous_commit`` after the last table: Spark re-runs N, step 2
    skips every table.
