@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.sinks.http.ledger import is_dsn
+from onceflow.sinks.http.ledger import read_batches as read_ledger_batches
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.verify.oracle import Expectation
 from onceflow.verify.recompute import CountDiff, diff_counts
@@ -271,7 +272,7 @@ def judge_effects(service_db: str | Path, ledger: str | Path, expectation: Expec
     payloads: dict[str, set[str]] = {}
     for c in read_effects(service_db, calls=True):
         payloads.setdefault(c["key"], set()).add(json.dumps(c["payload"], sort_keys=True))
-    batches = _ledger_batches(ledger, sink_id)
+    batches = read_ledger_batches(ledger, sink_id)
     verdict = judge(f"http:{service_db}", dict(users), dict(glob), batches, expectation)
     twice = sorted(k for k, n in applied.items() if n > 1)
     if twice:
@@ -284,15 +285,6 @@ def judge_effects(service_db: str | Path, ledger: str | Path, expectation: Expec
     if left:
         verdict.violations.append(f"{left} effects started and never confirmed in the ledger")
     return verdict
-
-
-def _ledger_batches(ledger: str | Path, sink_id: str) -> list[dict[str, Any]]:
-    """The markers of an effect sink's ledger: a SQLite file, or a PostgreSQL DSN (``http-tasks-pg``)."""
-    if not is_dsn(ledger):
-        return read_batches(ledger, sink_id)
-    from onceflow.sinks.postgres import sql as pg
-
-    return pg.read_batches(str(ledger), sink_id)
 
 
 def started_keys(ledger: str | Path, sink_id: str) -> int:
