@@ -160,3 +160,60 @@ def check_amendments(commit: Callable[[int, BatchStats], bool],
     got = {m["batch_id"]: (m["input_rows"], m["late_dropped"], m["duplicates_dropped"]) for m in batches()}
     assert got == {0: (12, 1, 3), 1: (10, None, None), 2: (5, 0, 0)}, got
     assert all("amends" not in m for m in batches())
+
+
+def duckdb_iceberg_rows(table: Any, columns: str = "*", order: str = "1") -> list[tuple[Any, ...]]:
+    """An Iceberg table's rows as DuckDB's Iceberg extension reads its current metadata file.
+
+    The extension's wheels come from PyPI (``duckdb-extension-iceberg``/``-avro``): no network at
+    run time; DuckDB shares no code with pyiceberg or onceflow.
+    """
+    import duckdb
+    import duckdb_extension_avro
+    import duckdb_extension_iceberg
+
+    conn = duckdb.connect()
+    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+        path = next(Path(module.__file__).parent.rglob(f"{name}.duckdb_extension"))  # type: ignore[arg-type]
+        conn.execute(f"INSTALL '{path}'")
+        conn.execute(f"LOAD {name}")
+    location = table.metadata_location.removeprefix("file://")
+    return conn.execute(f"SELECT {columns} FROM iceberg_scan('{location}') ORDER BY {order}").fetchall()
+
+
+ICEBERG_CHILD = """
+import sys
+from pathlib import Path
+import onceflow
+from onceflow.spark import session
+from onceflow.tables import Table
+tmp = Path(sys.argv[1])
+spark = session(app_name="iceberg-crash", shuffle_partitions=2)
+sink = onceflow.iceberg(f"sqlite:///{tmp / 'catalog.db'}", tmp / "warehouse")
+"""
+"""The head of a child driver into ``onceflow.iceberg`` (a SQLite catalog and warehouse in ``argv[1]``):
+a test appends its query, which ends by printing ``done``."""
+
+
+def killed_then_restarted(script: str, folder: Path, point: str) -> None:
+    """Run a driver script with the crash point ``point`` armed (SIGKILL of it and its JVM), then again.
+
+    Raises:
+        AssertionError: The first run did not die by SIGKILL, or the second did not finish.
+    """
+    import os
+    import subprocess
+    import sys
+
+    from onceflow.faults import CRASH_ENV
+
+    path = folder / "child.py"
+    path.write_text(script)
+    args = [sys.executable, str(path), str(folder)]
+    root = Path(__file__).resolve().parents[1]
+    died = subprocess.run(args, cwd=root, env={**os.environ, CRASH_ENV: point}, capture_output=True,
+                          text=True, timeout=300)
+    assert died.returncode == -9, died.stderr[-3000:]
+    env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
+    again = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "done" in again.stdout, again.stderr[-3000:]

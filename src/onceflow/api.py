@@ -156,7 +156,8 @@ def iceberg(catalog_uri: str, warehouse: str | Path, namespace: str = "onceflow"
 
     Every batch's Parquet files are written by Spark's tasks and committed by the driver with
     the batch's marker (table properties and the snapshot summary) in one Iceberg commit per
-    table (see :mod:`onceflow.sinks.iceberg.sink`). Append tables (``Table()`` without a key).
+    table (see :mod:`onceflow.sinks.iceberg.sink`). Every kind of table: a keyed one's batch is
+    merged into the data files its keys touch, rewritten by Spark's tasks (copy-on-write).
 
     Args:
         catalog_uri: pyiceberg's SQL catalog database: ``sqlite:////path/catalog.db`` or

@@ -8,9 +8,6 @@ run time), neither of which onceflow's write path uses.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,33 +17,17 @@ import pyarrow.parquet as pq
 import pytest
 
 import onceflow
-from onceflow.errors import CheckpointMismatchError, ConfigError
-from onceflow.faults import CRASH_ENV
+from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.sinks.base import BatchStats
 from onceflow.sinks.iceberg import IcebergTablesSink
 from onceflow.tables import Table
+from tests.helpers import ICEBERG_CHILD, duckdb_iceberg_rows, killed_then_restarted
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.spark
 
 
 def _sink(tmp_path: Path, sink_id: str = "default") -> IcebergTablesSink:
     return IcebergTablesSink(f"sqlite:///{tmp_path / 'catalog.db'}", tmp_path / "warehouse", sink_id=sink_id)
-
-
-def _duckdb_rows(table: Any) -> list[tuple[Any, ...]]:
-    """The table's rows as DuckDB's Iceberg extension reads its current metadata file."""
-    import duckdb
-    import duckdb_extension_avro
-    import duckdb_extension_iceberg
-
-    conn = duckdb.connect()
-    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
-        path = next(Path(module.__file__).parent.rglob(f"{name}.duckdb_extension"))  # type: ignore[arg-type]
-        conn.execute(f"INSTALL '{path}'")
-        conn.execute(f"LOAD {name}")
-    location = table.metadata_location.removeprefix("file://")
-    return conn.execute(f"SELECT * FROM iceberg_scan('{location}') ORDER BY 1").fetchall()
 
 
 def _input(folder: Path, first: int, count: int) -> None:
@@ -75,7 +56,7 @@ def test_a_stream_writes_each_batch_once_in_each_table_and_two_readers_agree(spa
     got = payments.scan().to_arrow().sort_by("id")
     assert got.column("id").to_pylist() == list(range(800))
     assert got.column("amount").to_pylist() == [i * 0.25 for i in range(800)]
-    assert _duckdb_rows(payments) == [(i, f"a{i % 7}", i * 0.25) for i in range(800)]
+    assert duckdb_iceberg_rows(payments) == [(i, f"a{i % 7}", i * 0.25) for i in range(800)]
     big = sink.catalog.load_table(("onceflow", "big"))
     want_big = [i for i in range(800) if i * 0.25 >= 100]
     assert sorted(big.scan().to_arrow().column("id").to_pylist()) == want_big
@@ -125,8 +106,6 @@ def test_the_marker_survives_snapshot_expiry(spark: Any, tmp_path: Path) -> None
 
 def test_what_it_does_not_take_is_refused_with_the_table_and_the_fix(spark: Any, tmp_path: Path) -> None:
     sink = _sink(tmp_path)
-    with pytest.raises(ConfigError, match=r"onceflow\.t: mode 'upsert' is not supported"):
-        sink.check({"t": Table(key=["id"])}, {})
     frame = spark.range(3).selectExpr("id", "array(id) AS xs")
     with pytest.raises(ConfigError, match="column 'xs' is array<bigint>.*cast it to string"):
         sink.commit_frames(0, {"t": frame}, {"t": Table()}, BatchStats(3, 0, 0), 3)
@@ -142,15 +121,7 @@ def test_what_it_does_not_take_is_refused_with_the_table_and_the_fix(spark: Any,
         sink.bind("query-2")
 
 
-CHILD = """
-import sys
-from pathlib import Path
-import onceflow
-from onceflow.spark import session
-from onceflow.tables import Table
-tmp = Path(sys.argv[1])
-spark = session(app_name="iceberg-crash", shuffle_partitions=2)
-sink = onceflow.iceberg(f"sqlite:///{tmp / 'catalog.db'}", tmp / "warehouse")
+CHILD = ICEBERG_CHILD + """
 stream = spark.readStream.schema("id LONG, account STRING, amount DOUBLE").option("maxFilesPerTrigger", 1) \\
     .parquet(str(tmp / "in"))
 query = onceflow.write_stream(stream, sink, tmp / "ck", {"payments": Table(), "big": Table()},
@@ -160,22 +131,15 @@ print("done")
 """
 
 
-@pytest.mark.parametrize("point", ["inside_sink_txn@1", "after_sink_commit@1"])
+@pytest.mark.parametrize("point", ["inside_sink_txn@1",
+                                   pytest.param("after_sink_commit@1", marks=pytest.mark.long)])
 def test_a_driver_killed_between_or_after_the_tables_commits_leaves_each_row_once(tmp_path: Path,
                                                                                   point: str) -> None:
     """SIGKILL of the driver (and its JVM) at a crash point of batch 1, which has rows; then a restart."""
     src = tmp_path / "in"
     for first in (0, 400, 700):
         _input(src, first, 300 if first else 400)
-    script = tmp_path / "child.py"
-    script.write_text(CHILD)
-    env = {**os.environ, CRASH_ENV: point}
-    args = [sys.executable, str(script), str(tmp_path)]
-    died = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert died.returncode == -9, died.stderr[-3000:]
-    env.pop(CRASH_ENV)
-    again = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "done" in again.stdout, again.stderr[-3000:]
+    killed_then_restarted(CHILD, tmp_path, point)
     sink = _sink(tmp_path)
     payments = sink.catalog.load_table(("onceflow", "payments")).scan().to_arrow()
     assert Counter(payments.column("id").to_pylist()) == Counter(range(1000))
@@ -271,7 +235,7 @@ def test_a_catalog_in_postgresql(spark: Any, tmp_path: Path, pg_dsn: str) -> Non
     assert Counter(rows.column("id").to_pylist()) == Counter([*range(30), *range(30)])
     assert str(rows.schema.field("amount").type) == "decimal128(12, 2)"
     want = sorted(tuple(r.values()) for r in frame.toArrow().to_pylist())
-    got = _duckdb_rows(table)
+    got = duckdb_iceberg_rows(table)
     assert got[::2] == want and got[1::2] == want  # each row twice: batches 0 and 1, once each
 
 
@@ -286,3 +250,49 @@ def test_a_batch_the_table_is_past_is_skipped_and_its_files_kept(spark: Any, tmp
     table = sink.catalog.load_table(("onceflow", "t"))
     assert sorted(table.scan().to_arrow().column("id").to_pylist()) == list(range(30))  # every file there
     assert len(list(sink._folder(table).iterdir())) == 3
+
+
+def test_the_catalogs_database_restarted_mid_commit(spark: Any, tmp_path: Path, pg_server: Any,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL (the catalog's database) is stopped (``immediate``: a crash) as the catalog sends its
+    COMMIT of batch 1: the commit's outcome is unknown and the catalog unreadable, so the sink fails the
+    batch, naming the catalog; the server starts again and the batch's re-run commits it once."""
+    from psycopg.conninfo import conninfo_to_dict
+    from sqlalchemy import event
+    from sqlalchemy.orm import Session
+
+    c = conninfo_to_dict(pg_server.new_database())
+    uri = f"postgresql+psycopg://{c['user']}@{c['host']}:{c['port']}/{c['dbname']}"
+    sink = IcebergTablesSink(uri, tmp_path / "warehouse", namespace="lake")
+    spec = {"t": Table(key=["id"], add=["n"])}
+    frame = spark.range(30).selectExpr("id", "1 AS n")
+    assert sink.commit_frames(0, {"t": frame}, spec, BatchStats(30, 0, 0), 30)
+    commit = IcebergTablesSink._commit
+    crashed: list[int] = []
+
+    def crash_before_the_commit(session: Any) -> None:  # the table's row is updated, its COMMIT not sent
+        if not crashed:
+            crashed.append(1)
+            pg_server.halt("immediate")
+
+    def commit_while_the_server_crashes(self: IcebergTablesSink, *args: Any) -> None:
+        event.listen(Session, "before_commit", crash_before_the_commit)
+        try:
+            commit(self, *args)
+        finally:
+            event.remove(Session, "before_commit", crash_before_the_commit)
+
+    monkeypatch.setattr(IcebergTablesSink, "_commit", commit_while_the_server_crashes)
+    try:
+        with pytest.raises(OnceflowError, match=r"catalog postgresql\+psycopg://onceflow@.* cannot be read"):
+            sink.commit_frames(1, {"t": frame}, spec, BatchStats(30, 0, 0), 30)
+    finally:
+        if crashed:
+            pg_server.resume()
+    assert crashed
+    monkeypatch.undo()
+    assert sink.commit_frames(1, {"t": frame}, spec, BatchStats(30, 0, 0), 30)  # the batch's re-run
+    assert not sink.commit_frames(1, {"t": frame}, spec, BatchStats(30, 0, 0), 30)
+    table = IcebergTablesSink(uri, tmp_path / "warehouse", namespace="lake").catalog.load_table(("lake", "t"))
+    rows = table.scan().to_arrow().to_pylist()
+    assert sorted(r["id"] for r in rows) == list(range(30)) and {r["n"] for r in rows} == {2}

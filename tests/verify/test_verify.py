@@ -226,6 +226,7 @@ def test_tasks_paths_under_task_deaths_and_the_crash_points(tmp_path: Path, sink
     ("lossy", "crash_inside_sink_txn", "lost"),  # marker committed before the rows
     ("http-naive", "crash_effects_sent", "duplicated"),  # no ledger, a service without idempotency
     ("delta-naive", "crash_after_sink_commit", "duplicated"),  # the app transaction never checked
+    ("iceberg-naive", "crash_after_sink_commit", "duplicated"),  # the tables' marker never read
 ])
 def test_negative_control_sink_is_caught(tmp_path: Path, sink: str, fault: str, violation: str,
                                          request: pytest.FixtureRequest) -> None:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
               help="The sink under test (as in 'onceflow run'; http: calls to a demo service verify "
                    "starts; delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks, http-tasks: every batch "
                    "written by Spark's tasks; http-tasks-pg: as http-tasks, the ledger in a new schema of "
-                   "--pg-dsn; iceberg: a --pipeline's append tables as Iceberg tables); naive, lossy, "
+                   "--pg-dsn; iceberg: the tables in Iceberg, a SQLite catalog); naive, lossy, "
                    "postgres-naive, http-naive, delta-naive and iceberg-naive are "
                    "negative controls: verify must fail. realtime: a --pipeline that writes with "
                    "onceflow.write_realtime "

@@ -76,7 +76,7 @@ from onceflow.verify.oracle import expect
 from onceflow.verify.pipeline_kafka import KafkaRecordsInput
 from onceflow.verify.resume import kill_stale, load_state, rng_state, save_state
 from onceflow.verify.sample import SampleInput
-from onceflow.verify.sinks import ICEBERG_SINKS, PG_LEDGER_SINKS, USER_SINK_ID, USER_SINKS
+from onceflow.verify.sinks import PG_LEDGER_SINKS, USER_SINK_ID, USER_SINKS
 from onceflow.verify.standalone import StandaloneCluster
 from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget
 from onceflow.verify.verdict import Verdict
@@ -163,9 +163,6 @@ class VerifyConfig:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if self.sink not in KINDS:
             raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {self.sink!r}")
-        if self.sink in ICEBERG_SINKS and self.pipeline is None:
-            raise ConfigError(f"--sink {self.sink} writes append tables; Example 5-1 keeps merged counts "
-                              "(add): verify your own pipeline with --pipeline PATH.py:FUNCTION --input DIR")
         if self.sink.startswith("postgres") or self.sink in PG_LEDGER_SINKS:
             pg.resolve_dsn(self.pg_dsn)  # fails early, with what to set
         if self.sink == "postgres-2pc":

@@ -51,8 +51,8 @@ def reaches(sink: str, fault: str) -> bool:
         return sink not in NO_TXN_SINKS
     if fault == "crash_after_sink_commit":
         return sink != "http-naive"  # no ledger commit: the naive sink returns after its calls
-    if fault == "sink_outage":  # a database or table to take away (not a service; not yet Iceberg's)
-        return sink not in NO_TXN_SINKS and not sink.startswith("iceberg")
+    if fault == "sink_outage":  # a database or table to take away, or a writer to race (not a service)
+        return sink not in NO_TXN_SINKS
     return True
 
 SPARK_FAULTS = ["kill_random", *CRASH_FAULTS, "ambiguous_commit", "trigger_change", "executor_kill",

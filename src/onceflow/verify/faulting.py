@@ -307,7 +307,8 @@ def _outage(d: Driver, rec: RoundRecord, target: SinkTarget, rng: random.Random,
             rec.outcome = f"{how}; the driver exited with {d.proc.returncode} instead of retrying"
         else:
             out = d.output()
-            n = out.count("; retry ") + out.count("a concurrent Delta commit won")
+            n = out.count("; retry ") + out.count("a concurrent Delta commit won") + \
+                out.count("a concurrent commit won")  # Iceberg's
             rec.outcome = f"{how}; {n} {'retry' if n == 1 else 'retries'} logged, the query went on"
     except AssertionError as exc:
         rec.outcome = f"timed out: {exc}"

@@ -289,22 +289,37 @@ def delta_reader(root: Path) -> Reader:
     return read
 
 
-def iceberg_reader(folder: Path, namespace: str = "onceflow") -> Reader:  # the sink's catalog name too
+def _iceberg_table(folder: Path, namespace: str, name: str) -> Any | None:
+    """Table ``namespace.name`` of ``--iceberg DIR``'s SQLite catalog, by pyiceberg (None: none yet)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+    if not (folder / "catalog.db").exists():
+        return None
+    catalog = SqlCatalog("onceflow", uri=f"sqlite:///{folder.absolute() / 'catalog.db'}",  # the sink's name
+                         warehouse=(folder.absolute() / "warehouse").as_uri())
+    try:
+        return catalog.load_table((namespace, name))
+    except (NoSuchTableError, NoSuchNamespaceError):
+        return None
+
+
+def iceberg_reader(folder: Path, namespace: str = "onceflow") -> Reader:
     """The Iceberg tables of ``--iceberg DIR`` (a SQLite catalog ``DIR/catalog.db``) as rows (pyiceberg)."""
     def read(name: str, _want: Folded | None = None) -> Rows | None:
-        from pyiceberg.catalog.sql import SqlCatalog
-        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
-
-        if not (folder / "catalog.db").exists():
-            return None
-        catalog = SqlCatalog("onceflow", uri=f"sqlite:///{folder.absolute() / 'catalog.db'}",
-                             warehouse=(folder.absolute() / "warehouse").as_uri())
-        try:
-            table = catalog.load_table((namespace, name))
-        except (NoSuchTableError, NoSuchNamespaceError):
-            return None
-        return table.scan().to_arrow().to_pylist()  # type: ignore[no-any-return]
+        table = _iceberg_table(folder, namespace, name)
+        return None if table is None else table.scan().to_arrow().to_pylist()
     return read
+
+
+def iceberg_last_batch(folder: Path, sink_id: str,
+                       namespace: str = "onceflow") -> Callable[[str], int | None]:
+    """A table's last batch as its properties mark it (``onceflow.<sink_id>.batch``; None: none)."""
+    def last(name: str) -> int | None:
+        table = _iceberg_table(folder, namespace, name)
+        found = None if table is None else table.properties.get(f"onceflow.{sink_id}.batch")
+        return None if found is None else int(found)
+    return last
 
 
 def _record_row(key: bytes | None, value: bytes | None, want: Folded | None) -> dict[str, Any]:

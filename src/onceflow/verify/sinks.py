@@ -49,8 +49,7 @@ without a shared file system reach."""
 DELTA_SINKS = ("delta", "delta-tasks", "delta-naive")
 KAFKA_SINKS = ("kafka", "kafka-tasks", "kafka-naive")
 ICEBERG_SINKS = ("iceberg", "iceberg-naive")
-"""Iceberg tables of a SQLite catalog ``DIR/catalog.db``, warehouse ``DIR/warehouse`` (``--iceberg DIR``):
-append tables only, so for a user's pipeline (``--pipeline``), not Example 5-1's merged counts."""
+"""Iceberg tables of a SQLite catalog ``DIR/catalog.db``, warehouse ``DIR/warehouse`` (``--iceberg DIR``)."""
 SINKS = SQLITE_SINKS + POSTGRES_SINKS + EFFECT_SINKS + DELTA_SINKS + KAFKA_SINKS + ICEBERG_SINKS
 USER_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy", "postgres", "postgres-tasks", "postgres-naive",
               "delta", "delta-tasks", "delta-naive", "kafka", "kafka-tasks", "kafka-naive", *ICEBERG_SINKS)

@@ -7,8 +7,8 @@ ledger a database file in the work directory (``http-tasks-pg``: a fresh Postgre
 PostgreSQL sinks get); ``http-naive`` calls a service that ignores
 idempotency keys (so its duplicates show). The ``delta`` sink writes Delta tables under
 ``<workdir>/delta`` (its markers: the tables' app transactions and commit metadata);
-``delta-naive`` never checks the app transaction (its duplicates show). The ``iceberg`` sinks (a user's
-pipeline only: append tables) keep a SQLite catalog and the tables' files under ``<workdir>/iceberg``;
+``delta-naive`` never checks the app transaction (its duplicates show). The ``iceberg`` sinks keep a
+SQLite catalog and the tables' files under ``<workdir>/iceberg``;
 ``iceberg-naive`` never reads its marker. PostgreSQL sinks
 get a fresh schema (``onceflow_verify_<id>``) in the database of the given DSN, selected
 through the connection's ``search_path``; the DSN reaches the driver processes through
@@ -50,6 +50,7 @@ from onceflow.verify.verdict import (
     judge_delta,
     judge_effects,
     judge_kafka,
+    judge_lake,
     judge_postgres,
     judge_sqlite,
 )
@@ -255,9 +256,9 @@ class SinkTarget:
 
         SQLite: another connection holds ``BEGIN EXCLUSIVE`` (longer than the sink waits for a
         lock). PostgreSQL: the drivers' connections (``application_name`` :data:`DRIVER_APP`) are
-        terminated again and again. Delta: another writer changes the tables' metadata without pause
-        (a table property; every concurrent commit of the sink's conflicts with it, the rows stay
-        the same). The sink must retry inside the batch.
+        terminated again and again. Delta: another writer changes the tables' metadata without
+        pause (a table property; every concurrent commit of the sink's conflicts with it, the rows
+        stay the same); Iceberg: the same with empty appends. The sink must retry inside the batch.
         """
         end = time.monotonic() + seconds
         if self.broker is not None:
@@ -296,6 +297,8 @@ class SinkTarget:
                 time.sleep(0.05)
             return (f"another writer changed the tables' metadata for {seconds:.0f} s ({commits} commits, "
                     "each conflicting with the sink's)")
+        if self.kind in ICEBERG_SINKS:
+            return self._iceberg_outage(seconds, end, during)
         killed = 0
         with pg.session(self._base_dsn) as conn:
             while time.monotonic() < end:
@@ -305,6 +308,33 @@ class SinkTarget:
                 during()
                 time.sleep(0.2)
         return f"the drivers' database connections terminated for {seconds:.0f} s ({killed} killed)"
+
+    def _iceberg_outage(self, seconds: float, end: float, during: Callable[[], None]) -> str:
+        """Another writer commits a table property to every table until ``end`` (:meth:`outage`).
+
+        Each commit is an empty append: a new snapshot, the rows unchanged. Each of the sink's
+        commits that overlaps one is refused by the catalog (its table's snapshot moved): the
+        sink must decide again.
+        """
+        assert self.db is not None
+        commits = 0
+        if (self.db / "catalog.db").exists():
+            catalog = iceberg_in(self.db, self.sink_id).catalog
+            while time.monotonic() < end:
+                for ident in catalog.list_tables("onceflow"):
+                    try:  # an empty append: a new snapshot (a property alone is rebased by the catalog)
+                        table = catalog.load_table(ident)
+                        table.append(table.schema().as_arrow().empty_table())
+                        commits += 1
+                    except Exception:  # noqa: BLE001 - the other writer lost a race: it tries again
+                        pass
+                during()
+                time.sleep(0.05)
+        while time.monotonic() < end:
+            during()
+            time.sleep(0.2)
+        return (f"another writer committed to the Iceberg tables for {seconds:.0f} s "
+                f"({commits} empty appends, each moving its table's snapshot)")
 
     def reader(self) -> Reader:
         """Reads one of the sink's tables by name (a user pipeline's verdict)."""
@@ -332,6 +362,13 @@ class SinkTarget:
         if self.kind in DELTA_SINKS:
             assert self.db is not None
             return judge_delta(self.db, expectation, SINK_ID)
+        if self.kind in ICEBERG_SINKS:
+            from onceflow.verify import pipeline_verdict as pv
+
+            assert self.db is not None
+            rows = pv.iceberg_reader(self.db)
+            return judge_lake(f"iceberg:{self.db}", lambda name: rows(name, None), self.batches(),
+                              pv.iceberg_last_batch(self.db, self.sink_id), expectation)
         if self.db is not None:
             return judge_sqlite(self.db, expectation, self.marker_id)
         verdict = judge_postgres(self.dsn, expectation, self.marker_id, gid_prefix=f"of:{SINK_ID}")

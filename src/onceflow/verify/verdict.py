@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,20 +58,14 @@ def read_pg_counts(dsn: str) -> Counts:
     return users, glob
 
 
-def read_delta_counts(root: str | Path) -> tuple[Counts, int]:
-    """Read Example 5-1's tables from Delta tables under ``root`` (empty for tables not created yet).
+def read_lake_counts(read: Callable[[str], list[dict[str, Any]] | None]) -> tuple[Counts, int]:
+    """Read Example 5-1's tables through ``read`` (a table's rows; None: not created yet).
 
     Returns:
-        The counts, and how many rows repeat a key already read (Delta has no primary key:
-        a key written twice is a duplicate the counts alone would hide).
+        The counts, and how many rows repeat a key already read (a lake table has no primary
+        key: a key written twice is a duplicate the counts alone would hide).
     """
-    from deltalake import DeltaTable
-
-    found: list[list[dict[str, Any]]] = []
-    for name in ("user_counts", "global_counts"):
-        path = Path(root) / name
-        found.append(DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-                     if (path / "_delta_log").is_dir() else [])
+    found = [read(name) or [] for name in ("user_counts", "global_counts")]
     users = {(r["user"], int(r["window_start_ms"])): int(r["count"]) for r in found[0]}
     glob = {int(r["window_start_ms"]): int(r["count"]) for r in found[1]}
     return (users, glob), len(found[0]) - len(users) + len(found[1]) - len(glob)
@@ -141,37 +136,54 @@ def judge_sqlite(db: str | Path, expectation: Expectation, sink_id: str = "user_
     return verdict
 
 
-def judge_delta(root: str | Path, expectation: Expectation, sink_id: str = "user_counts") -> Verdict:
-    """Judge Example 5-1 in Delta tables (``--sink delta``) against the expectation.
+def judge_lake(where: str, read: Callable[[str], list[dict[str, Any]] | None], batches: list[dict[str, Any]],
+               last_of: Callable[[str], int | None], expectation: Expectation) -> Verdict:
+    """Judge Example 5-1 in lake tables (Delta, Iceberg), whose tables commit one by one.
 
-    Besides the counts and markers (the commits' ``onceflow`` metadata), every table must
-    hold the last batch's app transaction: a table a batch behind another is a violation.
+    Besides the counts and markers, every table must hold the last batch Spark committed: a
+    table a batch behind another is a violation, as is a key twice in a table.
 
     Args:
-        root: The tables' root directory.
+        where: The sink, for the verdict.
+        read: A table's rows by name (None: not created yet).
+        batches: The sink's markers.
+        last_of: The last batch a table's own marker names (None: none).
         expectation: From :func:`onceflow.verify.oracle.expect`.
-        sink_id: The sink's id (app id ``onceflow:<sink_id>``).
+    """
+    (users, glob), repeated = read_lake_counts(read)
+    verdict = judge(where, users, glob, batches, expectation)
+    if repeated:
+        verdict.violations.append(f"{repeated} rows repeat a key of their table")
+    last = max((b.batch_id for b in expectation.batches), default=None)
+    for name in ("user_counts", "global_counts"):
+        have = last_of(name)
+        if last is not None and have != last:
+            verdict.violations.append(f"{name}: its last batch is {have}, Spark's is {last}")
+    return verdict
 
-    Returns:
-        The verdict.
+
+def judge_delta(root: str | Path, expectation: Expectation, sink_id: str = "user_counts") -> Verdict:
+    """Judge Example 5-1 in Delta tables (``--sink delta``) by :func:`judge_lake`.
+
+    The markers are the commits' ``onceflow`` metadata; a table's last batch is its app
+    transaction ``onceflow:<sink_id>``.
     """
     from deltalake import DeltaTable
 
     from onceflow.sinks.delta import DeltaTablesSink
 
-    (users, glob), repeated = read_delta_counts(root)
-    verdict = judge(f"delta:{root}", users, glob, DeltaTablesSink(root, sink_id=sink_id).batches(),
-                    expectation)
-    if repeated:
-        verdict.violations.append(f"{repeated} rows repeat a key of their table")
-    last = max((b.batch_id for b in expectation.batches), default=None)
-    for name in ("user_counts", "global_counts"):
+    def last_of(name: str) -> int | None:
         path = Path(root) / name
-        have = DeltaTable(str(path)).transaction_version(f"onceflow:{sink_id}") \
+        return DeltaTable(str(path)).transaction_version(f"onceflow:{sink_id}") \
             if (path / "_delta_log").is_dir() else None
-        if last is not None and have != last:
-            verdict.violations.append(f"{name}: its last batch is {have}, Spark's is {last}")
-    return verdict
+
+    def read(name: str) -> list[dict[str, Any]] | None:
+        path = Path(root) / name
+        return DeltaTable(str(path)).to_pyarrow_table().to_pylist() if (path / "_delta_log").is_dir() \
+            else None
+
+    return judge_lake(f"delta:{root}", read, DeltaTablesSink(root, sink_id=sink_id).batches(), last_of,
+                      expectation)
 
 
 def judge_kafka(bootstrap: str, expectation: Expectation, sink_id: str = "user_counts") -> Verdict:

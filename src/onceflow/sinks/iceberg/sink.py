@@ -25,16 +25,21 @@ its size: no row passes through the driver):
 3. **Write**: Spark's own Parquet writer writes the table's rows into a new folder
    ``<table location>/data/onceflow-<sink_id>/<N>-<token>/``; its file commit protocol keeps one
    attempt per task (a failed, retried or speculative attempt's files stay in its temporary
-   directory, deleted with the job). Folders of N's other attempts are deleted only once N is
-   committed — by this attempt or another: no other attempt of N can commit then (its commit is
-   refused, 4) — never before: one may be a live, concurrent attempt about to commit its own.
+   directory, deleted with the job). An append table's rows are the batch's; a keyed table's
+   are the batch merged into the data files of the snapshot loaded in step 2 that its keys
+   touch (:mod:`onceflow.sinks.iceberg.merge`: the files picked by the batch's key bounds, read,
+   joined and rewritten by Spark's tasks). Folders of N's other attempts are deleted only once N
+   is committed — by this attempt or another: no other attempt of N can commit then (its commit
+   is refused, 4) — never before: one may be a live, concurrent attempt about to commit its own.
 4. **Mark and commit** in one Iceberg commit on the table loaded in step 2: the folder's files
-   (``add_files``: their footers give the statistics, no row is read), the snapshot summary and
-   the three properties. A batch without rows commits an empty append (a snapshot all the same:
-   the marker and its metrics). A concurrent commit that moved the table's snapshot makes the
-   catalog refuse this one (``CommitFailedException``): reload and decide again (2), the files
-   kept for the retry — never pyiceberg's own retry, which would re-apply the files without that
-   decision (:meth:`IcebergTablesSink._commit`). Any other failure of the commit leaves its
+   (their footers give the statistics, no row is read; a keyed table's commit also removes the
+   files step 3 merged: an ``overwrite`` snapshot), the snapshot summary and the three
+   properties. A batch without rows commits an empty append (a snapshot all the same: the
+   marker and its metrics). A concurrent commit that moved the table's snapshot makes the
+   catalog refuse this one (``CommitFailedException``): reload and decide again (2) — an append
+   table's files kept for the retry, a keyed table's merged again on the new snapshot (3) — never
+   pyiceberg's own retry, which would re-apply the files without that decision
+   (:meth:`IcebergTablesSink._commit`). Any other failure of the commit leaves its
    outcome unknown: the table is read again before anything else — committed with this folder:
    done; else decided again. Crash point ``inside_sink_txn`` between two tables' commits (after
    the first table's).
@@ -66,6 +71,7 @@ from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker
 from onceflow.sinks.base import Settle, SinkBase
 from onceflow.sinks.delta.spark_files import REBASE, WRITE_OPTIONS
+from onceflow.sinks.iceberg import merge
 from onceflow.sinks.marker import BatchStats
 from onceflow.tables import Table, check_existing, check_frame, expected_columns
 
@@ -180,17 +186,12 @@ class IcebergTablesSink(SinkBase):
                 "sink id.")
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Only ``append`` tables; the tables that exist have the batch's columns.
+        """The tables that exist have the batch's columns (and a keyed table's key and merged ones).
 
         Raises:
-            ConfigError: A table with a key or merged columns (not supported yet), or an existing
-                table without a column of the batch.
+            ConfigError: An existing table without a column of the batch.
         """
         for name, spec in specs.items():
-            if spec.mode != "append":
-                raise ConfigError(f"Iceberg table {self.namespace}.{name}: mode {spec.mode!r} is not "
-                                  "supported by the Iceberg sink yet; it writes append tables (Table() "
-                                  "without key)")
             table = self._table(name)
             if table is not None:
                 have = [f.name for f in table.schema().fields]
@@ -228,7 +229,7 @@ class IcebergTablesSink(SinkBase):
             self.sink_id, batch_id, stats, rows_out, counts).items() if k != "committed_ms"})
         wrote = False
         for i, (name, frame) in enumerate(frames.items()):
-            wrote |= self._commit_one(name, frame, counts[name], batch_id, metadata)
+            wrote |= self._commit_one(name, specs[name], frame, counts[name], batch_id, metadata)
             if i == 0:
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
@@ -254,18 +255,26 @@ class IcebergTablesSink(SinkBase):
             raise ConfigError(f"Iceberg table {self.namespace}.{name}: {REBASE}=LEGACY would shift dates "
                               "before 1582 in the files; set it to CORRECTED (Spark's default)")
 
-    def _commit_one(self, name: str, frame: Any, rows: int, batch_id: int, metadata: str) -> bool:
+    def _commit_one(self, name: str, spec: Table, frame: Any, rows: int, batch_id: int,
+                    metadata: str) -> bool:
         """Steps 2-4 for one table; False if it already had the batch."""
         table = self._table(name) or self._create(name, frame)
-        if self.committed(table) >= batch_id:  # 2
-            self._clean(table, batch_id)
-            return False
-        self._check_columns(name, table, frame)
-        folder = f"{batch_id}-{uuid.uuid4().hex[:12]}"
-        paths = self._write(table, folder, frame) if rows else []  # 3
-        for attempt in range(RETRIES):  # 4
-            try:
-                self._commit(table, batch_id, folder, paths, metadata)
+        where = f"{self.namespace}.{name}"
+        keyed = bool(spec.key) and rows > 0
+        bounds: Any = None  # a keyed table's key bounds, computed by Spark once the table lacks N
+        folder, paths, deletes = "", [], []  # type: tuple[str, list[str], list[Any]]
+        for attempt in range(RETRIES):
+            if self.committed(table) >= batch_id:  # 2
+                self._clean(table, batch_id)
+                return bool(folder) and table.properties.get(self._key("files")) == folder
+            self._check_columns(name, table, frame)
+            if not folder or keyed:  # 3: a keyed table's files are picked on this snapshot
+                bounds = merge.key_filter(frame, list(spec.key)) if keyed and bounds is None else bounds
+                folder = f"{batch_id}-{uuid.uuid4().hex[:12]}"
+                paths = self._write(table, folder, self._rows(table, where, spec, frame, bounds, deletes)) \
+                    if rows else []
+            try:  # 4
+                self._commit(table, batch_id, folder, paths, metadata, deletes)
                 self._clean(table, batch_id, keep=folder)
                 return True
             except Exception as exc:
@@ -273,19 +282,30 @@ class IcebergTablesSink(SinkBase):
 
                 table = self._reread(name, batch_id, exc)
                 if self.committed(table) >= batch_id:  # the unknown outcome was our commit, or another's
-                    self._clean(table, batch_id)
-                    return bool(table.properties.get(self._key("files")) == folder)
+                    continue
                 if isinstance(exc, (ValueError, TypeError)):  # pyiceberg refused the files: not transient
-                    raise OnceflowError(f"batch {batch_id}: Iceberg table {self.namespace}.{name} refused "
-                                        f"the batch's files: {exc}") from None
+                    raise OnceflowError(f"batch {batch_id}: Iceberg table {where} refused the batch's files: "
+                                        f"{exc}") from None
                 why = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
                 what = "a concurrent commit won" if isinstance(exc, CommitFailedException) else \
                     "the commit's outcome was unknown, and it did not commit"
-                _log.warning("onceflow: batch %d: Iceberg table %s.%s: %s (%s); deciding again (%d of %d)",
-                             batch_id, self.namespace, name, what, why, attempt + 1, RETRIES)
+                _log.warning("onceflow: batch %d: Iceberg table %s: %s (%s); deciding again (%d of %d)",
+                             batch_id, where, what, why, attempt + 1, RETRIES)
                 time.sleep(min(0.05 * 2 ** attempt, 2.0))
-        raise OnceflowError(f"batch {batch_id} could not be committed to Iceberg table "
-                            f"{self.namespace}.{name}: {RETRIES} commits failed")
+        raise OnceflowError(f"batch {batch_id} could not be committed to Iceberg table {where}: {RETRIES} "
+                            "commits failed")
+
+    def _rows(self, table: Any, where: str, spec: Table, frame: Any, bounds: Any, deletes: list[Any]) -> Any:
+        """Step 3's rows: an append table's batch; a keyed table's merge with the files it touches.
+
+        ``deletes`` is filled with the touched files (the commit replaces them).
+        """
+        deletes.clear()
+        if bounds is None:
+            return frame
+        deletes.extend(merge.touched(table, where, bounds))
+        return merge.merged_rows(frame, spec, merge.old_schema(frame, table), [f.file_path for f in deletes],
+                                 where)
 
     def _check_columns(self, name: str, table: Any, frame: Any) -> None:
         """Each of the batch's columns has the table's type (Iceberg would refuse the files at step 4).
@@ -356,16 +376,20 @@ class IcebergTablesSink(SinkBase):
          .write.options(**WRITE_OPTIONS).mode("error").parquet(target.as_uri()))
         return sorted(p.as_uri() for p in target.glob("*.parquet"))
 
-    def _commit(self, table: Any, batch_id: int, folder: str, paths: list[str], metadata: str) -> None:
-        """Step 4: the files, the summary and the marker's properties in one Iceberg commit.
+    def _commit(self, table: Any, batch_id: int, folder: str, paths: list[str], metadata: str,
+                deletes: list[Any]) -> None:
+        """Step 4: the files (replacing ``deletes``), the summary and the marker's properties in one commit.
 
         pyiceberg retries a commit a concurrent commit refused on its own, re-applying the files
         on the new snapshot (the table property ``commit.retry.num-retries``) — without step 2's
         decision, so a concurrent attempt of the same batch would commit it twice. The commit
         goes through a copy of ``table`` whose properties say no retries (the catalog applies the
         updates to the table's own metadata: the copy's properties are never written); the
-        refusal comes back here and step 2 decides again.
+        refusal comes back here and step 2 decides again. A keyed table's commit (an overwrite:
+        the touched files out, their merged rows in) asserts the snapshot its files were picked
+        from, like an append.
         """
+        from pyiceberg.io.pyarrow import parquet_file_to_data_file
         from pyiceberg.table import TableProperties
 
         summary = {"onceflow": metadata}
@@ -373,7 +397,16 @@ class IcebergTablesSink(SinkBase):
                                                                 TableProperties.COMMIT_NUM_RETRIES: "0"}})
         table = type(table)(table.name(), once, table.metadata_location, table.io, table.catalog)
         with table.transaction() as tx:
-            if paths:
+            if deletes:
+                if tx.table_metadata.name_mapping() is None:  # Spark's files carry no field ids
+                    tx.set_properties({TableProperties.DEFAULT_NAME_MAPPING:
+                                       tx.table_metadata.schema().name_mapping.model_dump_json()})
+                with tx.update_snapshot(snapshot_properties=summary).overwrite() as files:
+                    for old in deletes:
+                        files.delete_data_file(old)
+                    for path in paths:
+                        files.append_data_file(parquet_file_to_data_file(table.io, tx.table_metadata, path))
+            elif paths:
                 tx.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
             else:
                 tx.append(table.schema().as_arrow().empty_table(), snapshot_properties=summary)
