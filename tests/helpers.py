@@ -195,8 +195,11 @@ sink = onceflow.iceberg(f"sqlite:///{tmp / 'catalog.db'}", tmp / "warehouse")
 a test appends its query, which ends by printing ``done``."""
 
 
-def killed_then_restarted(script: str, folder: Path, point: str) -> None:
+def killed_then_restarted(script: str, folder: Path, point: str,
+                          between: Callable[[Any], None] | None = None) -> None:
     """Run a driver script with the crash point ``point`` armed (SIGKILL of it and its JVM), then again.
+
+    ``between`` is called with the killed run (a ``CompletedProcess``) before the restart.
 
     Raises:
         AssertionError: The first run did not die by SIGKILL, or the second did not finish.
@@ -214,6 +217,8 @@ def killed_then_restarted(script: str, folder: Path, point: str) -> None:
     died = subprocess.run(args, cwd=root, env={**os.environ, CRASH_ENV: point}, capture_output=True,
                           text=True, timeout=300)
     assert died.returncode == -9, died.stderr[-3000:]
+    if between is not None:
+        between(died)
     env = {k: v for k, v in os.environ.items() if k != CRASH_ENV}
     again = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "done" in again.stdout, again.stderr[-3000:]

@@ -34,6 +34,7 @@ from onceflow.query import OnceQuery
 from onceflow.repair import repair_command
 from onceflow.retry import retrying
 from onceflow.sinks.base import TablesSink
+from onceflow.sinks.several import SeveralSinks
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.stable import StableOutputs
 from onceflow.tables import Table, check_specs
@@ -244,7 +245,7 @@ def http(url: str, ledger: str | Path, sink_id: str = "default", idempotent: boo
                            retries=retries, timeout_s=timeout_s, headers=headers, collect_below=collect_below)
 
 
-def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
+def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], checkpoint: str | Path,
                  tables: Mapping[str, Table] | None = None, per_batch: PerBatch | None = None, *,
                  once: bool = False,
                  trigger: str = "1 second", event_time: str | None = None,
@@ -259,7 +260,10 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     Args:
         df: The streaming DataFrame (e.g. from :func:`deduplicate`); its source must be
             replayable by offset (files, the onceflow event log, Kafka).
-        sink: Where the tables live: :func:`sqlite`, :func:`postgres` or :func:`delta`.
+        sink: Where the tables live: :func:`sqlite`, :func:`postgres`, :func:`delta`,
+            :func:`iceberg`, :func:`kafka` or :func:`http`; or a dict ``{table_name: sink}``
+            sending each table (``late=`` and ``rejects=`` tables too) to its own sink, the
+            source read once (:mod:`onceflow.sinks.several`).
         checkpoint: Spark checkpoint directory; reuse it to resume exactly.
         tables: Table name -> :class:`Table` (write mode and key); required.
         per_batch: Turns one micro-batch's DataFrame into ``{table_name: DataFrame}`` (or one
@@ -324,6 +328,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
                                   "event_time", "on_batch", "check_files", "late", "stable",
                                   "count_rows", "output_mode", "rejects", "retry_for"},
                    "onceflow.write_stream")
+    if isinstance(sink, Mapping):  # several sinks: table -> sink
+        sink = SeveralSinks(sink)
     topics = sink.tables_are_topics
     specs = check_specs(tables or {}, topics)
     if not df.isStreaming:
@@ -380,6 +386,8 @@ def write_stream(df: DataFrame, sink: TablesSink, checkpoint: str | Path,
     startup.check_output_mode(output_mode, specs, late)
     startup.check_late_source(df, late, the_contract is not None)
     outputs = {n: s for n, s in specs.items() if n not in own}
+    if isinstance(sink, SeveralSinks):
+        sink.check_outputs(list(outputs))
     with_id = per_batch is not None and takes_batch_id(per_batch)
     schemas = startup.output_schemas(df, per_batch, with_id, outputs)
     startup.check_columns_of(schemas, outputs)

@@ -509,6 +509,7 @@ class BatchWriter:
             assert isinstance(sink, DriverSink)  # a collected batch: an executor-only sink never has one
             return sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
 
+        repair.check_sinks_agree(self.sink, self.checkpoint, a.planned)  # several sinks: before any writes
         try:
             committed = retrying(f"batch {a.batch_id}: the sink's commit", self.o.retry_s, commit)
         except BatchRejectedError as exc:
@@ -519,8 +520,8 @@ class BatchWriter:
             a.stats = self._input_stats(a)[0]
         if not committed:  # a replay: the marker's batch must be the batch Spark plans now
             repair.check_replay(self.sink, self.checkpoint, a.planned)
-            if repair.continue_restore(self.sink, self.checkpoint, a.batch_id):
-                self.restoring = a.batch_id + 1
+        if repair.continue_restore(self.sink, self.checkpoint, a.batch_id):  # (several sinks: one wrote)
+            self.restoring = a.batch_id + 1
         if self.o.stable is not None:
             self.o.stable.drop(a.batch_id)
         return committed

@@ -94,18 +94,54 @@ def check_replay(sink: Any, checkpoint: Path, now: InputRange | None) -> None:
     if now is None:
         return
     found = next((m for m in sink.batches() if int(m["batch_id"]) == now.batch_id), None)
+    check_replay_marker(found, now, sink, sink, checkpoint)
+
+
+def check_replay_marker(found: dict[str, Any] | None, now: InputRange, sink: Any, part: Any,
+                        checkpoint: Path) -> None:
+    """:func:`check_replay` on the marker ``found`` of ``part`` (one of ``sink``'s sinks, or ``sink``).
+
+    Raises:
+        OutOfStepError: The marker's range is not the planned one (nothing of N was written).
+    """
     if found is None or not found.get("input_range"):
         return
     kept = InputRange.from_json(now.batch_id, str(found["input_range"]))
     if kept.same_input(now):
         return
+    which = "the sink" if part is sink else f"the sink {part!r}"
     raise OutOfStepError(
-        f"batch {now.batch_id} is in the sink over another input than Spark's checkpoint {checkpoint} plans "
-        f"for it now — committed: {kept.describe()}; planned now: {now.describe()}. The checkpoint was "
-        "restored from an older copy (or edited), and skipping the batch as a replay would lose the input it "
-        f"did not have. Nothing of this attempt was written. Run `{repair_command(checkpoint, sink)}`: it "
-        "restores the checkpoint's plan of the sink's batches from their markers, and the next start reads "
-        "the rest as new batches.")
+        f"batch {now.batch_id} is in {which} over another input than Spark's checkpoint {checkpoint} plans "
+        "for it now — "
+        f"committed: {kept.describe()}; planned now: {now.describe()}. The checkpoint (or another of the "
+        "query's sinks) was restored from an older copy, or edited, and skipping the batch as a replay would "
+        f"lose the input it did not have. Nothing of this attempt was written. Run "
+        f"`{repair_command(checkpoint, sink)}`: it restores "
+        "the checkpoint's plan of the sink's batches from their markers, and the next start reads the rest "
+        "as new batches.")
+
+
+def check_sinks_agree(sink: Any, checkpoint: Path, now: InputRange | None) -> None:
+    """Before several sinks commit N: each sink that has N has it over the input Spark plans now.
+
+    Up to the last batch any of them had when bound (``sink.ahead``); a single sink: nothing here
+    (its own replay is checked by :func:`check_replay`).
+
+    Raises:
+        OutOfStepError: Naming the sink, both inputs and the repair command (nothing written).
+    """
+    parts = getattr(sink, "parts", None)
+    if now is None or parts is None or now.batch_id > sink.ahead:
+        return
+    for part in parts:
+        found = next((m for m in part.batches() if int(m["batch_id"]) == now.batch_id), None)
+        check_replay_marker(found, now, sink, part, checkpoint)
+
+
+def _markers(sink: Any) -> list[dict[str, Any]]:
+    """Every marker a sink keeps (several sinks: of every batch any of them has)."""
+    every = getattr(sink, "all_batches", None)
+    return list(every() if every is not None else sink.batches())
 
 
 def _restoring_until(checkpoint: Path) -> int:
@@ -145,7 +181,7 @@ def continue_restore(sink: Any, checkpoint: Path, batch_id: int) -> bool:
     if batch_id >= until:
         ranges.remove(checkpoint / RESTORE_FILE)
         return False
-    found = next((m for m in sink.batches() if int(m["batch_id"]) == batch_id + 1), None)
+    found = next((m for m in _markers(sink) if int(m["batch_id"]) == batch_id + 1), None)
     if found is None or not found.get("input_range"):
         raise OutOfStepError(f"restoring batch {batch_id + 1} from the sink's marker: the sink has no "
                              "marker of it with an input range any more; run onceflow repair again")
@@ -235,6 +271,9 @@ class Repair:
        default), or when a file of L+1..C is gone; a Kafka topic must still hold the offsets of
        L+1..C, which is said. A file source's log is kept: the next start plans the files of
        L+1..C (and newer ones) as new batches, and the sink writes them once.
+       Several sinks (``write_stream(df, {table: sink})``) with one behind the others: rewind
+       to its last batch and restore the later batches' plans from the others' markers (step 4),
+       so that each sink sees each batch over the same input (:meth:`Repair._several`).
     4. **Sink ahead** (markers after C that are not what the checkpoint planned): remove the
        checkpoint's own plans after C (``offsets/``, a file source's log ids after C's, state
        versions after C+1), and restore the plans of C+1..L from the markers' ranges. Spark
@@ -257,7 +296,7 @@ class Repair:
         root = self.checkpoint
         if ckpt.query_id(root) is None:  # 1
             return RepairPlan("", refused=f"{root} is not a started Spark checkpoint (no metadata file)")
-        markers = {int(m["batch_id"]): m for m in self.sink.batches()}
+        markers = {int(m["batch_id"]): m for m in _markers(self.sink)}
         damaged = logcheck.damage(root)
         if damaged:  # 0
             return self._mend(damaged, markers)
@@ -275,6 +314,9 @@ class Repair:
                     f"checkpoint: {now.describe()}. Their histories diverged before either was restored; "
                     "restore the sink and the checkpoint from backups taken together, or start over with a "
                     "new checkpoint and an empty sink"))
+        lasts = self.sink.lasts() if hasattr(self.sink, "lasts") else [last]
+        if min(lasts) < min(c, last):  # 3': several sinks, one behind the checkpoint and the others
+            return self._several(min(lasts), c, markers, planned)
         if last < c:  # 3
             return self._rewind(last, c, planned)
         ahead = [b for b in sorted(markers) if b > c]
@@ -347,6 +389,27 @@ class Repair:
         plan.remove = ([root / "commits" / str(b) for b in reversed(ckpt.committed_batches(root)) if b > last]
                        + [root / "offsets" / str(b) for b in reversed(planned) if b > last]
                        + _state_files_after(root, last + 1))
+        return plan
+
+    def _several(self, low: int, c: int, markers: dict[int, dict[str, Any]],
+                 planned: list[int]) -> RepairPlan:
+        """Step 3': of several sinks, one is behind (last batch ``low``) the others and the checkpoint.
+
+        A plain rewind would let Spark plan ``low``+1 anew over more input, which the sinks that
+        have it would skip: the checkpoint goes back to ``low`` (its commits after it removed) and
+        the plans of ``low``+1.. are restored from the other sinks' markers (step 4), so every sink
+        sees each batch over the same input — skipped where it is, written where it is not.
+        """
+        last = max(markers, default=-1)
+        plan = self._restore(low, list(range(low + 1, last + 1)), markers, planned)
+        back = low if low >= 0 else "none"
+        plan.summary = (f"a sink of the query lacks {_span(low + 1, max(c, last))}, which the checkpoint or "
+                        f"its other sinks have: the checkpoint goes back to batch {back} and the plans of "
+                        f"{_span(low + 1, last)} are restored from the other sinks' markers; the next start "
+                        "writes them into the sink that lacks them (the others skip them)")
+        commits = [self.checkpoint / "commits" / str(b) for b in ckpt.committed_batches(self.checkpoint)
+                   if b > low]
+        plan.remove = [*reversed(commits), *plan.remove]
         return plan
 
     def _restore(self, c: int, ahead: list[int], markers: dict[int, dict[str, Any]],

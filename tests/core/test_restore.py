@@ -45,6 +45,10 @@ class _Sink:
         elif kind == "delta":
             self.location = str(tmp / "lake")
             self.option = ["--delta", self.location]
+        elif kind == "iceberg":  # a SQLite catalog; its backup and restore: the catalog's database only
+            self.location = str(tmp / "ice")
+            self.option = ["--iceberg", f"sqlite:///{tmp / 'ice' / 'catalog.db'}", "--warehouse",
+                           str(tmp / "ice" / "warehouse"), "--namespace", "onceflow"]
         elif kind == "kafka":
             self.location = request.getfixturevalue("kafka_broker").bootstrap
             self.option = ["--kafka", self.location]
@@ -59,10 +63,16 @@ class _Sink:
             return onceflow.sqlite(self.location)
         if self.kind == "kafka":
             return onceflow.kafka(self.location)
+        if self.kind == "iceberg":
+            return onceflow.iceberg(f"sqlite:///{self.location}/catalog.db", f"{self.location}/warehouse")
         return onceflow.delta(self.location) if self.kind == "delta" else onceflow.postgres(self.location)
 
     def backup(self) -> None:
-        if self.kind == "sqlite":
+        if self.kind == "iceberg":  # the warehouse's files stay where they are: only the catalog goes back
+            with sqlite3.connect(f"{self.location}/catalog.db") as src, \
+                    sqlite3.connect(self.tmp / "catalog-backup.db") as dst:
+                src.backup(dst)
+        elif self.kind == "sqlite":
             with sqlite3.connect(self.location) as src, sqlite3.connect(self.tmp / "backup.db") as dst:
                 src.backup(dst)
         elif self.kind == "delta":
@@ -71,7 +81,11 @@ class _Sink:
             self._admin(f"CREATE DATABASE {self.name}_bak TEMPLATE {self.name}")
 
     def restore(self) -> None:
-        if self.kind == "sqlite":
+        if self.kind == "iceberg":
+            with sqlite3.connect(self.tmp / "catalog-backup.db") as src, \
+                    sqlite3.connect(f"{self.location}/catalog.db") as dst:
+                src.backup(dst)
+        elif self.kind == "sqlite":
             for suffix in ("", "-wal", "-shm"):
                 Path(self.location + suffix).unlink(missing_ok=True)
             with sqlite3.connect(self.tmp / "backup.db") as src, sqlite3.connect(self.location) as dst:
@@ -118,7 +132,9 @@ def kafka_broker() -> Any:
 
 @pytest.mark.parametrize(("kind", "restored"), [
     (kind, restored) for kind in ("sqlite", "postgres", "delta") for restored in ("database", "checkpoint")
-] + [("kafka", "checkpoint")])  # a Kafka topic is not restored from a backup
+] + [("kafka", "checkpoint"),  # a Kafka topic is not restored from a backup
+     pytest.param("iceberg", "database", marks=pytest.mark.long),  # make test: test_several.py repairs
+     pytest.param("iceberg", "checkpoint", marks=pytest.mark.long)])
 def test_a_restore_is_refused_then_repaired_exactly(spark: Any, tmp_path: Path, kind: str, restored: str,
                                                     request: pytest.FixtureRequest) -> None:
     sink = _Sink(kind, tmp_path, request)

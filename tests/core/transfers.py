@@ -74,12 +74,20 @@ def expected(inputs: Path) -> dict[str, Any]:
 
 
 def read_sink(kind: str, location: str) -> dict[str, Any]:
-    """What a SQLite (file), PostgreSQL (DSN), Delta (root) or Kafka (brokers) sink holds, as expected()."""
+    """What a SQLite (file), PostgreSQL (DSN), Delta (root), Iceberg (catalog folder) or Kafka (brokers)
+    sink holds, as expected()."""
     if kind == "delta":
         from deltalake import DeltaTable
 
         t = DeltaTable(f"{location}/transfers").to_pyarrow_table().to_pylist()
         b = DeltaTable(f"{location}/balances").to_pyarrow_table().to_pylist()
+    elif kind == "iceberg":  # pyiceberg, from the SQLite catalog in the folder
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        catalog = SqlCatalog("onceflow", uri=f"sqlite:///{location}/catalog.db",
+                             warehouse=Path(location, "warehouse").as_uri())
+        t = catalog.load_table(("onceflow", "transfers")).scan().to_arrow().to_pylist()
+        b = catalog.load_table(("onceflow", "balances")).scan().to_arrow().to_pylist()
     elif kind == "kafka":  # every record read once with read_committed; partial sums added up
         from onceflow.verify.kafka_rig import read_records
 

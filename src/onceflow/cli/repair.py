@@ -11,11 +11,32 @@ from onceflow.errors import ConfigError
 
 
 def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: str | None, kafka: str | None,
-          sink_id: str) -> Any:
-    """The sink whose markers the checkpoint is compared with (reads only)."""
-    if sum(x is not None for x in (db, dsn, delta, ledger, kafka)) != 1:
-        raise ConfigError("onceflow repair needs exactly one of --db FILE, --dsn DSN, --delta DIR, "
-                          "--ledger FILE|URL or --kafka HOST:PORT (the query's sink)")
+          sink_id: str, iceberg: dict[str, Any] | None = None) -> Any:
+    """The sink whose markers the checkpoint is compared with (reads only); several: the query's sinks.
+
+    A query that writes to several sinks (``write_stream(df, {table: sink})``) is repaired with each
+    of its sinks given (one of each kind): the batches every sink has are the query's.
+    """
+    given = {k: v for k, v in {"db": db, "dsn": dsn, "delta": delta, "ledger": ledger, "kafka": kafka,
+                               "iceberg": iceberg}.items() if v is not None}
+    if not given:
+        raise ConfigError("onceflow repair needs the query's sink: --db FILE, --dsn DSN, --delta DIR, "
+                          "--ledger FILE|URL, --kafka HOST:PORT or --iceberg CATALOG_URI (several for a "
+                          "query that writes to several sinks)")
+    parts = [_one(kind, value, sink_id) for kind, value in given.items()]
+    if len(parts) == 1:
+        return parts[0]
+    from onceflow.sinks.several import SeveralSinks
+
+    return SeveralSinks({f"sink{i}": p for i, p in enumerate(parts)})
+
+
+def _one(kind: str, value: Any, sink_id: str) -> Any:
+    """The sink one option names (``kind``: the option, ``value``: its value)."""
+    db, dsn, delta, ledger, kafka, iceberg = (value if kind == k else None
+                                              for k in ("db", "dsn", "delta", "ledger", "kafka", "iceberg"))
+    if iceberg is not None:
+        return _iceberg(iceberg, sink_id)
     if kafka is not None:
         from onceflow.sinks.kafka import KafkaTopicsSink
 
@@ -45,6 +66,26 @@ def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: str | No
     return PostgresTablesSink(dsn or None, sink_id=sink_id)
 
 
+def _iceberg(options: dict[str, Any], sink_id: str) -> Any:
+    """The Iceberg sink of ``--iceberg``, ``--warehouse``, ``--namespace``, ``--catalog-name``.
+
+    Raises:
+        ConfigError: No ``--warehouse``, or the namespace was never bound to this sink id (a wrong
+            catalog, namespace or sink id would look like an empty sink).
+    """
+    from onceflow.sinks.iceberg import IcebergTablesSink
+
+    if options["warehouse"] is None:
+        raise ConfigError("--iceberg needs --warehouse DIR (the sink's warehouse, as in onceflow.iceberg)")
+    sink = IcebergTablesSink(options["uri"], options["warehouse"], namespace=options["namespace"],
+                             sink_id=sink_id, catalog_name=options["catalog_name"])
+    if sink.bound_query() is None:
+        raise ConfigError(f"the namespace {sink.namespace!r} of the Iceberg catalog {sink.where} (catalog "
+                          f"name {sink.catalog_name!r}) holds no sink {sink_id!r}: give the catalog, "
+                          "--namespace, --catalog-name and --sink-id the query writes with")
+    return sink
+
+
 class _LedgerMarkers:
     """An HTTP sink's markers in its ledger (a SQLite file or a PostgreSQL URL), as a sink's ``batches()``."""
 
@@ -67,11 +108,21 @@ class _LedgerMarkers:
               help="An HTTP sink's ledger: a SQLite file or a PostgreSQL postgresql:// URL.")
 @click.option("--kafka", metavar="HOST:PORT", help="A Kafka sink's brokers (its markers: the topic "
               "onceflow_batches.<sink id>).")
+@click.option("--iceberg", "iceberg_uri", metavar="CATALOG_URI",
+              help="An Iceberg sink's SQL catalog database (sqlite:////path/catalog.db or "
+                   "postgresql+psycopg://user@host/db; its markers: the tables' properties and snapshots).")
+@click.option("--warehouse", type=click.Path(file_okay=False, path_type=Path),
+              help="With --iceberg: the sink's warehouse directory.")
+@click.option("--namespace", default="onceflow", show_default=True,
+              help="With --iceberg: the tables' namespace.")
+@click.option("--catalog-name", default="onceflow", show_default=True,
+              help="With --iceberg: the catalog's name (onceflow.iceberg's catalog_name).")
 @click.option("--sink-id", default="default", show_default=True,
               help="The sink's id (write_stream's sink_id; onceflow run writes under 'user_counts').")
 @click.option("--dry-run", is_flag=True, help="Print what would change, change nothing.")
 def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | None, ledger: str | None,
-           kafka: str | None, sink_id: str, dry_run: bool) -> None:
+           kafka: str | None, iceberg_uri: str | None, warehouse: Path | None, namespace: str,
+           catalog_name: str, sink_id: str, dry_run: bool) -> None:
     """Bring a query's checkpoint back into agreement with its sink after either was restored.
 
     The sink behind (its database restored from an older backup): the checkpoint is rewound to
@@ -85,7 +136,9 @@ def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | Non
 
     if not (checkpoint / "metadata").exists():
         raise ConfigError(f"{checkpoint} is not a Spark checkpoint of a started query (no metadata file)")
-    sink = _sink(db, dsn, delta, ledger, kafka, sink_id)
+    iceberg = None if iceberg_uri is None else {"uri": iceberg_uri, "warehouse": warehouse,
+                                                 "namespace": namespace, "catalog_name": catalog_name}
+    sink = _sink(db, dsn, delta, ledger, kafka, sink_id, iceberg)
     fixer = Repair(checkpoint, sink)
     plan = fixer.plan()
     click.echo(f"onceflow repair: {plan.summary}" if plan.summary else "onceflow repair:")

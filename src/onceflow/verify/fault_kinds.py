@@ -28,8 +28,9 @@ STAGED_SQLITE_FAULTS = ("crash_apply_pending",)
 EFFECT_FAULTS = ("crash_effects_started", "crash_effects_sent")
 """Faults at points only the side-effect sinks' driver-side path (``--sink http``, ``http-naive``) has."""
 
-TASK_SINKS = ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks", "http-tasks", "http-tasks-pg")
-"""The sinks whose every batch Spark's tasks write (``collect_below=0``)."""
+TASK_SINKS = ("delta-tasks", "sqlite-tasks", "postgres-tasks", "kafka-tasks", "http-tasks", "http-tasks-pg",
+              "iceberg")
+"""The sinks whose every batch Spark's tasks write (``collect_below=0``; Iceberg's always)."""
 
 TASK_FAULTS = ("crash_task_after_write",)
 """Faults of the tasks that write a batch's rows (the :data:`TASK_SINKS`): not the driver. Not on a

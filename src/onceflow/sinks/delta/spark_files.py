@@ -113,9 +113,9 @@ def write(frame: Any, spec: FilesSpec, batch_id: int) -> list[dict[str, Any]]:
 
     stage = spec.stage(batch_id)
     clear_stage(spec, batch_id)
-    armed = _task_fault(batch_id)
+    armed = task_fault(batch_id)
     if armed is not None:
-        frame = frame.mapInArrow(_dying(armed, batch_id), frame.schema)
+        frame = frame.mapInArrow(dying(armed, batch_id), frame.schema)
     try:
         frame.write.options(**WRITE_OPTIONS).mode("overwrite").parquet(str(stage))  # 1
     except Exception as exc:
@@ -172,7 +172,7 @@ def footer_stats(path: Path) -> tuple[int, str]:
                                       "maxValues": {k: form(v) for k, v in high.items()}})
 
 
-def _task_fault(batch_id: int) -> faults.CrashPoint | None:
+def task_fault(batch_id: int) -> faults.CrashPoint | None:
     """The task-level crash point armed for this batch, if any."""
     for point in (faults.CrashPoint.TASK_MID_WRITE, faults.CrashPoint.TASK_AFTER_WRITE):
         if faults.armed_for(point, batch_id):
@@ -180,7 +180,7 @@ def _task_fault(batch_id: int) -> faults.CrashPoint | None:
     return None
 
 
-def _dying(point: faults.CrashPoint, batch_id: int) -> Any:
+def dying(point: faults.CrashPoint, batch_id: int) -> Any:
     """The identity over a task's Arrow batches whose first attempt dies at ``point`` (see the module)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from onceflow.sinks.formats import running_task

@@ -70,6 +70,7 @@ from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks import marker
 from onceflow.sinks.base import Settle, SinkBase
+from onceflow.sinks.delta import spark_files
 from onceflow.sinks.delta.spark_files import REBASE, WRITE_OPTIONS
 from onceflow.sinks.iceberg import merge
 from onceflow.sinks.marker import BatchStats
@@ -151,8 +152,9 @@ class IcebergTablesSink(SinkBase):
         return self.catalog_uri
 
     def repair_options(self) -> str:
-        """``--iceberg CATALOG_URI --warehouse DIR --namespace NS --sink-id ID`` (no password)."""
-        return f"--iceberg {self.where} --warehouse {self.warehouse} --namespace {self.namespace} " \
+        """``--iceberg URI --warehouse DIR --namespace NS [--catalog-name N] --sink-id ID`` (no password)."""
+        name = f" --catalog-name {self.catalog_name}" if self.catalog_name != "onceflow" else ""
+        return f"--iceberg {self.where} --warehouse {self.warehouse} --namespace {self.namespace}{name} " \
                f"--sink-id {self.sink_id}"
 
     @property
@@ -164,6 +166,22 @@ class IcebergTablesSink(SinkBase):
                                                 warehouse=self.warehouse.as_uri())
             self._catalog.create_namespace_if_not_exists(self.namespace)
         return self._catalog
+
+    def bound_query(self) -> str | None:
+        """The query id the namespace holds for this sink id (:meth:`bind`); None: none, or no namespace.
+
+        Reads only: neither the namespace nor the warehouse is created (``onceflow repair``).
+        """
+        from pyiceberg.exceptions import NoSuchNamespaceError
+
+        catalog = self._catalog or self._catalog_class(self.catalog_name, uri=self.catalog_uri,
+                                                       warehouse=self.warehouse.as_uri())
+        try:
+            found = catalog.load_namespace_properties(self.namespace).get(self._key("query_id"))
+        except NoSuchNamespaceError:
+            return None
+        self._catalog = catalog
+        return None if found is None else str(found)
 
     def _key(self, what: str) -> str:
         return f"onceflow.{self.sink_id}.{what}"
@@ -369,9 +387,18 @@ class IcebergTablesSink(SinkBase):
                     shutil.rmtree(old, ignore_errors=True)
 
     def _write(self, table: Any, folder: str, frame: Any) -> list[str]:
-        """Step 3: the table's rows as Parquet files in a new folder, by Spark's tasks; their paths."""
+        """Step 3: the table's rows as Parquet files in a new folder, by Spark's tasks; their paths.
+
+        A task fault armed for the batch (``task_mid_write``, ``task_after_write``) puts Python in
+        the tasks: an identity ``mapInArrow`` whose first attempt dies (:mod:`onceflow.sinks.delta.
+        spark_files`); Spark's retry writes the task again, and only its file is committed.
+        """
         target = self._folder(table) / folder
         columns = [f.name for f in table.schema().fields]
+        batch_id = int(folder.partition("-")[0])  # the folder is "<batch>-<token>"
+        armed = spark_files.task_fault(batch_id)
+        if armed is not None:
+            frame = frame.mapInArrow(spark_files.dying(armed, batch_id), frame.schema)
         (frame.select(*["`" + c.replace("`", "``") + "`" for c in columns if c in frame.columns])
          .write.options(**WRITE_OPTIONS).mode("error").parquet(target.as_uri()))
         return sorted(p.as_uri() for p in target.glob("*.parquet"))
