@@ -59,3 +59,32 @@ def test_the_naive_iceberg_sink_is_caught_duplicating(orders_sample: Path, tmp_p
     assert rc == 1, out
     assert rep["rounds"][0]["rows_at_risk"] > 0
     assert rep["verdict"]["tables"]["orders"]["duplicated_events"] > 0
+
+
+ORDERS = str(Path(__file__).parent / "pipelines" / "orders.py")
+
+
+@pytest.mark.long  # ~40-60 s each: make test's 30 minutes
+@pytest.mark.parametrize(("build", "faults", "table"), [
+    ("build", "crash_inside_sink_txn,sink_outage,crash_task_after_write", "customers"),  # late= keyed by id
+    ("build_rejects", "kill_random,crash_after_sink_commit", "rejected_orders"),  # rejects= keyed by record
+])
+def test_keyed_tables_late_and_rejected_rows_into_iceberg(tmp_path: Path, build: str, faults: str,
+                                                         table: str) -> None:
+    """The merge pipeline of ``orders.py`` (add/max/min tables) into Iceberg, its late orders (``late=``,
+    keyed by the order id) or its bad lines (``rejects=``, keyed by the record), under faults."""
+    from tests.verify.pipelines import sample
+
+    sample.write(tmp_path / "in", files=4, per_file=600, seed=7)
+    bad = sample.add_bad_lines(tmp_path / "in", seed=7) if build == "build_rejects" else []
+    rc, out, rep = _verify(tmp_path / "report", "--pipeline", f"{ORDERS}:{build}", "--input",
+                           str(tmp_path / "in"), "--sink", "iceberg", "--rounds", str(len(faults.split(","))),
+                           "--seed", "3", "--faults", faults)
+    assert rc == 0, out
+    assert all(r["rows_at_risk"] for r in rep["rounds"]), rep["rounds"]
+    tables = rep["verdict"]["tables"]
+    assert tables[table]["expected_rows"] == tables[table]["actual_rows"] > 0
+    if bad:
+        assert tables["rejected_orders"]["actual_rows"] == len(bad)
+    else:
+        assert rep["verdict"]["late_expected"] == rep["verdict"]["late_recorded"] > 0
