@@ -92,6 +92,10 @@ class _LedgerMarkers:
     def __init__(self, ledger: str, sink_id: str) -> None:
         self.ledger, self.sink_id = ledger, sink_id
 
+    def repair_options(self) -> str:
+        """``--ledger LEDGER --sink-id ID``."""
+        return f"--ledger {self.ledger} --sink-id {self.sink_id}"
+
     def batches(self) -> list[dict[str, Any]]:
         from onceflow.sinks.http.ledger import read_batches
 

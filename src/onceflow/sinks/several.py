@@ -83,9 +83,9 @@ class SeveralSinks(SinkBase):
         self.routes = dict(routes)
         self.parts = parts
         self.sink_id = ids[0]
-        self.all_or_nothing = len(parts) == 1 and bool(parts[0].all_or_nothing)
-        self.keeps_markers = all(bool(p.keeps_markers) for p in parts)
-        self.tables_are_topics = any(bool(p.tables_are_topics) for p in parts)  # each sink checks its own
+        self.all_or_nothing = len(parts) == 1 and bool(getattr(parts[0], "all_or_nothing", False))
+        self.keeps_markers = all(bool(getattr(p, "keeps_markers", True)) for p in parts)
+        self.tables_are_topics = any(bool(getattr(p, "tables_are_topics", False)) for p in parts)
 
     def __repr__(self) -> str:
         return "onceflow.several({" + ", ".join(f"{n!r}: {s!r}" for n, s in self.routes.items()) + "})"
@@ -158,7 +158,7 @@ class SeveralSinks(SinkBase):
 
     def lasts(self) -> list[int]:
         """Each sink's last batch (-1: none), in the sinks' order."""
-        return [max((int(m["batch_id"]) for m in p.recent_batches()), default=-1) for p in self.parts]
+        return [max((int(m["batch_id"]) for m in _recent(p)), default=-1) for p in self.parts]
 
     def all_batches(self) -> list[dict[str, Any]]:
         """The markers of every batch any sink has, by batch id (``onceflow repair`` restores from them)."""
@@ -186,7 +186,7 @@ class SeveralSinks(SinkBase):
 
     def recent_batches(self) -> list[dict[str, Any]]:
         """As :meth:`batches`, from each sink's last markers (what the start-up check reads)."""
-        return self._common([p.recent_batches() for p in self.parts])
+        return self._common([_recent(p) for p in self.parts])
 
     def flush(self) -> None:
         """Wait for every sink."""
@@ -203,3 +203,9 @@ class SeveralSinks(SinkBase):
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+
+def _recent(part: Any) -> list[dict[str, Any]]:
+    """A sink's last markers (its ``recent_batches``; every marker where it reads only those: a ledger)."""
+    recent = getattr(part, "recent_batches", None)
+    return list(recent() if recent is not None else part.batches())
