@@ -93,8 +93,7 @@ def check_replay(sink: Any, checkpoint: Path, now: InputRange | None) -> None:
     """
     if now is None:
         return
-    found = next((m for m in sink.batches() if int(m["batch_id"]) == now.batch_id), None)
-    check_replay_marker(found, now, sink, sink, checkpoint)
+    check_replay_marker(_marker(sink.batches(), now.batch_id), now, sink, sink, checkpoint)
 
 
 def check_replay_marker(found: dict[str, Any] | None, now: InputRange, sink: Any, part: Any,
@@ -134,8 +133,12 @@ def check_sinks_agree(sink: Any, checkpoint: Path, now: InputRange | None) -> No
     if now is None or parts is None or now.batch_id > sink.ahead:
         return
     for part in parts:
-        found = next((m for m in part.batches() if int(m["batch_id"]) == now.batch_id), None)
-        check_replay_marker(found, now, sink, part, checkpoint)
+        check_replay_marker(_marker(part.batches(), now.batch_id), now, sink, part, checkpoint)
+
+
+def _marker(markers: list[dict[str, Any]], batch_id: int) -> dict[str, Any] | None:
+    """Batch ``batch_id``'s marker among ``markers`` (None: not there)."""
+    return next((m for m in markers if int(m["batch_id"]) == batch_id), None)
 
 
 def _markers(sink: Any) -> list[dict[str, Any]]:
@@ -181,7 +184,7 @@ def continue_restore(sink: Any, checkpoint: Path, batch_id: int) -> bool:
     if batch_id >= until:
         ranges.remove(checkpoint / RESTORE_FILE)
         return False
-    found = next((m for m in _markers(sink) if int(m["batch_id"]) == batch_id + 1), None)
+    found = _marker(_markers(sink), batch_id + 1)
     if found is None or not found.get("input_range"):
         raise OutOfStepError(f"restoring batch {batch_id + 1} from the sink's marker: the sink has no "
                              "marker of it with an input range any more; run onceflow repair again")

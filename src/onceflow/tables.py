@@ -148,6 +148,11 @@ def check_specs(tables: Mapping[str, Table], topics: bool = False) -> dict[str, 
     return out
 
 
+def spark_name(column: str) -> str:
+    """A column name quoted for Spark (a backtick in it doubled): ``F.col`` and ``select`` take it as is."""
+    return "`" + column.replace("`", "``") + "`"
+
+
 def first_true(mask: pa.ChunkedArray | pa.Array) -> int | None:
     """The index of the first true value of ``mask`` (nulls count as false), or None."""
     idx = pc.indices_nonzero(mask.fill_null(False))
@@ -259,7 +264,7 @@ def check_json_frame(what: str, spec: Table, frame: Any, columns: Sequence[str])
     types = dict(zip(frame.columns, [f.dataType.typeName() for f in frame.schema.fields], strict=True))
     bad = None
     for c in columns:
-        col = F.col("`" + c.replace("`", "``") + "`")
+        col = F.col(spark_name(c))
         if types[c] in ("float", "double"):
             cond = F.isnan(col) | (F.abs(col) == F.lit(float("inf")))
         elif types[c] == "binary":
@@ -395,7 +400,7 @@ def check_frame(name: str, spec: Table, frame: Any) -> None:
     cols = list(spec.key)
     if not cols:
         return
-    named = [F.col("`" + c.replace("`", "``") + "`") for c in cols]
+    named = [F.col(spark_name(c)) for c in cols]
     null = named[0].isNull()
     for c in named[1:]:
         null = null | c.isNull()

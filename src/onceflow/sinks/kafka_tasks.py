@@ -56,7 +56,7 @@ from onceflow.sinks.formats import (
     running_task,
     save_frame,
 )
-from onceflow.tables import Table, check_json_frame
+from onceflow.tables import Table, check_json_frame, spark_name
 
 NAME = "onceflow_kafka_topics"
 TASKS_TOPIC = "onceflow_tasks.{sink_id}"
@@ -190,7 +190,7 @@ def rows_frame(frame: Any, tasks: int) -> Any:
 
     if HASH in frame.columns:
         raise ConfigError(f"column {HASH!r} is onceflow's own in a Kafka write; rename it")
-    cols = [F.col("`" + f.name.replace("`", "``") + "`") for f in frame.schema.fields]
+    cols = [F.col(spark_name(f.name)) for f in frame.schema.fields]
     plain = all("map<" not in f.dataType.simpleString() for f in frame.schema.fields)
     digest = F.xxhash64(*cols) if plain else F.xxhash64(F.to_json(F.struct(*cols)))
     return frame.withColumn(HASH, digest).repartition(tasks, HASH)

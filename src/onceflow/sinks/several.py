@@ -162,31 +162,15 @@ class SeveralSinks(SinkBase):
 
     def all_batches(self) -> list[dict[str, Any]]:
         """The markers of every batch any sink has, by batch id (``onceflow repair`` restores from them)."""
-        merged: dict[int, dict[str, Any]] = {}
-        for part in self.parts:
-            for m in part.batches():
-                merged.setdefault(int(m["batch_id"]), m)
-        return [merged[b] for b in sorted(merged)]
-
-    def _common(self, lists: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-        """The markers of the batches every sink has (up to the last batch of the sink most behind)."""
-        if not lists:
-            return []
-        last = min(max((int(m["batch_id"]) for m in found), default=-1) for found in lists)
-        merged: dict[int, dict[str, Any]] = {}
-        for found in lists:
-            for m in found:
-                if int(m["batch_id"]) <= last:
-                    merged.setdefault(int(m["batch_id"]), m)
-        return [merged[b] for b in sorted(merged)]
+        return _merged([p.batches() for p in self.parts], common=False)
 
     def batches(self) -> list[dict[str, Any]]:
         """The markers of the batches every sink has, by batch id (the first sink's where several)."""
-        return self._common([p.batches() for p in self.parts])
+        return _merged([p.batches() for p in self.parts], common=True)
 
     def recent_batches(self) -> list[dict[str, Any]]:
         """As :meth:`batches`, from each sink's last markers (what the start-up check reads)."""
-        return self._common([_recent(p) for p in self.parts])
+        return _merged([_recent(p) for p in self.parts], common=True)
 
     def flush(self) -> None:
         """Wait for every sink."""
@@ -203,6 +187,21 @@ class SeveralSinks(SinkBase):
                 failed = failed or exc
         if failed is not None:
             raise failed
+
+
+def _merged(lists: list[list[dict[str, Any]]], common: bool) -> list[dict[str, Any]]:
+    """The sinks' markers by batch id, the first sink's where several have a batch.
+
+    ``common``: only the batches every sink has (up to the last batch of the sink most behind).
+    """
+    last = min((max((int(m["batch_id"]) for m in found), default=-1) for found in lists), default=-1) \
+        if common else None
+    merged: dict[int, dict[str, Any]] = {}
+    for found in lists:
+        for m in found:
+            if last is None or int(m["batch_id"]) <= last:
+                merged.setdefault(int(m["batch_id"]), m)
+    return [merged[b] for b in sorted(merged)]
 
 
 def _recent(part: Any) -> list[dict[str, Any]]:

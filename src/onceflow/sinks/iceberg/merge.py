@@ -30,18 +30,13 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.errors import ConfigError
-from onceflow.tables import Table
+from onceflow.tables import Table, spark_name
 
 PRUNED = {"integer", "long", "string", "date"}
 """Key types whose batch bounds pick files (others touch every data file: their Python form from
 Spark — a timestamp in the session's time zone, a float's NaN — is not a safe bound)."""
 
 _OLD, _NEW = "__onceflow_old_", "__onceflow_new_"
-
-
-def q(column: str) -> str:
-    """A column name quoted for Spark."""
-    return "`" + column.replace("`", "``") + "`"
 
 
 def key_filter(frame: Any, key: list[str]) -> Any:
@@ -56,7 +51,7 @@ def key_filter(frame: Any, key: list[str]) -> Any:
     pruned = [k for k in key if types.get(k) in PRUNED]
     if not pruned:
         return AlwaysTrue()
-    bounds = frame.agg(*[agg(q(k)) for k in pruned for agg in (F.min, F.max)]).first()
+    bounds = frame.agg(*[agg(spark_name(k)) for k in pruned for agg in (F.min, F.max)]).first()
     if bounds is None or bounds[0] is None:  # no rows
         return AlwaysTrue()
     at_least: Any = GreaterThanOrEqual  # pydantic models: their stubs want the bound term's type
@@ -83,16 +78,24 @@ def touched(table: Any, where: str, row_filter: Any) -> list[Any]:
     return [task.file for task in tasks]
 
 
+def table_types(table: Any) -> dict[str, pa.DataType]:
+    """The table's columns and their Arrow types as Spark's Arrow form has them (in the table's order).
+
+    pyiceberg gives strings and binaries as ``large_string``/``large_binary``; Spark's are the
+    plain ones.
+    """
+    wide = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
+    return {f.name: wide.get(f.type, f.type) for f in table.schema().as_arrow()}
+
+
 def old_schema(frame: Any, table: Any) -> Any:
     """The Spark schema the touched files are read with: the table's columns, the batch's types."""
     from pyspark.sql.pandas.types import from_arrow_type
     from pyspark.sql.types import StructField, StructType
 
     batch = {f.name: f.dataType for f in frame.schema.fields}
-    wide = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
-    fields = [StructField(f.name, batch.get(f.name) or from_arrow_type(wide.get(f.type, f.type)))
-              for f in table.schema().as_arrow()]
-    return StructType(fields)
+    return StructType([StructField(name, batch.get(name) or from_arrow_type(typ))
+                       for name, typ in table_types(table).items()])
 
 
 def _merged(column: str, how: str, old: Any, new: Any, typ: Any, where: str) -> Any:
@@ -124,14 +127,14 @@ def merged_rows(frame: Any, spec: Table, schema: Any, paths: list[str], where: s
     columns = [f.name for f in schema.fields]
     batch = set(frame.columns)
     if not paths:
-        rows = frame.select(*[F.col(q(c)) if c in batch else F.lit(None).cast(f.dataType).alias(c)
+        rows = frame.select(*[F.col(spark_name(c)) if c in batch else F.lit(None).cast(f.dataType).alias(c)
                               for c, f in zip(columns, schema.fields, strict=True)])
-        return rows.repartitionByRange(*[F.col(q(k)) for k in spec.key])
+        return rows.repartitionByRange(*[F.col(spark_name(k)) for k in spec.key])
     old = frame.sparkSession.read.schema(schema).parquet(*paths)
-    old = old.select(*[F.col(q(c)).alias(f"{_OLD}{i}") for i, c in enumerate(columns)],
+    old = old.select(*[F.col(spark_name(c)).alias(f"{_OLD}{i}") for i, c in enumerate(columns)],
                      F.lit(True).alias(_OLD))
-    new = frame.select(*[F.col(q(c)).alias(f"{_NEW}{i}") for i, c in enumerate(columns) if c in batch],
-                       F.lit(True).alias(_NEW))
+    new = frame.select(*[F.col(spark_name(c)).alias(f"{_NEW}{i}")
+                         for i, c in enumerate(columns) if c in batch], F.lit(True).alias(_NEW))
     pairs = [F.col(f"{_OLD}{columns.index(k)}") == F.col(f"{_NEW}{columns.index(k)}") for k in spec.key]
     on = functools.reduce(lambda a, b: a & b, pairs)
     joined = old.join(new, on=on, how="full_outer")
@@ -150,4 +153,4 @@ def merged_rows(frame: Any, spec: Table, schema: Any, paths: list[str], where: s
             else:
                 value = F.when(F.col(_NEW).isNotNull(), n).otherwise(o)
         out.append(value.alias(c))
-    return joined.select(*out).repartitionByRange(*[F.col(q(k)) for k in spec.key])
+    return joined.select(*out).repartitionByRange(*[F.col(spark_name(k)) for k in spec.key])

@@ -74,7 +74,7 @@ from onceflow.sinks.delta import spark_files
 from onceflow.sinks.delta.spark_files import REBASE, WRITE_OPTIONS
 from onceflow.sinks.iceberg import merge
 from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table, check_existing, check_frame, expected_columns
+from onceflow.tables import Table, check_existing, check_frame, expected_columns, spark_name
 
 RETRIES = 10
 """Commits tried per table when a concurrent commit wins (step 4)."""
@@ -333,8 +333,7 @@ class IcebergTablesSink(SinkBase):
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        wide = {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}
-        have = {f.name: wide.get(f.type, f.type) for f in table.schema().as_arrow()}
+        have = merge.table_types(table)
         for field in to_arrow_schema(frame.schema, timezone="UTC"):
             want = have.get(field.name)
             if want is not None and want != field.type:
@@ -399,7 +398,7 @@ class IcebergTablesSink(SinkBase):
         armed = spark_files.task_fault(batch_id)
         if armed is not None:
             frame = frame.mapInArrow(spark_files.dying(armed, batch_id), frame.schema)
-        (frame.select(*["`" + c.replace("`", "``") + "`" for c in columns if c in frame.columns])
+        (frame.select(*[spark_name(c) for c in columns if c in frame.columns])
          .write.options(**WRITE_OPTIONS).mode("error").parquet(target.as_uri()))
         return sorted(p.as_uri() for p in target.glob("*.parquet"))
 
