@@ -36,6 +36,10 @@ sample.write(Path('$OUT/orders-sample'), files=8, per_file=1500, seed=21)"
 ORDERS=(--pipeline tests/verify/pipelines/orders.py:build --input "$OUT/orders-sample" --rounds 40 --seed 21)
 verify orders-sqlite "${ORDERS[@]}" --sink sqlite
 verify orders-delta "${ORDERS[@]}" --sink delta
+# a pipeline of two sinks (sums in a database, orders in a lake): one source, one checkpoint
+TWO=(--pipeline tests/verify/pipelines/orders_two_sinks.py:build --input "$OUT/orders-sample" --rounds 20
+     --seed 25)
+verify two-sinks-sqlite-iceberg "${TWO[@]}" --sink sqlite+iceberg
 # the payments example with every fault kind, and its negative control (must exit 1)
 rm -rf "$OUT/payments-sample"
 "$PY" -m onceflow.examples.payments generate --out "$OUT/payments-sample" --payments 30000 >/dev/null
@@ -48,6 +52,7 @@ if .venv/bin/onceflow verify "${PAYMENTS[@]}" --rounds 2 --faults crash_after_si
 fi
 if [[ -n "${ONCEFLOW_PG_DSN:-}" ]]; then
   verify orders-postgres "${ORDERS[@]}" --sink postgres
+  verify two-sinks-postgres-delta "${TWO[@]}" --sink postgres+delta-tasks
   for sink in postgres postgres-tasks postgres-staged postgres-2pc; do
     verify "$sink" --rounds 40 --seed 16 --sink "$sink"
   done

@@ -23,6 +23,43 @@ class Duration(click.ParamType):  # type: ignore[type-arg]
             self.fail(str(exc), param, ctx)
 
 
+class SinkKind(click.ParamType):  # type: ignore[type-arg]
+    """A ``--sink`` choice, or several joined by ``+`` for a pipeline of several sinks.
+
+    A misspelt name gets a "did you mean" (``postgress`` -> ``postgres``); several sinks are
+    checked as :func:`onceflow.verify.sinks.parts` checks them.
+
+    Args:
+        choices: The single choices.
+    """
+
+    name = "sink"
+
+    def __init__(self, choices: list[str]) -> None:
+        self.choices = choices
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:  # noqa: D102
+        return "KIND[+KIND...]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """The value, or click's usage error naming the closest choice."""
+        import difflib
+
+        if value in self.choices:
+            return str(value)
+        if "+" in str(value):
+            from onceflow.verify.sinks import parts
+
+            try:
+                parts(str(value))
+            except ConfigError as exc:
+                self.fail(str(exc), param, ctx)
+            return str(value)
+        near = difflib.get_close_matches(str(value), self.choices, n=1, cutoff=0.6)
+        self.fail(f"{value!r} is not a sink" + (f" (did you mean {near[0]!r}?)" if near else "")
+                  + f"; choose from {', '.join(self.choices)}", param, ctx)
+
+
 def fraction(ctx: click.Context, param: click.Parameter, value: float) -> float:
     """Validate a fraction in [0, 1]."""
     if not 0.0 <= value <= 1.0:

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from onceflow import idstore
-from onceflow.cli.options import Duration, secret_dsn
+from onceflow.cli.options import Duration, SinkKind, secret_dsn
 from onceflow.errors import BadSegmentError, ConfigError, OnceflowError, from_spark
 from onceflow.examples.user_counts import KafkaTopic
 from onceflow.sources.log import EventLog
@@ -26,6 +26,7 @@ from onceflow.verify.sinks import (
     USER_SINKS,
     SinkOptions,
     make_sink,
+    make_sinks,
 )
 
 
@@ -193,7 +194,7 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
 @click.option("--retain-batches", type=click.IntRange(min=1), default=None,
               help="Batches of checkpoint history Spark keeps (spark.sql.streaming.minBatchesToRetain, "
                    "default 100). 'onceflow verify' audits from the first batch, so it retains all.")
-@click.option("--sink", "sink_kind", type=click.Choice([*SINKS, REALTIME]), default=None,
+@click.option("--sink", "sink_kind", type=SinkKind([*SINKS, REALTIME]), default=None,
               help="Where results go: sqlite (default of user_counts; sqlite-tasks: every batch converted "
                    "by Spark's tasks, as a large batch is); postgres (driver-side "
                    "transaction; postgres-tasks: every batch staged by Spark's tasks); "
@@ -212,7 +213,10 @@ def run_pipeline(spark: Any, cfg: PipelineConfig, sink: Any, once: bool,
                    "transaction "
                    "(duplicates), 'lossy' commits the marker before the rows (loss). "
                    "realtime: a --pipeline PATH.py:FUNCTION that writes with onceflow.write_realtime "
-                   "(Spark's Real-Time Mode; its sink argument is --pg-dsn).")
+                   "(Spark's Real-Time Mode; its sink argument is --pg-dsn). Several joined by '+' "
+                   "(e.g. postgres+iceberg, one of each family) for a --pipeline PATH.py:FUNCTION "
+                   "whose function routes its tables: its sink argument is then {family: sink}, e.g. "
+                   "{'postgres': ..., 'iceberg': ...}.")
 @click.option("--standby", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="Hot standby (verify --fast-start): start Spark, then wait until this file "
                    "exists before touching the log, the sink or the checkpoint.")
@@ -255,6 +259,9 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         os.environ[idstore.ENV] = "1" if id_store else "0"
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
+    if sink_kind is not None and "+" in sink_kind and pipeline in PIPELINES:
+        raise click.UsageError(f"--sink {sink_kind} names several sinks: that is for a --pipeline "
+                               f"PATH.py:FUNCTION that routes its tables to them; {pipeline} writes one sink")
     if sink_kind == REALTIME and pipeline in PIPELINES:
         raise click.UsageError(f"--sink {REALTIME} is for a --pipeline PATH.py:FUNCTION that writes with "
                                f"onceflow.write_realtime; {pipeline} writes micro-batches")
@@ -320,9 +327,9 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
     kind = sink_kind or "sqlite"
-    if kind not in (*USER_SINKS, REALTIME):
-        raise click.UsageError(f"--pipeline PATH.py:FUNCTION writes with --sink {', '.join(USER_SINKS)} "
-                               f"or {REALTIME}")
+    if kind not in (*USER_SINKS, REALTIME) and "+" not in kind:
+        raise click.UsageError(f"--pipeline PATH.py:FUNCTION writes with --sink {', '.join(USER_SINKS)}, "
+                               f"several of them joined by '+', or {REALTIME}")
     where: str | Path = input_dir
     if not re.fullmatch(r"[^/\s]+:\d+/[^/\s]+", input_dir):  # not HOST:PORT/TOPIC: a directory
         where = Path(input_dir).absolute()
@@ -336,12 +343,17 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where
     spark = _session(master, conf, remote, checkpoint)
     if standby is not None:
         wait_for_release(standby)
-    sink = make_sink(kind, where_out, sink_id=USER_SINK_ID)
+    try:
+        sink = make_sinks(kind, where_out, sink_id=USER_SINK_ID)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    every = list(sink.values()) if isinstance(sink, dict) else [sink]
     try:
         query = pipelines.start(fn, spark, where, sink, checkpoint.absolute(), once)
         query.awaitTermination()
     finally:
-        sink.close()
+        for one in every:
+            one.close()
     click.echo("done")
 
 

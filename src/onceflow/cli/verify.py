@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from onceflow.cli.options import secret_dsn
+from onceflow.cli.options import SinkKind, secret_dsn
 from onceflow.verify.sinks import REALTIME, SINKS
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
                    "delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks, http-tasks or http-tasks-pg, the "
                    "receiver_*, "
                    "sender_kill and dropped_acks faults only with --ingest).")
-@click.option("--sink", type=click.Choice([*SINKS, REALTIME]), default="sqlite", show_default=True,
+@click.option("--sink", type=SinkKind([*SINKS, REALTIME]), default="sqlite", show_default=True,
               help="The sink under test (as in 'onceflow run'; http: calls to a demo service verify "
                    "starts; delta-tasks, sqlite-tasks, postgres-tasks, kafka-tasks, http-tasks: every batch "
                    "written by Spark's tasks; http-tasks-pg: as http-tasks, the ledger in a new schema of "

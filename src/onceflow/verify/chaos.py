@@ -76,13 +76,14 @@ from onceflow.verify.oracle import expect
 from onceflow.verify.pipeline_kafka import KafkaRecordsInput
 from onceflow.verify.resume import kill_stale, load_state, rng_state, save_state
 from onceflow.verify.sample import SampleInput
+from onceflow.verify.several_targets import SeveralTargets, families
 from onceflow.verify.sinks import PG_LEDGER_SINKS, USER_SINK_ID, USER_SINKS
 from onceflow.verify.standalone import StandaloneCluster
-from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget
+from onceflow.verify.targets import KINDS, SINK_ID, SinkTarget, Target
 from onceflow.verify.verdict import Verdict
 
 KEEP_MARKERS = ("sqlite", "sqlite-tasks", "postgres", "postgres-tasks", "delta", "delta-tasks", "lossy",
-                "kafka", "kafka-tasks")
+                "kafka", "kafka-tasks", "iceberg")
 """Sinks whose markers verify checks against Spark's commit log (the naive ones never read theirs)."""
 
 
@@ -161,9 +162,11 @@ class VerifyConfig:
             self._check_pipeline()
         if self.rounds < 1:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
-        if self.sink not in KINDS:
-            raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {self.sink!r}")
-        if self.sink.startswith("postgres") or self.sink in PG_LEDGER_SINKS:
+        if self.sink not in KINDS and not (self.pipeline and "+" in self.sink):
+            raise ConfigError(f"sink must be one of {', '.join(KINDS)}, got {self.sink!r}"
+                              + (" (several sinks joined by '+' are for a --pipeline)" if "+" in self.sink
+                                 else ""))
+        if any(one.startswith("postgres") or one in PG_LEDGER_SINKS for one in self.sink.split("+")):
             pg.resolve_dsn(self.pg_dsn)  # fails early, with what to set
         if self.sink == "postgres-2pc":
             try:  # else every driver fails at its first batch, and the run says little else
@@ -183,8 +186,11 @@ class VerifyConfig:
         if self.ingest:
             raise ConfigError("--pipeline reads --input (files, or records verify produces to Kafka with "
                               "--source kafka): it does not combine with --ingest")
-        if self.sink not in USER_SINKS:
-            raise ConfigError(f"--pipeline runs with --sink {', '.join(USER_SINKS)}")
+        if "+" in self.sink:
+            SeveralTargets.check(self.sink)
+        elif self.sink not in USER_SINKS:
+            raise ConfigError(f"--pipeline runs with --sink {', '.join(USER_SINKS)}, or several joined "
+                              "by '+'")
         generated = [f for f in self.faults if f in INPUT_FAULTS]
         if generated:
             raise ConfigError(f"the faults {generated} change verify's generated events; with --pipeline the "
@@ -233,7 +239,7 @@ class VerifyResult:
     def weak(self) -> str | None:
         """Why an OK result proves little about onceflow (a negative control that passed), or None."""
         sink = str(self.config.get("sink") or "")
-        if self.ok and (sink.endswith("naive") or sink == "lossy"):
+        if self.ok and any(one.endswith("naive") or one == "lossy" for one in sink.split("+")):
             return (f"the negative control {sink!r} passed too: this pipeline's tables come out right even "
                     "through a sink that writes a replayed batch again (or loses one) — it is idempotent by "
                     "itself for this sink (e.g. upserts of each aggregate's current value), so a passing run "
@@ -350,7 +356,8 @@ def _dry_run(cfg: VerifyConfig, src: Any) -> None:
         files = sorted(p for p in Path(cfg.input_dir).rglob("*")
                        if p.is_file() and not p.name.startswith((".", "_")))
     with oracle_session() as spark:
-        PipelineOracle(spark, str(cfg.pipeline), cfg.workdir / "dry-run", kafka).dry_run(files, batch)
+        PipelineOracle(spark, str(cfg.pipeline), cfg.workdir / "dry-run", kafka,
+                       families(cfg.sink)).dry_run(files, batch)
 
 
 def _run(cfg: VerifyConfig, say: Callable[[str], None], resume: bool, src: Any,
@@ -387,7 +394,8 @@ class _Run:
         if state:
             self.rng.setstate(rng_state(state["rng"]))
         sink_id = USER_SINK_ID if cfg.pipeline else SINK_ID
-        self.target = SinkTarget(cfg.sink, work, cfg.pg_dsn, sink_id=sink_id)
+        self.target: SinkTarget | SeveralTargets = SeveralTargets(cfg.sink, work, cfg.pg_dsn, sink_id) \
+            if "+" in cfg.sink else SinkTarget(cfg.sink, work, cfg.pg_dsn, sink_id=sink_id)
         self.target.prepare(state.get("schema"))
         say(f"sink: {self.target.name}")
         if cfg.pipeline and cfg.input_dir is not None:
@@ -494,15 +502,22 @@ class _Run:
         self.say("oracle: rebuilding every committed batch from the checkpoint and the input files")
         with oracle_session() as spark:
             kafka = (self.src.broker.bootstrap, TOPIC) if self.cfg.source == "kafka" else None
-            oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck, kafka)
+            target = self.target
+            oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck, kafka, families(self.cfg.sink))
             oracle.run()
-            verdict = judge(self.target.name, oracle, self.target.reader(),
-                            json_values=self.target.broker is not None)
-        if self.cfg.sink in KEEP_MARKERS:  # every batch Spark committed has its marker in the sink
-            verdict.missing_markers = unmarked(spark_log.committed(self.ck), self.target.batches())
-            if verdict.missing_markers:
-                verdict.violations.append(f"{len(verdict.missing_markers)} batches Spark committed have no "
-                                          f"marker in the sink: {verdict.missing_markers[:10]}")
+            read = target.reader(oracle.routes()) if isinstance(target, SeveralTargets) else target.reader()
+            verdict = judge(target.name, oracle, read, json_values=target.broker is not None)
+        marked = {f"the {fam} sink": got for fam, got in target.marked().items()} \
+            if isinstance(target, SeveralTargets) else {"the sink": target.batches()}
+        committed = spark_log.committed(self.ck)
+        for (where, markers), kind in zip(marked.items(), self.cfg.sink.split("+"), strict=True):
+            if kind not in KEEP_MARKERS:
+                continue  # a negative control never reads its markers
+            missing = unmarked(committed, markers)  # every batch Spark committed has its marker there
+            verdict.missing_markers += [b for b in missing if b not in verdict.missing_markers]
+            if missing:
+                verdict.violations.append(f"{len(missing)} batches Spark committed have no marker in "
+                                          f"{where}: {missing[:10]}")
         return verdict
 
     def finish(self) -> VerifyResult:
@@ -534,7 +549,7 @@ class _Run:
 
 
 def _ingest_round(fault: str, rig: IngestRig, chunk: list[pa.Table], start: Callable[[], Driver],
-                  rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float,
+                  rec: RoundRecord, target: Target, rng: random.Random, timeout: float,
                   t0: float, ck: Path | None = None) -> None:
     """One round of a run with ``ingest``: the input goes through a sender and the receiver."""
     point = RECEIVER_CRASHES.get(fault)

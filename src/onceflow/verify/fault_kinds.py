@@ -41,7 +41,9 @@ NO_TXN_SINKS = ("http", "http-tasks", "http-tasks-pg", "http-naive")
 
 
 def reaches(sink: str, fault: str) -> bool:
-    """Whether a run with ``--sink sink`` can reach ``fault``."""
+    """Whether a run with ``--sink sink`` can reach ``fault`` (several sinks ``a+b``: if one can)."""
+    if "+" in sink:
+        return any(reaches(one, fault) for one in sink.split("+"))
     if fault in STAGED_SQLITE_FAULTS:
         return sink == "sqlite"
     if fault in EFFECT_FAULTS:

@@ -25,7 +25,7 @@ from onceflow.verify import spark_log
 from onceflow.verify.driver import Driver, busy_executor, wait_until
 from onceflow.verify.fault_kinds import CLUSTER_FAULTS, CRASH_FAULTS, TASK_FAULTS, VERIFY_KILL
 from onceflow.verify.standalone import StandaloneCluster
-from onceflow.verify.targets import SinkTarget
+from onceflow.verify.targets import Target
 
 
 @dataclass
@@ -146,7 +146,7 @@ def at_risk(records: list[RoundRecord], markers: list[dict[str, Any]]) -> None:
                 r.outcome += "; no input rows were in flight: the round does not count as a tested fault"
 
 
-def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: SinkTarget,
+def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Target,
             rng: random.Random, timeout: float, t0: float, cluster: StandaloneCluster | None = None,
             ck: Path | None = None) -> None:
     """Run one round's driver (``start()``, see :func:`spec`) and inject ``fault`` into it.
@@ -225,7 +225,7 @@ def inject(fault: str, start: Callable[[], Driver], rec: RoundRecord, target: Si
         rec.exit_code = d.proc.returncode
 
 
-def _kill_mid_write(d: Driver, rec: RoundRecord, target: SinkTarget, timeout: float, t0: float) -> None:
+def _kill_mid_write(d: Driver, rec: RoundRecord, target: Target, timeout: float, t0: float) -> None:
     """``executor_kill_mid_write``: a task kills its executor mid-write; Spark must retry it, go on."""
     try:
         wait_until(lambda: "crash point task_mid_write" in d.output() or d.proc.poll() is not None, timeout,
@@ -285,7 +285,7 @@ def _kill_random(d: Driver, rec: RoundRecord, rng: random.Random, timeout: float
         rec.exit_code = d.proc.returncode
 
 
-def _outage(d: Driver, rec: RoundRecord, target: SinkTarget, rng: random.Random, timeout: float, t0: float,
+def _outage(d: Driver, rec: RoundRecord, target: Target, rng: random.Random, timeout: float, t0: float,
             in_flight: Callable[[], list[int]], planned_new: Callable[[], bool]) -> None:
     """``sink_outage``: the sink goes away as the round's first batch is planned; it must retry, go on.
 
@@ -317,7 +317,7 @@ def _outage(d: Driver, rec: RoundRecord, target: SinkTarget, rng: random.Random,
         rec.exit_code = d.proc.returncode
 
 
-def _kill_worker(cluster: StandaloneCluster, d: Driver, rec: RoundRecord, target: SinkTarget,
+def _kill_worker(cluster: StandaloneCluster, d: Driver, rec: RoundRecord, target: Target,
                  timeout: float, t0: float, in_flight: Callable[[], list[int]]) -> None:
     """``worker_kill``: SIGKILL a busy worker with its executor; restart it once the query went on."""
     i = cluster.busy_worker(timeout_s=60)

@@ -112,6 +112,8 @@ class Captured:
     output_mode: str
     rejects: str | None = None
     """The ``rejects=`` table (its expected rows: :mod:`onceflow.verify.contract_oracle`)."""
+    routes: dict[str, str] = field(default_factory=dict)
+    """Table -> the sink it goes to, when the pipeline writes several (:attr:`PipelineOracle.sinks`)."""
 
 
 REJECTS_SPEC = Table(key=["record"])
@@ -207,11 +209,15 @@ class PipelineOracle:
             binds the oracle's).
         checkpoint: The verified query's checkpoint.
         kafka: ``(bootstrap, topic)`` of a pipeline that reads onceflow's Kafka source.
+        sinks: The families of a pipeline of several sinks (``--sink sqlite+iceberg``): its
+            ``sink`` argument is ``{family: family}``, so each route the pipeline gives
+            ``write_stream`` names the sink of a table (:meth:`routes`).
     """
 
     def __init__(self, spark: Any, pipeline: str, checkpoint: Path,
-                 kafka: tuple[str, str] | None = None) -> None:
+                 kafka: tuple[str, str] | None = None, sinks: Sequence[str] = ()) -> None:
         self.spark, self.spec, self.checkpoint, self.kafka = spark, pipeline, checkpoint, kafka
+        self.sinks = tuple(sinks)
         self.pipeline: Callable[..., Any] = lambda *a: None
         self.dedup = Deduplication()
         self.contract = ContractOracle(spark)
@@ -266,13 +272,19 @@ class PipelineOracle:
         taken = self.contract.take()
         if rejects is not None:
             specs[rejects], arrow[rejects] = REJECTS_SPEC, taken
-        return Captured(specs, arrow, late, mode, rejects)
+        routes = {str(t): str(s) for t, s in sink.items()} if isinstance(sink, Mapping) else {}
+        return Captured(specs, arrow, late, mode, rejects, routes)
+
+    def routes(self) -> dict[str, str]:
+        """Table -> the sink (family) the pipeline sends it to; empty for a pipeline of one sink."""
+        return next((c.routes for _, c in reversed(self.captured) if c.routes), {})
 
     def _call(self, batch_id: int, files: list[Path],
               kafka: KafkaBatch | None = None) -> Captured:
         self._batch_id, self._files = batch_id, list(files)
         where = f"{self.kafka[0]}/{self.kafka[1]}" if self.kafka else ""
-        built = self.pipeline(BatchSession(self.spark, files, kafka), where, None, "", True)
+        sink = {name: name for name in self.sinks} if self.sinks else None
+        built = self.pipeline(BatchSession(self.spark, files, kafka), where, sink, "", True)
         if not isinstance(built, Captured):
             raise ConfigError("the pipeline function did not return what onceflow.write_stream returned")
         return built

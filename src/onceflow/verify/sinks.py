@@ -16,6 +16,7 @@ library: the production classes have no such mode.
 from __future__ import annotations
 
 import asyncio
+import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 
 __all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink",
+           "family", "make_sinks", "parts",
            "NaiveDeltaSink", "NaiveHttpSink", "NaiveIcebergSink", "NaiveKafkaSink", "NaivePostgresSink",
            "NaiveSQLiteSink", "SinkOptions", "iceberg_in", "make_sink", "marker_id"]
 
@@ -55,11 +57,14 @@ USER_SINKS = ("sqlite", "sqlite-tasks", "naive", "lossy", "postgres", "postgres-
               "delta", "delta-tasks", "delta-naive", "kafka", "kafka-tasks", "kafka-naive", *ICEBERG_SINKS)
 """The sinks a user's pipeline (``--pipeline PATH.py:FUNCTION``) runs with: one marker per batch."""
 USER_SINK_ID = "pipeline"
+"""The sink id (markers' namespace) a user's pipeline writes under in ``onceflow run``/``verify``."""
 REALTIME = "realtime"
 """``--sink realtime``: a user's pipeline that writes with :func:`onceflow.write_realtime`."""
 REALTIME_STARTED = "real-time query started"
 """What ``onceflow run --sink realtime`` prints once the query runs (verify waits for it)."""
-"""The sink id (markers' namespace) a user's pipeline writes under in ``onceflow run``/``verify``."""
+FAMILIES = {"sqlite": SQLITE_SINKS, "postgres": POSTGRES_SINKS, "delta": DELTA_SINKS,
+            "iceberg": ICEBERG_SINKS, "kafka": KAFKA_SINKS, "http": EFFECT_SINKS}
+"""A sink family (the name a pipeline of several sinks gets each sink under) -> its ``--sink`` choices."""
 EXAMPLE_SINK_ID = "user_counts"
 """The sink id ``onceflow run`` writes Example 5-1 under (its markers' namespace)."""
 
@@ -227,6 +232,9 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
     Raises:
         ConfigError: A required location is missing, or the extra the sink needs is not installed.
     """
+    if "+" in kind:
+        raise ConfigError(f"--sink {kind} names several sinks: a pipeline of several sinks gets them from "
+                          "make_sinks")
     if kind in ICEBERG_SINKS:
         if where.iceberg is None:
             raise ConfigError(f"--sink {kind} writes Iceberg tables: pass --iceberg DIR (a SQLite catalog "
@@ -302,3 +310,50 @@ def marker_id(kind: str, table: str, sink_id: str = EXAMPLE_SINK_ID) -> str:
     the others one per batch for all tables (``<sink_id>``).
     """
     return f"{sink_id}.{table}" if kind in EXECUTOR_SINKS else sink_id
+
+
+def family(kind: str) -> str:
+    """The family of one ``--sink`` choice (``sqlite-tasks`` -> ``sqlite``, ``naive`` -> ``sqlite``)."""
+    return next(name for name, kinds in FAMILIES.items() if kind in kinds)
+
+
+def parts(kind: str) -> list[str]:
+    """The sinks a ``--sink`` choice names: ``sqlite+iceberg`` -> both, in order; one kind -> itself.
+
+    Raises:
+        ConfigError: A part that is not a sink a user's pipeline writes with (a "did you mean"
+            for a misspelling), two of one family, or an empty part.
+    """
+    names = kind.split("+")
+    for name in names:
+        if name not in USER_SINKS:
+            near = difflib.get_close_matches(name, USER_SINKS, n=1, cutoff=0.6)
+            raise ConfigError(f"--sink {kind}: {name!r} is not a sink of a pipeline"
+                              + (f" (did you mean {near[0]!r}?)" if near else "")
+                              + f"; choose from {', '.join(USER_SINKS)}, or several joined by '+'")
+    families = [family(n) for n in names]
+    twice = sorted({f for f in families if families.count(f) > 1})
+    if twice:
+        raise ConfigError(f"--sink {kind}: one sink of each family (sqlite, postgres, delta, iceberg, "
+                          f"kafka), got {' and '.join(n for n in names if family(n) in twice)}: a pipeline "
+                          "names its sinks by family")
+    return names
+
+
+def make_sinks(kind: str, where: SinkOptions,
+               sink_id: str = EXAMPLE_SINK_ID) -> TablesSink | dict[str, TablesSink]:
+    """What a user's pipeline gets as its ``sink`` for a ``--sink`` choice.
+
+    One kind: that sink (:func:`make_sink`). Several (``sqlite+iceberg``): ``{family: sink}`` in
+    the given order, e.g. ``{"sqlite": ..., "iceberg": ...}``; the pipeline routes its tables with
+    ``onceflow.write_stream(df, {"counts": sink["sqlite"], "events": sink["iceberg"]}, ...)``. A
+    negative control takes its family's place (``naive+iceberg``: ``sink["sqlite"]`` never reads its
+    markers), so the same pipeline runs against it.
+
+    Raises:
+        ConfigError: As :func:`parts` and :func:`make_sink` do.
+    """
+    names = parts(kind)
+    if len(names) == 1:
+        return make_sink(kind, where, sink_id)
+    return {family(name): make_sink(name, where, sink_id) for name in names}

@@ -26,7 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from onceflow.errors import ConfigError, OnceflowError
 from onceflow.sinks.postgres import sql as pg
@@ -79,6 +79,19 @@ DRIVER_APP = "onceflow-verify-driver"
 """The ``application_name`` of the drivers' PostgreSQL connections (a ``sink_outage`` ends them)."""
 SQLITE_KINDS = SQLITE_SINKS
 SINK_ID = EXAMPLE_SINK_ID
+
+
+class Target(Protocol):
+    """What a round needs of where the pipeline writes (:class:`SinkTarget`, or several of them)."""
+
+    def committed_batches(self) -> int:  # noqa: D102
+        ...
+
+    def outage_seconds(self, rng: random.Random) -> float:  # noqa: D102
+        ...
+
+    def outage(self, seconds: float, during: Callable[[], None]) -> str:  # noqa: D102
+        ...
 
 
 class SinkTarget:
