@@ -505,8 +505,11 @@ class _Run:
             target = self.target
             oracle = PipelineOracle(spark, str(self.cfg.pipeline), self.ck, kafka, families(self.cfg.sink))
             oracle.run()
-            read = target.reader(oracle.routes()) if isinstance(target, SeveralTargets) else target.reader()
-            verdict = judge(target.name, oracle, read, json_values=target.broker is not None)
+            if isinstance(target, SeveralTargets):
+                routes = oracle.routes()
+                verdict = judge(target.name, oracle, target.reader(routes), target.json_tables(routes))
+            else:
+                verdict = judge(target.name, oracle, target.reader(), json_values=target.broker is not None)
         marked = {f"the {fam} sink": got for fam, got in target.marked().items()} \
             if isinstance(target, SeveralTargets) else {"the sink": target.batches()}
         committed = spark_log.committed(self.ck)

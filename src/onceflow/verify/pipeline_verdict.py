@@ -25,7 +25,7 @@ import decimal
 import json
 import sqlite3
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -207,7 +207,8 @@ def unmarked(committed: list[int], markers: list[dict[str, Any]]) -> list[int]:
     return [b for b in committed if b not in marked]
 
 
-def judge(sink: str, oracle: PipelineOracle, read: Reader, json_values: bool = False) -> Verdict:
+def judge(sink: str, oracle: PipelineOracle, read: Reader,
+          json_values: bool | Collection[str] = False) -> Verdict:
     """The verdict on the sink's tables against the oracle's (late rows: by id).
 
     Args:
@@ -215,12 +216,16 @@ def judge(sink: str, oracle: PipelineOracle, read: Reader, json_values: bool = F
         oracle: The oracle, run.
         read: Reads the sink's tables.
         json_values: The sink keeps values as JSON (Kafka): compare the expected values in
-            :func:`json_form`.
+            :func:`json_form`; or the names of the tables kept so (a Kafka sink beside others).
     """
     violations: list[str] = []
     tables: dict[str, CountDiff] = {}
     rejects = next((c.rejects for _, c in oracle.captured if c.rejects), None)
-    for name, want in sorted(fold(oracle.captured, json_form if json_values else None).items()):
+    folded = fold(oracle.captured, json_form if json_values is True else None)
+    if not isinstance(json_values, bool) and json_values:
+        as_json = fold(oracle.captured, json_form)
+        folded = {name: as_json[name] if name in json_values else want for name, want in folded.items()}
+    for name, want in sorted(folded.items()):
         got = read(name, want)
         if got is not None and name == rejects:  # a file's URI as a local path, as the oracle keys it
             got = [{**r, "record": local_record(r.get("record"))} for r in got]

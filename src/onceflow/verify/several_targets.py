@@ -51,15 +51,12 @@ class SeveralTargets:
         sink_id: The sink id every part writes under.
 
     Raises:
-        ConfigError: As :func:`onceflow.verify.sinks.parts` does; a part without markers to
-            check (an effect sink) or a Kafka part (its tables are judged as JSON records: one
-            sink of the run only).
+        ConfigError: As :func:`onceflow.verify.sinks.parts` does, or a single sink.
     """
 
     db: Path | None = None
     """No single location: :meth:`extra_args` names each part's."""
     service: Any = None
-    broker: Any = None
 
     def __init__(self, kind: str, workdir: Path, pg_dsn: str | None, sink_id: str) -> None:
         names = self.check(kind)
@@ -73,16 +70,21 @@ class SeveralTargets:
         names = parts(kind)
         if len(names) < 2:
             raise ConfigError(f"--sink {kind}: several sinks are joined by '+', e.g. sqlite+iceberg")
-        kafka = [n for n in names if family(n) == "kafka"]
-        if kafka:
-            raise ConfigError(f"--sink {kind}: verify runs a pipeline of several sinks over sqlite, "
-                              f"postgres, delta and iceberg sinks; {kafka[0]} runs as the only sink of a run")
         return names
 
     @property
     def schema(self) -> str:
         """The PostgreSQL part's schema ('' without one)."""
         return next((p.schema for p in self.parts.values() if p.is_postgres), "")
+
+    @property
+    def broker(self) -> Any:
+        """The Kafka part's broker (None without a Kafka part, or before :meth:`prepare`)."""
+        return next((p.broker for p in self.parts.values() if p.broker is not None), None)
+
+    def json_tables(self, routes: Mapping[str, str]) -> set[str]:
+        """The tables ``routes`` sends to the Kafka part: their values are compared as JSON holds them."""
+        return {table for table, fam in routes.items() if fam == "kafka"}
 
     @property
     def is_postgres(self) -> bool:

@@ -329,8 +329,12 @@ class SinkTarget:
         commits that overlaps one is refused by the catalog (its table's snapshot moved): the
         sink must decide again.
         """
+        import logging
+
         assert self.db is not None
         commits = 0
+        # the other writer's own retries (pyiceberg logs each) are the outage, not news
+        logging.getLogger("pyiceberg.table").setLevel(logging.ERROR)
         if (self.db / "catalog.db").exists():
             catalog = iceberg_in(self.db, self.sink_id).catalog
             while time.monotonic() < end:

@@ -6,7 +6,7 @@ Orders arrive as JSON lines (a resent order carries the same ``order_id``) and a
 each batch's count and cents per customer are added into ``customer_totals`` in the database
 sink (a keyed ``add`` table: a batch written twice shows as doubled sums), each order is appended
 to ``orders`` in the lake sink, and orders behind the watermark go to ``late_orders`` in the lake
-too. One source read, one checkpoint, two sinks.
+too (or to topics of a Kafka sink in its place). One source read, one checkpoint, two sinks.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def per_batch(df: Any) -> dict[str, Any]:
 
 def build(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
     database = sink["postgres"] if "postgres" in sink else sink["sqlite"]
-    lake = sink["iceberg"] if "iceberg" in sink else sink["delta"]
+    lake = next(sink[family] for family in ("iceberg", "delta", "kafka") if family in sink)
     raw = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 2).json(input)
     orders = deduplicate(raw, id="order_id", event_time="ts", within="20 minutes")
     routes = {"customer_totals": database, "orders": lake, "late_orders": lake}
