@@ -174,9 +174,14 @@ def result_from(orders: list[dict[str, Any]], sku_qty: list[dict[str, Any]],
 
 
 def read_sink(kind: str, location: str) -> dict[str, Any]:
-    """What a PostgreSQL (DSN) or Delta (root) sink holds, in :func:`expected`'s shape."""
+    """What a PostgreSQL (DSN), Delta (root) or Iceberg (catalog directory) sink holds, as :func:`expected`."""
     names = ("orders", "sku_qty", "rejected")
-    if kind == "delta":
+    if kind == "iceberg":
+        from onceflow.verify.pipeline_verdict import iceberg_reader
+
+        read = iceberg_reader(Path(location))  # DIR/catalog.db, files under DIR/warehouse
+        tables = [read(n, None) or [] for n in names]
+    elif kind == "delta":
         from deltalake import DeltaTable
 
         tables = [DeltaTable(f"{location}/{n}").to_pyarrow_table().to_pylist() for n in names]

@@ -244,3 +244,22 @@ def test_any_mix_and_any_batch_boundaries_give_the_same_answer(
     entries = orders.read_manifest(manifest)
     assert orders.read_result(db) == orders.expected(entries)
     _check_markers(db, entries)
+
+
+def test_records_print_kafka_headers_as_text_where_they_are_text(spark: Any) -> None:
+    """The rejects table keeps headers as Spark's ``to_json`` writes them (binary values base64, the
+    bytes as given); ``onceflow rejects --records`` shows UTF-8 values as text, others as base64."""
+    from pyspark.sql import functions as F
+
+    from onceflow.cli.rejects import readable
+
+    headers = [{"key": "event_id", "value": b"order-17"}, {"key": "sig", "value": b"\xff\x00\x01"},
+               {"key": "empty", "value": None}]
+    df = spark.createDataFrame([(headers,)], "headers ARRAY<STRUCT<key: STRING, value: BINARY>>")
+    stored = df.select(F.to_json("headers").alias("headers")).first()["headers"]  # what rejects.py writes
+    assert "order-17" not in stored  # base64 in the table
+    shown = readable({"record": "t/0/5", "headers": stored})["headers"]
+    assert shown[0] == {"key": "event_id", "value": "order-17"}
+    assert shown[1] == {"key": "sig", "value_base64": "/wAB"}
+    assert shown[2] == {"key": "empty"}
+    assert readable({"record": "f#1", "headers": None}) == {"record": "f#1", "headers": None}

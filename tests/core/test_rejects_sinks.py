@@ -17,11 +17,13 @@ from tests.core import orders
 pytestmark = pytest.mark.spark
 
 
-@pytest.mark.parametrize("kind", ["postgres", "postgres-staged", "delta"])
+@pytest.mark.parametrize("kind", ["postgres", "postgres-staged", "delta", "iceberg"])
 def test_rejects_through_every_sink(spark: Any, tmp_path: Path, kind: str,
                                    request: pytest.FixtureRequest) -> None:
     location = request.getfixturevalue("pg_dsn") if kind.startswith("postgres") else str(tmp_path / "lake")
+    catalog = f"sqlite:///{tmp_path / 'lake' / 'catalog.db'}"
     sink = (onceflow.delta(location) if kind == "delta"
+            else onceflow.iceberg(catalog, tmp_path / "lake" / "warehouse") if kind == "iceberg"
             else onceflow.postgres(location, protocol="staged" if kind == "postgres-staged" else "driver"))
     inputs, manifest = tmp_path / "in", tmp_path / "manifest.jsonl"
     for run in range(2):
@@ -33,3 +35,14 @@ def test_rejects_through_every_sink(spark: Any, tmp_path: Path, kind: str,
     bad = sum(orders.KINDS[e["kind"]] is not None for e in entries)
     assert sum(m["rejected_rows"] for m in markers) == bad
     assert sum(m["input_rows"] for m in markers) == len(entries)
+    if kind == "iceberg":  # onceflow rejects reads an Iceberg sink's table too
+        from click.testing import CliRunner
+
+        from onceflow.cli.main import cli
+
+        where = ["--iceberg", catalog, "--warehouse", str(tmp_path / "lake" / "warehouse")]
+        listed = CliRunner().invoke(cli, ["rejects", *where, "--records"])
+        assert listed.exit_code == 0, listed.output
+        assert len(listed.output.splitlines()) == bad
+        wrong = CliRunner().invoke(cli, ["rejects", "--iceberg", "sqlite:////nowhere/c.db", "--warehouse", "w"])
+        assert wrong.exit_code != 0 and "no catalog database /nowhere/c.db" in str(wrong.exception or wrong.output)

@@ -167,6 +167,11 @@ class IcebergTablesSink(SinkBase):
             self._catalog.create_namespace_if_not_exists(self.namespace)
         return self._catalog
 
+    def open_catalog(self) -> Any:
+        """The catalog, opened without creating the namespace or the warehouse (for readers)."""
+        return self._catalog or self._catalog_class(self.catalog_name, uri=self.catalog_uri,
+                                                    warehouse=self.warehouse.as_uri())
+
     def bound_query(self) -> str | None:
         """The query id the namespace holds for this sink id (:meth:`bind`); None: none, or no namespace.
 
@@ -174,8 +179,7 @@ class IcebergTablesSink(SinkBase):
         """
         from pyiceberg.exceptions import NoSuchNamespaceError
 
-        catalog = self._catalog or self._catalog_class(self.catalog_name, uri=self.catalog_uri,
-                                                       warehouse=self.warehouse.as_uri())
+        catalog = self.open_catalog()
         try:
             found = catalog.load_namespace_properties(self.namespace).get(self._key("query_id"))
         except NoSuchNamespaceError:
