@@ -174,7 +174,7 @@ def result_from(orders: list[dict[str, Any]], sku_qty: list[dict[str, Any]],
 
 
 def read_sink(kind: str, location: str) -> dict[str, Any]:
-    """What a PostgreSQL (DSN), Delta (root) or Iceberg (catalog directory) sink holds, as :func:`expected`."""
+    """What a PostgreSQL (DSN), Delta (root) or Iceberg (catalog directory) sink holds, as expected()."""
     names = ("orders", "sku_qty", "rejected")
     if kind == "iceberg":
         from onceflow.verify.pipeline_verdict import iceberg_reader

@@ -44,5 +44,7 @@ def test_rejects_through_every_sink(spark: Any, tmp_path: Path, kind: str,
         listed = CliRunner().invoke(cli, ["rejects", *where, "--records"])
         assert listed.exit_code == 0, listed.output
         assert len(listed.output.splitlines()) == bad
-        wrong = CliRunner().invoke(cli, ["rejects", "--iceberg", "sqlite:////nowhere/c.db", "--warehouse", "w"])
-        assert wrong.exit_code != 0 and "no catalog database /nowhere/c.db" in str(wrong.exception or wrong.output)
+        nowhere = ["--iceberg", "sqlite:////nowhere/c.db", "--warehouse", "w"]
+        wrong = CliRunner().invoke(cli, ["rejects", *nowhere])
+        assert wrong.exit_code != 0
+        assert "no catalog database /nowhere/c.db" in str(wrong.exception or wrong.output)
