@@ -62,7 +62,8 @@ if TYPE_CHECKING:
               help="Verify your own pipeline instead of Example 5-1: a function (spark, input, sink, "
                    "checkpoint, once) that builds the query with onceflow.write_stream over the "
                    "directory input and returns it (see docs/verify.md). Needs --input.")
-@click.option("--input", "input_dir", default=None, type=click.Path(exists=True, path_type=Path),
+@click.option("--input", "input_dir", default=None, metavar="DIR|RECORDS",
+              type=click.Path(exists=True, path_type=Path),
               help="With --pipeline: a directory of sample files your pipeline reads (JSON lines, CSV, "
                    "Parquet...); verify cuts them into pieces and feeds them in rounds. With --source "
                    "kafka: a JSON-lines file (or directory) of records ({\"key\", \"value\", "
