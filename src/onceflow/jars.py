@@ -13,7 +13,8 @@ Two sets, each pinned below with every jar's SHA-256:
   upsert writer (:mod:`onceflow.realtime`), which runs in Spark's JVM.
 * ``kafka-broker``: a Kafka broker (``kafka_2.13``, KRaft mode, no ZooKeeper) and its runtime
   dependencies, for tests, demos and ``onceflow verify --source kafka``
-  (:class:`onceflow.verify.kafka_server.KafkaServer`).
+  (:class:`onceflow.verify.kafka_server.KafkaServer`); with Log4j 2's SLF4J 1.7 binding, so the
+  broker logs (to ``broker.log``), and Kafka's own tools (``kafka-tools``: ``onceflow kafka-tool``).
 
 Fetching a set (:func:`fetch`; ``onceflow jars fetch NAME``):
 
@@ -26,7 +27,8 @@ Fetching a set (:func:`fetch`; ``onceflow jars fetch NAME``):
    so :func:`paths` answers without hashing ~50 MB on every session start.
 
 The pins were resolved with Maven (``mvn dependency:copy-dependencies -DincludeScope=runtime``
-on ``org.apache.kafka:kafka_2.13:4.1.1``, and on the connector, keeping the jars pyspark lacks).
+on ``org.apache.kafka:kafka_2.13:4.1.1``, and on the connector, keeping the jars pyspark lacks);
+``kafka-tools`` without its ``connect-runtime`` dependency (the tools onceflow names need none of it).
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ _BROKER: tuple[tuple[str, str], ...] = (
      "1f85b82853eaec0143efbef7e3a4d4be8929ff83a386326431e0c2d0a557e58c"),
     ("org.apache.kafka:kafka-storage-api:4.1.1",
      "8c0a712472185d706c6bf5ae24bf5d84a8e396fd4745c708e6146a415f7fa7f7"),
+    ("org.apache.kafka:kafka-tools:4.1.1",
+     "8a6939f310a61119cedaffc144119e9b2a374e32a7ec18f78e49ce5aeb71d6b0"),
     ("org.apache.kafka:kafka-tools-api:4.1.1",
      "542b08fe20cf872a2d866acdff61ea338b469219dc2ebfae727a1d9ea5737e1a"),
     ("org.apache.kafka:kafka-transaction-coordinator:4.1.1",
@@ -120,6 +124,8 @@ _BROKER: tuple[tuple[str, str], ...] = (
      "5b4a0a0cd0e751ded431c162442bdbdd53328d1f8bb2bae5fc1bbeee0f66d80f"),
     ("org.apache.logging.log4j:log4j-core:2.24.3",
      "7eb4084596ae25bd3c61698e48e8d0ab65a9260758884ed5cbb9c6e55c44a56a"),
+    ("org.apache.logging.log4j:log4j-slf4j-impl:2.24.3",  # SLF4J 1.7's binding: the broker's logs
+     "40dec251164d1576e000968cd02e56a1125f46b91fb694a06dfa168f1335da48"),
     ("org.lz4:lz4-java:1.8.0",
      "d74a3334fb35195009b338a951f918203d6bbca3d1d359033dc33edd1cadc9ef"),
     ("com.yammer.metrics:metrics-core:2.2.0",

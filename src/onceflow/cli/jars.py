@@ -15,6 +15,12 @@ _HELP = ("Java jars onceflow can run with, fetched from Maven Central and checke
          "                 the wheel: `onceflow jars path onceflow` for spark-submit --jars\n")
 
 
+def _kafka_tools() -> list[str]:
+    from onceflow.verify.kafka_server import TOOLS
+
+    return list(TOOLS)
+
+
 @click.group("jars", help=_HELP)
 def jars() -> None:
     """Java jars onceflow can run with (the sets are listed by ``onceflow jars --help``)."""
@@ -47,3 +53,27 @@ def path(name: str) -> None:
         click.echo(",".join(str(p) for p in scalac.shipped_jars()))
         return
     click.echo(",".join(str(p) for p in jar_sets.require(name)))
+
+
+@click.command("kafka-tool", context_settings={"ignore_unknown_options": True,
+                                               "allow_interspersed_args": False})
+@click.argument("name", metavar="TOOL", type=click.Choice(sorted(_kafka_tools())))
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def kafka_tool(name: str, args: tuple[str, ...]) -> None:
+    """Run one of Apache Kafka's own tools with the kafka-broker jar set (fetched on first use).
+
+    TOOL is topics (kafka-topics.sh), console-consumer, console-producer, consumer-groups,
+    get-offsets, transactions, verifiable-producer, verifiable-consumer or dump-log
+    (kafka-dump-log.sh); every argument after it goes to the tool as it is, e.g.
+    `onceflow kafka-tool console-consumer --bootstrap-server 127.0.0.1:9092 --topic orders
+    --from-beginning --isolation-level read_committed`. Its logs (WARN and above) go to stderr.
+    """
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from onceflow.verify.kafka_server import tool_command
+
+    command = tool_command(name, list(args), Path(tempfile.gettempdir()) / "onceflow-kafka-tools")
+    sys.exit(subprocess.call(command))

@@ -11,7 +11,7 @@ from onceflow.cli.demo import demo
 from onceflow.cli.effects import effects
 from onceflow.cli.generate import generate
 from onceflow.cli.ingest import ingest, send
-from onceflow.cli.jars import jars
+from onceflow.cli.jars import jars, kafka_tool
 from onceflow.cli.rejects import rejects
 from onceflow.cli.repair import repair
 from onceflow.cli.run import run
@@ -38,6 +38,7 @@ cli.add_command(rejects)
 cli.add_command(repair)
 cli.add_command(tables)
 cli.add_command(jars)
+cli.add_command(kafka_tool)
 
 
 def main() -> None:

@@ -60,6 +60,7 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.kafka_log import with_logger
 from onceflow.sinks import kafka_owners, kafka_records, marker
 from onceflow.sinks.base import Settle, SinkBase, collected
 from onceflow.sinks.kafka_records import encode
@@ -151,7 +152,7 @@ class KafkaTopicsSink(SinkBase):
     def _admin(self) -> Any:
         from confluent_kafka.admin import AdminClient
 
-        return AdminClient(self._conf)
+        return AdminClient(with_logger(self._conf))
 
     def ensure_topic(self, topic: str, partitions: int, config: Mapping[str, str] | None = None) -> None:
         """Create ``topic`` with ``partitions`` partitions unless the brokers have it (once per sink).
@@ -203,8 +204,8 @@ class KafkaTopicsSink(SinkBase):
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""
         self.ensure_topic(self.marker_topic, 1, MARKER_TOPIC_CONFIG)
-        producer = self.ck.Producer({**kafka_records.PRODUCER, **self._conf,
-                                     "transactional.id": self.transactional_id})
+        producer = self.ck.Producer(with_logger({**kafka_records.PRODUCER, **self._conf,
+                                                 "transactional.id": self.transactional_id}))
         producer.list_topics(timeout=_TIMEOUT_S)  # connected first: else librdkafka may find no broker
         producer.init_transactions(_TIMEOUT_S)    # for its coordinator query and wait 0.5 s for the next
         return producer
@@ -512,8 +513,9 @@ class KafkaTopicsSink(SinkBase):
 
     def _read_markers_once(self, tail: int | None) -> list[dict[str, Any]]:
         """:meth:`_read_markers`, one read."""
-        consumer = self.ck.Consumer({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
-                                     "enable.auto.commit": False, "isolation.level": "read_committed"})
+        consumer = self.ck.Consumer(with_logger({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
+                                                 "enable.auto.commit": False,
+                                                 "isolation.level": "read_committed"}))
         try:
             try:  # read_committed: the high mark is the last stable offset (open transactions excluded)
                 low, high = kafka_records.watermarks(consumer, self.marker_topic, _TIMEOUT_S)

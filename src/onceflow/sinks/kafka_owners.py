@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from onceflow.errors import ConfigError, OnceflowError
+from onceflow.kafka_log import with_logger
 from onceflow.sinks import kafka_records, owners
 from onceflow.tables import Table
 
@@ -81,7 +82,7 @@ class Registry:
         """The registry topic, created when the brokers lack it (created meanwhile by another: fine)."""
         from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-        admin = AdminClient(self.conf)
+        admin = AdminClient(with_logger(self.conf))
         if self.topic in admin.list_topics(timeout=_TIMEOUT_S).topics:
             return
         for fut in admin.create_topics([NewTopic(self.topic, 1, -1, config=TOPIC_CONFIG)]).values():
@@ -98,8 +99,9 @@ class Registry:
         Args:
             upto: Read the offsets before this one only (None: to the end as of now).
         """
-        consumer = self.ck.Consumer({**self.conf, "group.id": "onceflow.tables.reader",
-                                     "enable.auto.commit": False, "isolation.level": "read_committed"})
+        consumer = self.ck.Consumer(with_logger({**self.conf, "group.id": "onceflow.tables.reader",
+                                                 "enable.auto.commit": False,
+                                                 "isolation.level": "read_committed"}))
         claims: Claims = {}
         try:
             low, high = kafka_records.watermarks(consumer, self.topic, _TIMEOUT_S)
@@ -117,7 +119,7 @@ class Registry:
 
     def _write(self, records: Sequence[tuple[bytes, bytes | None]]) -> int:
         """Produce ``records`` in order; the offset of the last one."""
-        producer = self.ck.Producer({**self.conf, "enable.idempotence": True})
+        producer = self.ck.Producer(with_logger({**self.conf, "enable.idempotence": True}))
         offsets: list[int] = []
         errors: list[Any] = []
 

@@ -46,6 +46,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
+from onceflow.kafka_log import with_logger
 from onceflow.sinks import kafka_records
 from onceflow.sinks.formats import (
     BatchCommits,
@@ -281,8 +282,8 @@ def last_marker(conf: Mapping[str, Any], topic: str, partition: int, sink_id: st
     """
     from confluent_kafka import Consumer
 
-    consumer = Consumer({**conf, "group.id": f"onceflow.{sink_id}.tasks", "enable.auto.commit": False,
-                         "isolation.level": "read_committed"})
+    consumer = Consumer(with_logger({**conf, "group.id": f"onceflow.{sink_id}.tasks",
+                                     "enable.auto.commit": False, "isolation.level": "read_committed"}))
     try:
         low, high = kafka_records.watermarks(consumer, topic, _TIMEOUT_S, partition)
         start, tail = max(low, high - 16), 16
@@ -381,9 +382,9 @@ def write_task(spec: TaskSpec, slices: Iterable[Slice]) -> dict[str, Any]:
         if err is not None and not failed:
             failed.append(f"{msg.topic()}: {err.str()}")
 
-    producer = Producer({**kafka_records.PRODUCER, **spec.conf,
-                         "transactional.id": f"onceflow.{spec.sink_id}.task.{p}",
-                         "delivery.report.only.error": True, "on_delivery": delivered})
+    producer = Producer(with_logger({**kafka_records.PRODUCER, **spec.conf,
+                                     "transactional.id": f"onceflow.{spec.sink_id}.task.{p}",
+                                     "delivery.report.only.error": True, "on_delivery": delivered}))
     digest = Digest()
     try:
         fencing = _Fencing(producer, spec, p)  # K1, K2 in a thread, the first slices encoded meanwhile

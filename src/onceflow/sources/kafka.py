@@ -75,6 +75,7 @@ from pyspark.sql.streaming.datasource import (
 
 from onceflow import plans
 from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, nearest, refuse_unknown
+from onceflow.kafka_log import with_logger
 from onceflow.sources import kafka_native
 from onceflow.sources.kafka_read import SCHEMA_DDL, OffsetRange, ReadSpec, read_range
 
@@ -236,8 +237,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._consumer is None:
             from confluent_kafka import Consumer
 
-            self._consumer = Consumer({"group.id": "onceflow-planner", **self.options.spec.consumer,
-                                       "enable.auto.commit": False})
+            conf = {"group.id": "onceflow-planner", **self.options.spec.consumer, "enable.auto.commit": False}
+            self._consumer = Consumer(with_logger(conf))
         return self._consumer
 
     def _partitions(self) -> list[TP]:

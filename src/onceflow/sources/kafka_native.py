@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.errors import ConfigError
+from onceflow.kafka_log import with_logger
 
 _log = logging.getLogger("onceflow.kafka")
 
@@ -88,7 +89,7 @@ def check_topics(servers: str, topics: list[str], consumer: dict[str, str]) -> N
         return
     from onceflow.sources.kafka import missing_topics_message
 
-    admin = AdminClient({**consumer, "bootstrap.servers": servers})
+    admin = AdminClient(with_logger({**consumer, "bootstrap.servers": servers}))
     try:
         existing = list(admin.list_topics(timeout=30).topics)
     except Exception as exc:  # confluent_kafka.KafkaException

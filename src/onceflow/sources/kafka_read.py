@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from onceflow.errors import SourceDataLossError, SourceReadError
+from onceflow.kafka_log import with_logger
 
 _log = logging.getLogger("onceflow.kafka")
 
@@ -144,7 +145,7 @@ def read_range(spec: ReadSpec, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
     """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer: Any = Consumer(consumer_config(spec))
+    consumer: Any = Consumer(with_logger(consumer_config(spec)))
     try:
         consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
         position, cols = rng.start, _Columns()

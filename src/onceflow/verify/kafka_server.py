@@ -10,7 +10,9 @@ Starting (:meth:`KafkaServer.start`):
 
 1. a new data directory is formatted (``kafka.tools.StorageTool format --standalone``) with a
    fresh cluster id; a restart keeps the directory and its ports;
-2. the JVM starts (512 MB heap), its output to ``broker.log`` in the data directory;
+2. the JVM starts (512 MB heap), its output to ``broker.log`` in the data directory: Log4j 2 at
+   INFO (``log4j2-info.properties`` there; the settings dumps, request and state-change loggers
+   at WARN), so a broker that does not get ready says why in the error's last lines of that log;
 3. the server is ready when an admin client lists its topics; the topics asked for are created
    (and waited for) before :meth:`start` returns.
 """
@@ -36,6 +38,59 @@ from onceflow.errors import OnceflowError
 from onceflow.java import find_java
 
 READY_TIMEOUT_S = 60.0
+
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.target = {target}
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = {level}
+rootLogger.appenderRef.out.ref = out
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+logger.config.name = org.apache.kafka.common.config.AbstractConfig
+logger.config.level = WARN
+"""
+"""Log4j 2's settings: the broker's (INFO, to its stdout: ``broker.log``), a tool's (WARN, stderr)."""
+
+TOOLS = {
+    "topics": "org.apache.kafka.tools.TopicCommand",
+    "console-consumer": "org.apache.kafka.tools.consumer.ConsoleConsumer",
+    "console-producer": "org.apache.kafka.tools.ConsoleProducer",
+    "consumer-groups": "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+    "get-offsets": "org.apache.kafka.tools.GetOffsetShell",
+    "transactions": "org.apache.kafka.tools.TransactionsCommand",
+    "verifiable-producer": "org.apache.kafka.tools.VerifiableProducer",
+    "verifiable-consumer": "org.apache.kafka.tools.VerifiableConsumer",
+    "dump-log": "kafka.tools.DumpLogSegments",
+}
+"""``onceflow kafka-tool NAME`` -> the class of Kafka's own tool (``kafka-topics.sh`` is ``topics``)."""
+
+
+def log_settings(where: Path, level: str = "INFO", target: str = "SYSTEM_OUT") -> Path:
+    """Write Log4j 2's settings for a broker or a tool into ``where``; the file."""
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / f"log4j2-{level.lower()}.properties"
+    path.write_text(_LOG4J2.format(level=level, target=target), encoding="utf-8")
+    return path
+
+
+def tool_command(name: str, args: list[str], settings_dir: Path) -> list[str]:
+    """The command that runs Kafka's tool ``name`` (:data:`TOOLS`) with ``args``, its logs at WARN on stderr.
+
+    Raises:
+        OnceflowError: Not a tool of :data:`TOOLS`.
+    """
+    if name not in TOOLS:
+        raise OnceflowError(f"no Kafka tool {name!r}: the tools are {', '.join(TOOLS)}")
+    classpath = os.pathsep.join(str(p) for p in jars.fetch(jars.BROKER))
+    settings = log_settings(settings_dir, "WARN", "SYSTEM_ERR")
+    return [find_java(), "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={settings}", "-cp", classpath, TOOLS[name], *args]
 
 _PROPERTIES = """\
 process.roles=broker,controller
@@ -93,8 +148,9 @@ class KafkaServer:
             self.start()
 
     def _java(self, main: str, *args: str) -> list[str]:
+        settings = log_settings(self.dir)
         return [find_java(), "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                "-cp", self._classpath, main, *args]
+                f"-Dlog4j2.configurationFile={settings}", "-cp", self._classpath, main, *args]
 
     def start(self) -> KafkaServer:
         """Start the broker (steps 1-3 of the module docstring); a restart keeps its data.
@@ -103,7 +159,8 @@ class KafkaServer:
         same data directory, and the first one would be lost to :meth:`stop`).
 
         Raises:
-            OnceflowError: The broker did not get ready (its log's last lines are in the message).
+            OnceflowError: The broker exited or did not get ready (its log's errors and last lines
+                are in the message).
         """
         if self.proc is not None and self.proc.poll() is None:
             return self
@@ -155,10 +212,15 @@ class KafkaServer:
                 return
             except Exception:  # confluent_kafka.KafkaException while it starts
                 time.sleep(0.2)
-        tail = (self.dir / "broker.log").read_text(errors="replace").splitlines()[-15:]
+        lines = (self.dir / "broker.log").read_text(errors="replace").splitlines()
+        exited = self.proc.poll() if self.proc is not None else None
         self.stop()
-        raise OnceflowError("the Kafka broker did not get ready in "
-                            f"{READY_TIMEOUT_S:.0f} s; its log ends:\n" + "\n".join(tail))
+        how = (f"exited with code {exited}" if exited is not None
+               else f"did not get ready in {READY_TIMEOUT_S:.0f} s")
+        errors = [ln for ln in lines if " ERROR " in ln or " FATAL " in ln or "Exception:" in ln][:6]
+        said = f"its errors:\n{chr(10).join(errors)}\n... its log ends:\n" if errors else "its log ends:\n"
+        raise OnceflowError(f"the Kafka broker {how} ({self.dir / 'broker.log'}); {said}"
+                            + "\n".join(lines[-8:]))
 
     def create_topic(self, topic: str, partitions: int) -> None:
         """Create a topic and wait until its partitions have a leader.
