@@ -134,7 +134,8 @@ def postgres(dsn: str | None = None, sink_id: str = "default", protocol: str = "
     return PostgresFramesSink(dsn, sink_id=sink_id, protocol=protocol)
 
 
-def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 100_000) -> TablesSink:
+def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 100_000,
+          maintain_every: int | None = None, retention_hours: float = 7 * 24) -> TablesSink:
     """The Delta Lake sink: one Delta table per table name under ``root``.
 
     Each table commits each batch once, with the app transaction ``(onceflow:<sink_id>,
@@ -142,13 +143,16 @@ def delta(root: str | Path, sink_id: str = "default", *, collect_below: int = 10
     or more (counted before it runs; unknown counts as more), and whose tables then hold that
     many, is written by Spark's tasks and committed by the driver: no row of it passes through
     the driver's Python, whatever its size. A smaller one is collected (one Spark job).
+    ``maintain_every=N`` compacts and vacuums the batch's tables after every N-th batch's commit
+    (removed files kept ``retention_hours``; :mod:`onceflow.sinks.delta.maintain`).
 
     Raises:
         ConfigError: deltalake is missing (``pip install 'onceflow[delta]'``).
     """
     from onceflow.sinks.delta import DeltaTablesSink
 
-    return DeltaTablesSink(root, sink_id=sink_id, collect_below=collect_below)
+    return DeltaTablesSink(root, sink_id=sink_id, collect_below=collect_below, maintain_every=maintain_every,
+                           retention_hours=retention_hours)
 
 
 def iceberg(catalog_uri: str, warehouse: str | Path, namespace: str = "onceflow",

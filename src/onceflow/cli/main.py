@@ -15,7 +15,7 @@ from onceflow.cli.jars import jars, kafka_tool
 from onceflow.cli.rejects import rejects
 from onceflow.cli.repair import repair
 from onceflow.cli.run import run
-from onceflow.cli.tables import tables
+from onceflow.cli.tables import maintain, tables
 from onceflow.cli.verify import verify
 from onceflow.errors import OnceflowError
 from onceflow.verify.resume import register_self
@@ -37,6 +37,7 @@ cli.add_command(effects)
 cli.add_command(rejects)
 cli.add_command(repair)
 cli.add_command(tables)
+cli.add_command(maintain)
 cli.add_command(jars)
 cli.add_command(kafka_tool)
 

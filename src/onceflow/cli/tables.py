@@ -105,3 +105,38 @@ def tables(db: Path | None, dsn: str | None, ledger: str | None, delta: Path | N
     for table, sink_id, shared, since in rows:
         when = dt.datetime.fromtimestamp(since / 1000, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
         click.echo(f"{table}\t{sink_id}\t{'shared' if shared else 'own'}\tsince {when}")
+
+
+@click.command("maintain")
+@click.option("--delta", "root", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="The Delta sink's root directory (onceflow.delta(ROOT)).")
+@click.option("--table", "names", multiple=True, help="A table to maintain (repeat; default: every table).")
+@click.option("--retention", "retention_h", type=click.FloatRange(min=0), default=7 * 24.0, show_default=True,
+              help="Hours a file that an older version removed is kept before the vacuum deletes it "
+                   "(keep it above your longest batch: a reader of an older snapshot needs its files).")
+@click.option("--no-compact", is_flag=True, help="Only vacuum.")
+@click.option("--no-vacuum", is_flag=True, help="Only compact.")
+@click.option("--orphans", is_flag=True,
+              help="Also delete files no commit names (a killed writer's), older than max(--retention, 24) "
+                   "hours.")
+@click.option("--target-size", type=click.IntRange(min=1), default=None,
+              help="Compacted files' size in bytes (default: the table's delta.targetFileSize, else "
+                   "100 MiB).")
+def maintain(root: Path, names: tuple[str, ...], retention_h: float, no_compact: bool, no_vacuum: bool,
+             orphans: bool, target_size: int | None) -> None:
+    """Compact and vacuum a Delta sink's tables, while its query runs.
+
+    Small files are rewritten into large ones in commits that change no row; files older
+    versions removed are deleted after --retention; the tables' app transactions (the markers
+    that decide a replay) are checked unchanged. Docs: Sinks, Delta maintenance.
+    """
+    from onceflow.sinks.delta.maintain import maintain as run
+
+    done = run(root, list(names) or None, compact=not no_compact, vacuum=not no_vacuum,
+               retention_hours=retention_h, target_size=target_size, orphans=orphans)
+    if not done:
+        click.echo(f"no Delta tables under {root}")
+    for t in done:
+        marks = ", ".join(f"{app} at batch {v}" for app, v in t.markers.items()) or "no onceflow marker"
+        click.echo(f"{t.table}: {t.files_before} -> {t.files_after} files ({t.compacted} compacted, "
+                   f"{t.vacuumed} deleted); {marks}")

@@ -90,15 +90,23 @@ class DeltaTablesSink(SinkBase):
         sink_id: Marker namespace (the app id is ``onceflow:<sink_id>``).
         collect_below: A batch with fewer rows (all tables) is collected to the driver and
             committed from Arrow; a larger one is written by Spark's tasks (0: always).
+        maintain_every: After every this many batches' commits (batch ids ``N - 1, 2N - 1``...),
+            compact and vacuum the batch's tables in the driver
+            (:func:`onceflow.sinks.delta.maintain.maintain`; None: never).
+        retention_hours: The vacuum's retention of removed files when ``maintain_every`` is set.
     """
 
     all_or_nothing = False
     """Each table of a batch commits on its own."""
     writes_uncached = True
 
-    def __init__(self, root: str | Path, sink_id: str = "default", collect_below: int = 100_000) -> None:
+    def __init__(self, root: str | Path, sink_id: str = "default", collect_below: int = 100_000,
+                 maintain_every: int | None = None, retention_hours: float = 7 * 24) -> None:
         self.dl = _require()
         self.collect_below = collect_below
+        if maintain_every is not None and maintain_every < 1:
+            raise ConfigError(f"maintain_every must be >= 1 batch (or None), got {maintain_every}")
+        self.maintain_every, self.retention_hours = maintain_every, retention_hours
         if not sink_id or not sink_id.replace("_", "a").replace("-", "a").replace(".", "a").isalnum():
             raise ConfigError(f"sink id {sink_id!r} is invalid: use letters, digits, _ . -")
         self.root = Path(root)
@@ -255,7 +263,22 @@ class DeltaTablesSink(SinkBase):
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
-        return wrote  # 6
+        return self._maintained(batch_id, list(outputs), wrote)  # 6
+
+    def _maintained(self, batch_id: int, names: list[str], wrote: bool) -> bool:
+        """``wrote``, after compacting and vacuuming ``names`` when this batch is a ``maintain_every``-th.
+
+        Runs after the batch's commits: a crash here is a crash after the commit (the replay
+        skips the batch), and the batch's marker is read back unchanged (maintain's step 4).
+        """
+        if self.maintain_every is not None and (batch_id + 1) % self.maintain_every == 0:
+            from onceflow.sinks.delta.maintain import maintain
+
+            here = [n for n in names if (self.root / n / "_delta_log").is_dir()]
+            for done in maintain(self.root, here, retention_hours=self.retention_hours):
+                _log.info("Delta table %s maintained after batch %d: %d -> %d files (%d vacuumed)",
+                          done.table, batch_id, done.files_before, done.files_after, done.vacuumed)
+        return wrote
 
     def _metadata(self, batch_id: int, stats: BatchStats, rows_out: int, written: Mapping[str, int]) -> str:
         """The batch's marker row as a commit's ``onceflow`` metadata (the commit has a time of its own)."""
@@ -296,7 +319,7 @@ class DeltaTablesSink(SinkBase):
                 maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
-        return wrote  # 6
+        return self._maintained(batch_id, list(frames), wrote)  # 6
 
     def _table(self, name: str) -> Any | None:
         """Table ``name`` as it is now (a ``DeltaTable``; None: none yet), read once for steps 2-3."""
@@ -362,7 +385,7 @@ class DeltaTablesSink(SinkBase):
                              batch_id, schema, messages)  # 2-4
         maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
-        return wrote  # 6
+        return self._maintained(batch_id, [name], wrote)  # 6
 
     def batches(self) -> list[dict[str, Any]]:
         """One dict per batch id found in the tables' commit metadata (by batch id).
