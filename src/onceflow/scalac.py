@@ -21,6 +21,10 @@ Finding a jar (:func:`build`):
    :class:`~onceflow.errors.ConfigError` too, so callers fall back to Spark's own classes);
 3. the classes are zipped into a temporary jar beside the target, which is renamed into place:
    the jar is whole or absent, and drivers started together may each build it.
+
+One source text serves several Spark versions: a line that ends with ``// spark>=X.Y`` is
+compiled only for Spark X.Y and later, one that ends with ``// spark<X.Y`` only before it
+(:func:`for_spark`) — e.g. an override of a method Spark's trait gained in 4.3.
 """
 
 from __future__ import annotations
@@ -151,6 +155,26 @@ def build(name: str, sources: Sequence[Path], what: str, extra: Sequence[Path] =
                           f"writable directory{remedy}") from None
 
 
+def for_spark(text: str, version: str) -> str:
+    """``text`` with the lines marked for other Spark versions blanked (kept as empty lines).
+
+    A line ending with ``// spark>=X.Y`` is kept when ``version`` is X.Y or later; one ending
+    with ``// spark<X.Y`` when it is earlier. Blank lines keep the compiler's line numbers.
+    """
+    import re
+
+    have = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    lines = []
+    for line in text.splitlines():
+        tag = re.search(r"//\s*spark(>=|<)(\d+)\.(\d+)\s*$", line)
+        if tag is not None:
+            bound = (int(tag.group(2)), int(tag.group(3)))
+            keep = have >= bound if tag.group(1) == ">=" else have < bound
+            line = line if keep else ""
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 def spark_version() -> str:
     """PySpark's version."""
     import pyspark
@@ -170,8 +194,13 @@ def _compile(target: Path, name: str, sources: Sequence[Path], what: str, extra:
     with tempfile.TemporaryDirectory(prefix=f"{name}-") as tmp:
         out = Path(tmp) / "classes"
         out.mkdir()
+        texts = Path(tmp) / "src"
+        texts.mkdir()
+        version = spark_version()
+        for p in sources:  # the lines of this Spark version only
+            (texts / p.name).write_text(for_spark(p.read_text(encoding="utf-8"), version), encoding="utf-8")
         cmd = [find_java(), "-cp", classpath, "scala.tools.nsc.Main", "-classpath", classpath,
-               "-nowarn", "-d", str(out), *(str(p) for p in sources)]
+               "-nowarn", "-d", str(out), *(str(texts / p.name) for p in sources)]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         if done.returncode != 0:
             raise ConfigError(f"{what} does not compile against this Spark ({spark_jars()}){remedy}: "

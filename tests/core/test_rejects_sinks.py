@@ -17,7 +17,8 @@ from tests.core import orders
 pytestmark = pytest.mark.spark
 
 
-@pytest.mark.parametrize("kind", ["postgres", "postgres-staged", "delta", "iceberg"])
+@pytest.mark.parametrize("kind", ["postgres", "postgres-staged", "delta",
+                                  pytest.param("iceberg", marks=pytest.mark.long)])  # make test's 30 minutes
 def test_rejects_through_every_sink(spark: Any, tmp_path: Path, kind: str,
                                    request: pytest.FixtureRequest) -> None:
     location = request.getfixturevalue("pg_dsn") if kind.startswith("postgres") else str(tmp_path / "lake")

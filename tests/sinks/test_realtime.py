@@ -214,7 +214,7 @@ def test_a_database_restart_mid_stream_loses_and_repeats_nothing(tmp_path: Path,
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(USER_TABLE)
     sends, _resent = _sends(1600, seed=11)
-    driver, feeder = _running(tmp_path, broker.bootstrap, dsn, sends, per_s=200, rows=300)  # ~8 s of input
+    driver, feeder = _running(tmp_path, broker.bootstrap, dsn, sends, per_s=120, rows=300)  # ~13 s of input
     try:
         pg_server.halt("fast")  # the server goes down while records keep arriving
         time.sleep(3)

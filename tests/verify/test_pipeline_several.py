@@ -44,8 +44,8 @@ def test_several_sinks_are_named_one_of_each_family_with_a_did_you_mean() -> Non
 def test_a_crash_between_the_two_sinks_commits_is_finished_in_the_lake(orders_sample: Path,
                                                                        tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{TWO}:build", "--input", str(orders_sample),
-                           "--sink", "sqlite+iceberg", "--rounds", "2", "--seed", "5",
-                           "--faults", "crash_after_sink_commit,sink_outage")
+                           "--sink", "sqlite+iceberg", "--rounds", "1", "--seed", "5",
+                           "--faults", "crash_after_sink_commit")  # sink_outage of either: the long runs
     assert rc == 0, out
     for r in rep["rounds"]:
         assert not r["outcome"].startswith(("timed out", "unexpected", "fault not reached")), r

@@ -131,15 +131,20 @@ class IdStateStoreProvider extends StateStoreProvider {
   override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] =
     StateStoreProvider.create(HDFS_PROVIDER).supportedInstanceMetrics
 
-  /** Step 5 (Spark's maintenance thread calls the two halves apart, both on unload). */
+  /** Step 5 (Spark 4.3's maintenance thread calls the two halves apart, both on unload). */
   override def doMaintenance(): Unit = {
     if (delegate != null) { delegate.doMaintenance(); return }
-    doSnapshotMaintenance()
-    doCleanupMaintenance()
+    snapshotMaintenance()
+    cleanupMaintenance()
   }
 
-  override def doSnapshotMaintenance(): Unit = {
-    if (delegate != null) { delegate.doSnapshotMaintenance(); return }
+  override def doSnapshotMaintenance(): Unit = // spark>=4.3
+    if (delegate != null) delegate.doSnapshotMaintenance() else snapshotMaintenance() // spark>=4.3
+
+  override def doCleanupMaintenance(): Unit = // spark>=4.3
+    if (delegate != null) delegate.doCleanupMaintenance() else cleanupMaintenance() // spark>=4.3
+
+  private def snapshotMaintenance(): Unit = {
     if (id == null) return
     // the entries serialized while no store holds the table; the file written after
     val snap = synchronized {
@@ -157,10 +162,7 @@ class IdStateStoreProvider extends StateStoreProvider {
     }
   }
 
-  override def doCleanupMaintenance(): Unit = {
-    if (delegate != null) { delegate.doCleanupMaintenance(); return }
-    if (id != null) cleanup()
-  }
+  private def cleanupMaintenance(): Unit = if (id != null) cleanup()
 
   private def file(version: Long, kind: String): Path =
     new Path(id.storeCheckpointLocation(), s"$version.$kind")
