@@ -7,6 +7,8 @@
 #   3. onceflow verify --rounds 1 --faults crash_after_sink_commit, one run per sink (sqlite, delta,
 #      iceberg, kafka, http; postgres when ONCEFLOW_PG_DSN is set)
 #   4. onceflow's id state store compiled for that Spark (else a session falls back to Spark's store)
+#   5. Spark's own lake readers on the tables step 3 left: Iceberg's Spark runtime 4.1 on 4.1.x,
+#      delta-spark 4.4.0 on 4.2.x (scripts/lake_readers.py: the same rows as pyiceberg / deltalake)
 # Exit 1 at the first failure; every step's output in build/pyspark-VERSION/<step>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,5 +53,18 @@ for v in "${VERSIONS[@]}"; do
       || { tail -30 "$dir/verify-$sink.log"; exit 1; }
     grep "^OK" "$dir/verify-$sink.log"
   done
+  case "$v" in  # 5. Spark's own lake readers on the tables the verify rounds left
+    4.1.*)
+      step "$v" "Iceberg's Spark runtime (iceberg-spark-runtime-4.1) reads onceflow's Iceberg tables"
+      "$py" scripts/lake_readers.py iceberg "$dir/verify-iceberg/work/iceberg" > "$dir/readers.log" 2>&1 \
+        || { tail -30 "$dir/readers.log"; exit 1; }
+      tail -1 "$dir/readers.log";;
+    4.2.*)
+      step "$v" "delta-spark 4.4.0 reads onceflow's Delta tables (it pins pyspark 4.2.0: installed last)"
+      "$dir/venv/bin/pip" install -q "delta-spark==4.4.0" >> "$dir/install.log" 2>&1
+      "$py" scripts/lake_readers.py delta "$dir/verify-delta/work/delta" > "$dir/readers.log" 2>&1 \
+        || { tail -30 "$dir/readers.log"; exit 1; }
+      tail -1 "$dir/readers.log";;
+  esac
 done
 echo "== spark versions: ${VERSIONS[*]} OK"

@@ -2,7 +2,7 @@
 # make test-long: what is too long for make test (RELIABILITY.md records the results).
 # 1. the tests marked `long` (pytest -m long); 2. many-round verifies of every sink and source,
 # each into build/long/<name> (report.html, report.json), and of a user-style pipeline
-# (verify --pipeline) per sink. PostgreSQL sinks run when
+# (verify --pipeline) per sink; 3. the Spark versions smoke suite (scripts/spark_versions.sh). PostgreSQL sinks run when
 # ONCEFLOW_PG_DSN names a database verify may create schemas in. Exit 1 at the first failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,4 +64,7 @@ auths.write_records(Path('$OUT/auths.jsonl'), 6000, seed=24)"
 else
   echo "== ONCEFLOW_PG_DSN not set: the PostgreSQL sinks' long verifies are left out"
 fi
+# the smoke suite on the other PySpark versions onceflow supports (docs/install.md)
+step "bash scripts/spark_versions.sh 4.1.4 4.2.1"
+bash scripts/spark_versions.sh 4.1.4 4.2.1
 echo "== test-long: every run OK"

@@ -156,7 +156,7 @@ def jdbc_target(dsn: str) -> tuple[str, str | None, str | None]:
 
 def _columns(df: DataFrame, key: Sequence[str]) -> dict[str, str]:
     """Step 1: every column's PostgreSQL type, the key checked."""
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from onceflow.tables import arrow_schema
 
     if not df.isStreaming:
         raise ConfigError("write_realtime takes a streaming DataFrame (spark.readStream...); write a "
@@ -166,7 +166,7 @@ def _columns(df: DataFrame, key: Sequence[str]) -> dict[str, str]:
         raise ConfigError(f"write_realtime's key {list(key)} must name columns of the DataFrame "
                           f"({', '.join(df.columns)}): what identifies the record, e.g. its id, or "
                           f"topic, partition, offset for Kafka")
-    return _pg_types(to_arrow_schema(df.schema, timezone="UTC"))
+    return _pg_types(arrow_schema(df.schema))
 
 
 def _pg_types(schema: pa.Schema) -> dict[str, str]:

@@ -103,9 +103,9 @@ def check_output_mode(mode: str, specs: Mapping[str, Table], late: str | None) -
 def _arrow_schema(value: Any) -> pa.Schema:
     if isinstance(value, pa.Table):
         return value.schema
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from onceflow.tables import arrow_schema
 
-    return to_arrow_schema(value.schema, timezone="UTC")
+    return arrow_schema(value.schema)
 
 
 def empty_like(df: DataFrame) -> DataFrame:

@@ -22,6 +22,7 @@ row, so the query stops before Spark's commit log and nothing of the batch is wr
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,18 @@ def check_specs(tables: Mapping[str, Table], topics: bool = False) -> dict[str, 
 def spark_name(column: str) -> str:
     """A column name quoted for Spark (a backtick in it doubled): ``F.col`` and ``select`` take it as is."""
     return "`" + column.replace("`", "``") + "`"
+
+
+def arrow_schema(schema: Any) -> pa.Schema:
+    """A Spark ``StructType`` as Arrow, timestamps in UTC (as Spark's own Arrow conversion makes them).
+
+    PySpark 4.2 and later take ``timezone="UTC"``; 4.1 ``timestamp_utc=True`` (the same types).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema, timestamp_utc=True)  # type: ignore[call-arg]  # PySpark 4.1
 
 
 def first_true(mask: pa.ChunkedArray | pa.Array) -> int | None:

@@ -459,3 +459,21 @@ def test_a_truncated_delta_file_is_named_with_its_remedy(spark: Any, log: Path, 
     text = str(err.value)
     assert victim.name in text and "is truncated or damaged (BufferUnderflowException)" in text, text[-3000:]
     assert "bring the checkpoint's state directory back from a backup" in text
+
+
+def test_one_source_text_serves_each_spark_version() -> None:
+    """Lines tagged ``// spark>=X.Y`` / ``// spark<X.Y`` are compiled only where they belong (blank
+    elsewhere, so the compiler's line numbers hold); the id store's source carries both of 4.1's and
+    4.2+'s ``getStore`` (make test-long compiles and runs it on PySpark 4.1 and 4.2:
+    scripts/spark_versions.sh)."""
+    from onceflow import scalac
+
+    text = "a\nnew() // spark>=4.3\nold() // spark<4.3\nb\n"
+    assert scalac.for_spark(text, "4.3.0") == "a\nnew() // spark>=4.3\n\nb\n"
+    assert scalac.for_spark(text, "4.2.1") == "a\n\nold() // spark<4.3\nb\n"
+    assert scalac.for_spark(text, "4.10.0") == "a\nnew() // spark>=4.3\n\nb\n"  # compared as numbers
+    provider = (Path(idstore.__file__).parent / "jvm" / "IdStateStoreProvider.scala").read_text()
+    for version in ("4.1.4", "4.2.1", "4.3.0"):
+        code = scalac.for_spark(provider, version)
+        assert code.count("override def getStore(") == 1, version
+        assert len(code.splitlines()) == len(provider.splitlines())

@@ -4,7 +4,8 @@ Each table ("Where each target stands", "Where each proof stands") names the com
 figure. Running them all takes hours (``make test-long`` and the benchmarks do); here each one is
 parsed by the program it names — a benchmark's own ``argparse`` parser (its ``main()`` stopped
 right after parsing), ``onceflow``'s click command (``make_context``: every option and its type
-checked, nothing run), ``make``'s target — so a renamed option, script or sink fails this test.
+checked, nothing run), ``make``'s target, a script's shell syntax, a pytest run's files — so a
+renamed option, script, test file or sink fails this test.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def commands(page: str) -> list[str]:
             continue
         last = line.rstrip(" |").rsplit(" | ", 1)[-1]
         found += [c for c in re.findall(r"`([^`]+)`", last)
-                  if c.startswith(("onceflow ", ".venv/bin/python benchmarks/", "make "))]
+                  if c.startswith(("onceflow ", ".venv/bin/python ", "make ", "bash scripts/"))]
     return found
 
 
@@ -85,6 +86,12 @@ def test_every_command_of_the_opening_table_parses(page: str, tmp_path: Path,
             assert rc.returncode == 0, f"{command}: {rc.stderr}"
         elif args[0] == "onceflow":
             _onceflow(args[1:], tmp_path)
+        elif args[0] == "bash":  # a script of the project: there, and valid shell
+            rc = subprocess.run(["bash", "-n", args[1]], cwd=ROOT, capture_output=True, text=True)
+            assert rc.returncode == 0, f"{command}: {rc.stderr}"
+        elif args[1:3] == ["-m", "pytest"]:  # the test files it names exist
+            files = [a.split("::")[0] for a in args[3:] if not a.startswith("-")]
+            assert files and all((ROOT / f).is_file() for f in files), command
         else:
             with monkeypatch.context() as patch:
                 _bench(args[1:], patch)

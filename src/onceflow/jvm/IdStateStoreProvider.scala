@@ -86,12 +86,18 @@ class IdStateStoreProvider extends StateStoreProvider {
     synchronized { table = null; tableVersion = -1L }
   }
 
-  override def getStore(
-      version: Long,
-      uniqueId: Option[String],
-      forceSnapshotOnCommit: Boolean,
-      loadEmpty: Boolean): StateStore = {
-    if (delegate != null) return delegate.getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty)
+  override def getStore( // spark>=4.2
+      version: Long, // spark>=4.2
+      uniqueId: Option[String], // spark>=4.2
+      forceSnapshotOnCommit: Boolean, // spark>=4.2
+      loadEmpty: Boolean): StateStore = // spark>=4.2
+    if (delegate != null) delegate.getStore(version, uniqueId, forceSnapshotOnCommit, loadEmpty) // spark>=4.2
+    else openStore(version, uniqueId) // spark>=4.2
+
+  override def getStore(version: Long, uniqueId: Option[String]): StateStore = // spark<4.2
+    if (delegate != null) delegate.getStore(version, uniqueId) else openStore(version, uniqueId) // spark<4.2
+
+  private def openStore(version: Long, uniqueId: Option[String]): StateStore = {
     if (uniqueId.isDefined) {
       throw new IllegalStateException(
         "onceflow's id state store supports checkpoint format version 1 only " +
@@ -123,10 +129,15 @@ class IdStateStoreProvider extends StateStoreProvider {
   override def supportedCustomMetrics: Seq[StateStoreCustomMetric] =
     StateStoreProvider.create(HDFS_PROVIDER).supportedCustomMetrics
 
-  override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long,
-      uniqueId: Option[String], force: Boolean): StateStore =
-    if (delegate == null) super.upgradeReadStoreToWriteStore(readStore, version, uniqueId, force)
-    else delegate.upgradeReadStoreToWriteStore(readStore, version, uniqueId, force)
+  override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long, // spark>=4.2
+      uniqueId: Option[String], force: Boolean): StateStore = // spark>=4.2
+    if (delegate == null) super.upgradeReadStoreToWriteStore(readStore, version, uniqueId, force) // spark>=4.2
+    else delegate.upgradeReadStoreToWriteStore(readStore, version, uniqueId, force) // spark>=4.2
+
+  override def upgradeReadStoreToWriteStore(readStore: ReadStateStore, version: Long, // spark<4.2
+      uniqueId: Option[String]): StateStore = // spark<4.2
+    if (delegate == null) super.upgradeReadStoreToWriteStore(readStore, version, uniqueId) // spark<4.2
+    else delegate.upgradeReadStoreToWriteStore(readStore, version, uniqueId) // spark<4.2
 
   override def supportedInstanceMetrics: Seq[StateStoreInstanceMetric] =
     StateStoreProvider.create(HDFS_PROVIDER).supportedInstanceMetrics
@@ -491,7 +502,7 @@ class IdStateStoreProvider extends StateStoreProvider {
 
     override def hasCommitted: Boolean = state == 1
 
-    override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME)
+    override def allColumnFamilyNames: Set[String] = Set(StateStore.DEFAULT_COL_FAMILY_NAME) // spark>=4.2
 
     private def unsupported(what: String): Nothing =
       throw new UnsupportedOperationException(s"onceflow's id state store does not support $what")
@@ -500,10 +511,10 @@ class IdStateStoreProvider extends StateStoreProvider {
       unsupported("prefix scans")
     override def valuesIterator(key: UnsafeRow, colFamilyName: String): Iterator[UnsafeRow] =
       unsupported("several values per key")
-    override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] =
-      unsupported("several values per key")
-    override def prefixScanWithMultiValues(prefixKey: UnsafeRow,
-        colFamilyName: String): StateStoreIterator[UnsafeRowPair] = unsupported("several values per key")
+    override def iteratorWithMultiValues(colFamilyName: String): StateStoreIterator[UnsafeRowPair] = // spark>=4.2
+      unsupported("several values per key") // spark>=4.2
+    override def prefixScanWithMultiValues(prefixKey: UnsafeRow, // spark>=4.2
+        colFamilyName: String): StateStoreIterator[UnsafeRowPair] = unsupported("several values per key") // spark>=4.2
     override def createColFamilyIfAbsent(name: String, keySchema: StructType, valueSchema: StructType,
         spec: KeyStateEncoderSpec, multi: Boolean, internal: Boolean): Unit = unsupported("column families")
     override def removeColFamilyIfExists(name: String): Boolean = unsupported("column families")

@@ -142,9 +142,9 @@ def check_frame_values(name: str, spec: Table, frame: Any) -> None:
     Raises:
         BatchRejectedError: Naming the topic, the column, the row's key and the value.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
+    from onceflow.tables import arrow_schema
 
-    columns = kafka_records.json_columns(to_arrow_schema(frame.schema, timezone="UTC").empty_table(), spec)
+    columns = kafka_records.json_columns(arrow_schema(frame.schema).empty_table(), spec)
     check_json_frame(f"topic {name!r}", spec, frame, columns)
 
 

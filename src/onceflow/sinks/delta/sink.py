@@ -354,9 +354,9 @@ class DeltaTablesSink(SinkBase):
     @staticmethod
     def _schema(table: Any | None, frame: Any) -> pa.Schema:
         """The table's Arrow schema (:meth:`_table`); the frame's if a commit of this batch creates it."""
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from onceflow.tables import arrow_schema
 
-        return files.arrow_schema(table) or to_arrow_schema(frame.schema, timezone="UTC")
+        return files.arrow_schema(table) or arrow_schema(frame.schema)
 
     def _commit_uncached(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
                          settle: Settle) -> bool:

@@ -44,9 +44,9 @@ class DeltaWriter(FormatWriter):
 
     def __init__(self, spec: FilesSpec, schema: Any, found: pa.Schema | None) -> None:
         """``found``: the table's Arrow schema as the caller read it (None: no table yet)."""
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from onceflow.tables import arrow_schema
 
-        self.rows_schema = to_arrow_schema(schema, timezone="UTC")
+        self.rows_schema = arrow_schema(schema)
         self.spec = replace(spec, schema=files.encode_schema(found)) if found is not None else spec
         self.commit_schema = found if found is not None else self.rows_schema
 

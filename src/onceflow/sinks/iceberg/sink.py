@@ -335,10 +335,10 @@ class IcebergTablesSink(SinkBase):
         Raises:
             ConfigError: Naming the table, the column and both types.
         """
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from onceflow.tables import arrow_schema
 
         have = merge.table_types(table)
-        for field in to_arrow_schema(frame.schema, timezone="UTC"):
+        for field in arrow_schema(frame.schema):
             want = have.get(field.name)
             if want is not None and want != field.type:
                 raise ConfigError(f"Iceberg table {self.namespace}.{name}: column {field.name!r} is {want} "
@@ -363,9 +363,9 @@ class IcebergTablesSink(SinkBase):
 
     def _create(self, name: str, frame: Any) -> Any:
         """An empty table of the frame's columns, all optional (step 2, first batch)."""
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from onceflow.tables import arrow_schema
 
-        schema = to_arrow_schema(frame.schema, timezone="UTC")
+        schema = arrow_schema(frame.schema)
         schema = pa.schema([f.with_nullable(True) for f in schema])
         return self.catalog.create_table_if_not_exists((self.namespace, name), schema=schema)
 

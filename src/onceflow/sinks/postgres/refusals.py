@@ -98,9 +98,10 @@ def refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
     """
     from psycopg import sql
     from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    cols = integer_adds(spec, arrow_types(to_arrow_schema(frame.schema, timezone="UTC"), spec.add))
+    from onceflow.tables import arrow_schema
+
+    cols = integer_adds(spec, arrow_types(arrow_schema(frame.schema), spec.add))
     if not cols:
         return
     low, high = -(2**63), 2**63 - 1

@@ -200,9 +200,8 @@ class PostgresTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             PostgresError: The server failed the transaction (nothing written).
         """
-        from pyspark.sql.pandas.types import to_arrow_schema
-
         from onceflow.sinks.postgres.datasource import stage_frame
+        from onceflow.tables import arrow_schema
 
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before
@@ -215,7 +214,7 @@ class PostgresTablesSink(SinkBase):
             return False
         for name, frame in frames.items():
             with self.conn.transaction():
-                self._fit(self.conn, name, specs[name], to_arrow_schema(frame.schema, timezone="UTC"))
+                self._fit(self.conn, name, specs[name], arrow_schema(frame.schema))
         options = {n: _stage_options(self.dsn, self.sink_id, n, specs[n], batch_id) for n in frames}
         for name, frame in frames.items():  # T3
             if counts is None or counts[name]:

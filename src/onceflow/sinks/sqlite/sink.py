@@ -390,7 +390,7 @@ class SQLiteTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             SinkApplyError: The previous batch could not be applied (it stays staged).
         """
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from onceflow.tables import arrow_schema
 
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before
@@ -410,7 +410,7 @@ class SQLiteTablesSink(SinkBase):
             for name, frame in frames.items():  # T3
                 spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
                                       specs[name].describe())
-                schema = to_arrow_schema(frame.schema, timezone="UTC")
+                schema = arrow_schema(frame.schema)
                 with early.watching(name, specs[name], schema) if early else contextlib.nullcontext():
                     files = tasks.run(frame.coalesce(each), spec) if counts is None or counts[name] else []
                 found[name] = (schema, files)

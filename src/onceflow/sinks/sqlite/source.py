@@ -46,10 +46,10 @@ class SQLiteWriter(FormatWriter):
     """The format's write of one batch (:mod:`onceflow.sinks.formats`): scratch files, then one copy."""
 
     def __init__(self, spec: TaskSpec, schema: Any) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
+        from onceflow.tables import arrow_schema
 
         self.spec = spec
-        self.schema = to_arrow_schema(schema, timezone="UTC")
+        self.schema = arrow_schema(schema)
 
     def task(self, iterator: Iterator[pa.RecordBatch]) -> dict[str, Any]:
         """Executor side: one partition's scratch file (step 1)."""
