@@ -10,6 +10,12 @@ same records for every variant of a round:
 * ``src-spark``       — ``read_kafka(connector="spark")`` alone: ``trigger(availableNow=True)``
                         into Spark's ``noop`` sink;
 * ``src-onceflow``    — the same with onceflow's Python source (``connector="onceflow"``);
+* ``spark-noop``      — Spark's own ``readStream.format("kafka")`` of the same topic (from the
+                        earliest offsets), ``availableNow`` into ``noop``, with Kafka's consumer
+                        defaults (what a Spark user's query has);
+* ``spark-tuned``     — the same with the two consumer settings ``read_kafka`` gives the connector
+                        (``onceflow.sources.kafka_native.CONSUMER_DEFAULTS``): ``src-spark``'s
+                        ratio to it is what onceflow's own columns (headers, the record id) cost;
 * ``ex51-kafka``      — Example 5-1 (``onceflow.examples.user_counts``, dedup + per-batch window
                         deltas, exactly once into ``onceflow.sqlite``) reading the topic with
                         Spark's connector;
@@ -22,7 +28,10 @@ Ratios are printed per round and as medians.
 segments, ``maxFilesPerTrigger=1``; Kafka with ``maxOffsetsPerTrigger`` = records / N): the
 per-query costs (Kafka consumers, planning) spread over several batches, as in a running stream.
 
+``--reads-only`` runs ``consumer``, ``src-spark``, ``spark-noop`` and ``spark-tuned`` only.
+
 Usage: python benchmarks/bench_kafka.py [--events 400000] [--partitions 12] [--rounds 3] [--batches 1]
+[--reads-only]
 """
 
 from __future__ import annotations
@@ -75,6 +84,22 @@ def source_alone(spark: Any, bootstrap: str, topic: str, ck: Path, connector: st
     return time.perf_counter() - started
 
 
+def spark_alone(spark: Any, bootstrap: str, topic: str, ck: Path, tuned: bool = False) -> float:
+    """Spark's own Kafka read of ``topic`` (no onceflow), ``availableNow`` into ``noop``; seconds.
+
+    ``tuned``: with the consumer settings ``read_kafka`` gives the connector.
+    """
+    from onceflow.sources.kafka_native import CONSUMER_DEFAULTS
+
+    started = time.perf_counter()
+    df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+          .options(**(CONSUMER_DEFAULTS if tuned else {}))
+          .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    q = df.writeStream.format("noop").option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
+    q.awaitTermination()
+    return time.perf_counter() - started
+
+
 def example(spark: Any, source: Any, work: Path, name: str, batches: int = 1) -> float:
     started = time.perf_counter()
     sink = onceflow.sqlite(str(work / f"{name}.db"))
@@ -93,14 +118,18 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=1,
                         help="micro-batches of Example 5-1 per run (log: one segment each; Kafka: "
                              "maxOffsetsPerTrigger = records / batches)")
+    parser.add_argument("--reads-only", action="store_true",
+                        help="only the plain consumer, read_kafka into noop and Spark's own read into noop")
     args = parser.parse_args()
     table = generate_table(GeneratorConfig(events=args.events, users=1000, minutes=args.events / 50_000,
                                            duplicates=0.02, seed=7))
     rows = table.num_rows
     spark = session(kafka=True)
-    ratios: dict[str, list[float]] = {"src-spark/consumer": [], "src-onceflow/consumer": [],
-                                      "ex51-kafka/ex51-log": [], "ex51-kafka-py/ex51-log": [],
-                                      "ex51-kafka/ex51-kafka-py": []}
+    ratios: dict[str, list[float]] = {"src-spark/spark-noop": [], "src-spark/spark-tuned": [],
+                                      "src-spark/consumer": []}
+    if not args.reads_only:
+        ratios.update({"src-onceflow/consumer": [], "ex51-kafka/ex51-log": [], "ex51-kafka-py/ex51-log": [],
+                       "ex51-kafka/ex51-kafka-py": []})
     with KafkaServer({"bench": args.partitions}) as broker:
         produce_events(broker.bootstrap, "bench", table)
         work = Path(tempfile.mkdtemp(prefix="bench-kafka-"))
@@ -110,23 +139,36 @@ def main() -> None:
         try:
             limit = per if args.batches > 1 else None
             warm = KafkaTopic(broker.bootstrap, "bench", connector="spark", max_offsets_per_trigger=limit)
-            for connector in ("spark", "onceflow"):  # JIT, Python workers: every variant once, not counted
+            spark_alone(spark, broker.bootstrap, "bench", work / "warm-noop")  # JIT: once, not counted
+            for connector in ("spark",) if args.reads_only else ("spark", "onceflow"):
                 source_alone(spark, broker.bootstrap, "bench", work / f"warm-{connector}", connector)
-                example(spark, dataclasses.replace(warm, connector=connector), work, f"warm-{connector}",
-                        args.batches)
-            example(spark, work / "log", work, "warm-log", args.batches)
+                if not args.reads_only:
+                    example(spark, dataclasses.replace(warm, connector=connector), work, f"warm-{connector}",
+                            args.batches)
+            if not args.reads_only:
+                example(spark, work / "log", work, "warm-log", args.batches)
             for r in range(args.rounds):
                 got, consumer_s = plain_consumer(broker.bootstrap, "bench", args.partitions)
                 assert got == rows, (got, rows)
-                spark_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-s-{r}", "spark")
-                own_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-o-{r}", "onceflow")
-                kafka_s = example(spark, warm, work, f"k{r}", args.batches)
-                py = dataclasses.replace(warm, connector="onceflow")
-                py_s = example(spark, py, work, f"p{r}", args.batches)
-                log_s = example(spark, work / "log", work, f"l{r}", args.batches)
-                rate = {n: rows / s for n, s in (("consumer", consumer_s), ("src-spark", spark_s),
-                                                 ("src-onceflow", own_s), ("ex51-kafka", kafka_s),
-                                                 ("ex51-kafka-py", py_s), ("ex51-log", log_s))}
+                # the reads into noop in a rotating order, so none always runs first
+                order = ["spark", "noop", "tuned"]
+                took = {}
+                for which in order[r % 3:] + order[:r % 3]:
+                    took[which] = (source_alone(spark, broker.bootstrap, "bench", work / f"ck-s-{r}", "spark")
+                                   if which == "spark" else
+                                   spark_alone(spark, broker.bootstrap, "bench", work / f"ck-{which}-{r}",
+                                               tuned=which == "tuned"))
+                times = [("consumer", consumer_s), ("src-spark", took["spark"]), ("spark-noop", took["noop"]),
+                         ("spark-tuned", took["tuned"])]
+                if not args.reads_only:
+                    own_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-o-{r}", "onceflow")
+                    kafka_s = example(spark, warm, work, f"k{r}", args.batches)
+                    py = dataclasses.replace(warm, connector="onceflow")
+                    py_s = example(spark, py, work, f"p{r}", args.batches)
+                    log_s = example(spark, work / "log", work, f"l{r}", args.batches)
+                    times += [("src-onceflow", own_s), ("ex51-kafka", kafka_s), ("ex51-kafka-py", py_s),
+                              ("ex51-log", log_s)]
+                rate = {n: rows / s for n, s in times}
                 for name in ratios:
                     a, b = name.split("/")
                     ratios[name].append(rate[a] / rate[b])

@@ -11,7 +11,9 @@ The contract with the user's module is one function::
 * ``spark``: the SparkSession to build the query in;
 * ``input``: the directory the pipeline reads (verify feeds it while the query runs);
 * ``sink``: where the tables go (an :func:`onceflow.sqlite`, :func:`onceflow.postgres` or
-  :func:`onceflow.delta` sink the caller chose: the same function runs against any);
+  :func:`onceflow.delta` sink the caller chose: the same function runs against any); with
+  several sinks (``--sink sqlite+iceberg``) a dict by family, ``{"sqlite": ..., "iceberg": ...}``,
+  which the function routes its tables to (``write_stream(df, {table: sink[family]})``);
 * ``checkpoint``: Spark's checkpoint directory;
 * ``once``: process what is there, then stop (``availableNow``).
 
