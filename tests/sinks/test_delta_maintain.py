@@ -168,3 +168,20 @@ def test_a_query_that_compacts_every_two_batches_killed_after_a_commit_is_exact(
     sink = DeltaTablesSink(tmp_path / "root", sink_id="orders")
     assert [m["batch_id"] for m in sink.batches()] == list(range(6))
     assert len(DeltaTable(str(tmp_path / "root" / "events")).file_uris()) == 1  # compacted after batch 5
+
+
+def test_the_command_maintains_every_table_and_names_a_wrong_one(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from onceflow.cli.main import cli
+
+    sink = DeltaTablesSink(tmp_path / "root", sink_id="orders")
+    for b in range(5):
+        assert _commit(sink, b)
+    done = CliRunner().invoke(cli, ["maintain", "--delta", str(tmp_path / "root"), "--retention", "0"])
+    assert done.exit_code == 0, done.output
+    assert "events: 5 -> 1 files (5 compacted, 5 deleted); onceflow:orders at batch 4" in done.output
+    assert "totals: 1 -> 1 files" in done.output
+    wrong = CliRunner().invoke(cli, ["maintain", "--delta", str(tmp_path / "root"), "--table", "event"])
+    assert wrong.exit_code != 0 and "no Delta table 'event'" in str(wrong.exception or wrong.output)
+    assert not _commit(sink, 4)  # still a replay
