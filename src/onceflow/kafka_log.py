@@ -13,7 +13,7 @@ application's logs go. Two things are added on the way:
   producer retries; and so on (:data:`MEANINGS`);
 * **repeats of a kind are counted, not printed**: librdkafka retries every few hundred
   milliseconds and logs each attempt; after a kind's line, the next of that kind passes after
-  :data:`QUIET_S` seconds with the number left out.
+  :data:`QUIET_S` seconds, saying how many were held back in between.
 
 A line of no known kind passes as it is. The logger delivers lines when the client is polled
 (``poll``, ``flush``, ``consume``), which onceflow's clients do.

@@ -22,6 +22,7 @@ row, so the query stops before Spark's commit log and nothing of the batch is wr
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Mapping, Sequence
@@ -161,9 +162,17 @@ def arrow_schema(schema: Any) -> pa.Schema:
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+    if _takes_timezone():
         return to_arrow_schema(schema, timezone="UTC")
     return to_arrow_schema(schema, timestamp_utc=True)  # type: ignore[call-arg]  # PySpark 4.1
+
+
+@functools.cache
+def _takes_timezone() -> bool:
+    """Whether this PySpark's ``to_arrow_schema`` takes ``timezone=`` (4.2 and later), asked once."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return "timezone" in inspect.signature(to_arrow_schema).parameters
 
 
 def first_true(mask: pa.ChunkedArray | pa.Array) -> int | None:

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from onceflow.durations import parse_duration
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, nearest
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]
@@ -43,8 +43,6 @@ class SinkKind(click.ParamType):  # type: ignore[type-arg]
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         """The value, or click's usage error naming the closest choice."""
-        import difflib
-
         if value in self.choices:
             return str(value)
         if "+" in str(value):
@@ -55,8 +53,8 @@ class SinkKind(click.ParamType):  # type: ignore[type-arg]
             except ConfigError as exc:
                 self.fail(str(exc), param, ctx)
             return str(value)
-        near = difflib.get_close_matches(str(value), self.choices, n=1, cutoff=0.6)
-        self.fail(f"{value!r} is not a sink" + (f" (did you mean {near[0]!r}?)" if near else "")
+        near = nearest(str(value), self.choices)
+        self.fail(f"{value!r} is not a sink" + (f" (did you mean {near!r}?)" if near else "")
                   + f"; choose from {', '.join(self.choices)}", param, ctx)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from onceflow.faults import CRASH_ENV
 from onceflow.verify.resume import PIDS, REGISTRY_ENV, register
+from onceflow.verify.sinks import location_flag
 
 RETAIN_ALL = 1_000_000_000
 """Checkpoint history kept for audited runs: the oracle replays from batch 0."""
@@ -136,8 +137,7 @@ class Driver(ProcessGroup):
         args = ["run", *source, "--checkpoint", str(ck), "--sink", sink, "--trigger", "200 milliseconds",
                 "--retain-batches", str(RETAIN_ALL)]
         if db is not None:
-            flags = {"delta": "--delta", "iceberg": "--iceberg"}
-            args += [flags.get(sink.split("-")[0], "--db"), str(db)]
+            args += [location_flag(sink), str(db)]
         if once:
             args.append("--once")
         if master:

@@ -88,9 +88,13 @@ def tool_command(name: str, args: list[str], settings_dir: Path) -> list[str]:
     if name not in TOOLS:
         raise OnceflowError(f"no Kafka tool {name!r}: the tools are {', '.join(TOOLS)}")
     classpath = os.pathsep.join(str(p) for p in jars.fetch(jars.BROKER))
-    settings = log_settings(settings_dir, "WARN", "SYSTEM_ERR")
+    return _java(classpath, log_settings(settings_dir, "WARN", "SYSTEM_ERR"), TOOLS[name], *args)
+
+
+def _java(classpath: str, settings: Path, main: str, *args: str) -> list[str]:
+    """A JVM on ``classpath`` running ``main`` (a small heap, a quick start), Log4j 2 set by ``settings``."""
     return [find_java(), "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-            f"-Dlog4j2.configurationFile={settings}", "-cp", classpath, TOOLS[name], *args]
+            f"-Dlog4j2.configurationFile={settings}", "-cp", classpath, main, *args]
 
 _PROPERTIES = """\
 process.roles=broker,controller
@@ -148,9 +152,7 @@ class KafkaServer:
             self.start()
 
     def _java(self, main: str, *args: str) -> list[str]:
-        settings = log_settings(self.dir)
-        return [find_java(), "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                f"-Dlog4j2.configurationFile={settings}", "-cp", self._classpath, main, *args]
+        return _java(self._classpath, log_settings(self.dir), main, *args)
 
     def start(self) -> KafkaServer:
         """Start the broker (steps 1-3 of the module docstring); a restart keeps its data.

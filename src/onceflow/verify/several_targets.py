@@ -24,17 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow.errors import ConfigError
-from onceflow.verify.sinks import family, parts
+from onceflow.verify.sinks import family, location_flag, parts
 from onceflow.verify.targets import SinkTarget
 
 if TYPE_CHECKING:
     from onceflow.verify.oracle import Expectation
     from onceflow.verify.pipeline_verdict import Folded, Reader, Rows
     from onceflow.verify.verdict import Verdict
-
-LOCATION_FLAGS = {"sqlite": "--db", "delta": "--delta", "iceberg": "--iceberg"}
-"""``onceflow run``'s flag for where a family's files are (PostgreSQL: its DSN, in the environment)."""
-
 
 def families(kind: str) -> tuple[str, ...]:
     """The sink families of a ``--sink`` value of several sinks, in order; () for one sink."""
@@ -104,9 +100,9 @@ class SeveralTargets:
     def extra_args(self) -> list[str]:
         """Each part's location flag and arguments for ``onceflow run``."""
         args: list[str] = []
-        for fam, part in self.parts.items():
-            if part.db is not None:
-                args += [LOCATION_FLAGS[fam], str(part.db)]
+        for part in self.parts.values():
+            if part.db is not None:  # PostgreSQL's DSN: in the environment
+                args += [location_flag(part.kind), str(part.db)]
             args += part.extra_args()
         return args
 
@@ -125,7 +121,7 @@ class SeveralTargets:
 
     def batches(self) -> list[dict[str, Any]]:
         """The markers of the batches every sink has (the first sink's, with their metrics)."""
-        each = [p.batches() for p in self.parts.values()]
+        each = list(self.marked().values())
         common = set.intersection(*({int(m["batch_id"]) for m in got} for got in each))
         return [m for m in each[0] if int(m["batch_id"]) in common]
 

@@ -16,7 +16,6 @@ library: the production classes have no such mode.
 from __future__ import annotations
 
 import asyncio
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, nearest
 from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.sinks.base import BatchStats, SinkBase, TablesSink
 from onceflow.sinks.delta import DeltaTablesSink
@@ -37,7 +36,7 @@ from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.tables import Table
 
 __all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink",
-           "family", "make_sinks", "parts",
+           "family", "location_flag", "make_sinks", "parts",
            "NaiveDeltaSink", "NaiveHttpSink", "NaiveIcebergSink", "NaiveKafkaSink", "NaivePostgresSink",
            "NaiveSQLiteSink", "SinkOptions", "iceberg_in", "make_sink", "marker_id"]
 
@@ -314,7 +313,12 @@ def marker_id(kind: str, table: str, sink_id: str = EXAMPLE_SINK_ID) -> str:
 
 def family(kind: str) -> str:
     """The family of one ``--sink`` choice (``sqlite-tasks`` -> ``sqlite``, ``naive`` -> ``sqlite``)."""
-    return next(name for name, kinds in FAMILIES.items() if kind in kinds)
+    return next((name for name, kinds in FAMILIES.items() if kind in kinds), kind)
+
+
+def location_flag(kind: str) -> str:
+    """``onceflow run``'s option for where a ``--sink`` choice's files are (``--db``: SQLite, a ledger)."""
+    return {"delta": "--delta", "iceberg": "--iceberg"}.get(family(kind), "--db")
 
 
 def parts(kind: str) -> list[str]:
@@ -327,9 +331,9 @@ def parts(kind: str) -> list[str]:
     names = kind.split("+")
     for name in names:
         if name not in USER_SINKS:
-            near = difflib.get_close_matches(name, USER_SINKS, n=1, cutoff=0.6)
+            near = nearest(name, USER_SINKS)
             raise ConfigError(f"--sink {kind}: {name!r} is not a sink of a pipeline"
-                              + (f" (did you mean {near[0]!r}?)" if near else "")
+                              + (f" (did you mean {near!r}?)" if near else "")
                               + f"; choose from {', '.join(USER_SINKS)}, or several joined by '+'")
     families = [family(n) for n in names]
     twice = sorted({f for f in families if families.count(f) > 1})

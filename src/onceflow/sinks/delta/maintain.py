@@ -32,7 +32,6 @@ vacuums each table. Steps, per table:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -82,12 +81,9 @@ def tables_under(root: Path) -> list[str]:
 
 def app_transactions(table: Any) -> dict[str, int]:
     """Step 1: ``app id -> last batch`` of every onceflow sink that committed to ``table``."""
-    ids = set()
-    for entry in table.history():
-        raw = entry.get("onceflow")
-        if raw:
-            ids.add(f"onceflow:{json.loads(raw).get('sink_id', 'default')}")
-    found = {app: table.transaction_version(app) for app in sorted(ids)}
+    from onceflow.sinks.delta.sink import writers
+
+    found = {f"onceflow:{s}": table.transaction_version(f"onceflow:{s}") for s in sorted(writers(table))}
     return {app: int(v) for app, v in found.items() if v is not None}
 
 

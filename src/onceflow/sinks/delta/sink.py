@@ -82,6 +82,19 @@ def _require() -> Any:
     return deltalake
 
 
+def onceflow_commits(table: Any) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """A Delta table's commits that carry onceflow's metadata: ``(metadata, history entry)``, newest first."""
+    for entry in table.history():
+        raw = entry.get("onceflow")
+        if raw:
+            yield json.loads(raw), entry
+
+
+def writers(table: Any) -> list[str]:
+    """The sink ids whose commits are in a Delta table's history (newest first)."""
+    return list(dict.fromkeys(str(m["sink_id"]) for m, _ in onceflow_commits(table) if m.get("sink_id")))
+
+
 class DeltaTablesSink(SinkBase):
     """Delta tables under one root directory (see the module protocol).
 
@@ -210,17 +223,14 @@ class DeltaTablesSink(SinkBase):
 
     def _commits(self, path: Path) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         """A table's commits that carry onceflow's metadata: ``(metadata, history entry)``, newest first."""
-        for entry in self.dl.DeltaTable(str(path)).history():
-            raw = entry.get("onceflow")
-            if raw:
-                yield json.loads(raw), entry
+        return onceflow_commits(self.dl.DeltaTable(str(path)))
 
     def _writers_in_history(self, name: str) -> list[str]:
         """The sink ids that committed to an existing table (its commits' ``onceflow`` metadata)."""
         path = self.root / name
         if not self.dl.DeltaTable.is_deltatable(str(path)):
             return []
-        return list(dict.fromkeys(str(m["sink_id"]) for m, _ in self._commits(path) if m.get("sink_id")))
+        return writers(self.dl.DeltaTable(str(path)))
 
     @contextlib.contextmanager
     def registry(self) -> Iterator[dict[str, dict[str, dict[str, Any]]]]:
