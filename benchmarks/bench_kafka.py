@@ -15,7 +15,9 @@ same records for every variant of a round:
                         defaults (what a Spark user's query has);
 * ``spark-tuned``     — the same with the two consumer settings ``read_kafka`` gives the connector
                         (``onceflow.sources.kafka_native.CONSUMER_DEFAULTS``): ``src-spark``'s
-                        ratio to it is what onceflow's own columns (headers, the record id) cost;
+                        ratio to it is what onceflow adds (the record id, the topic check);
+* ``spark-tuned-id``  — that read plus the ``record_id`` column as ``read_kafka`` computes it
+                        (``kafka_native.record_id``): the record id's share apart from the start;
 * ``ex51-kafka``      — Example 5-1 (``onceflow.examples.user_counts``, dedup + per-batch window
                         deltas, exactly once into ``onceflow.sqlite``) reading the topic with
                         Spark's connector;
@@ -28,7 +30,8 @@ Ratios are printed per round and as medians.
 segments, ``maxFilesPerTrigger=1``; Kafka with ``maxOffsetsPerTrigger`` = records / N): the
 per-query costs (Kafka consumers, planning) spread over several batches, as in a running stream.
 
-``--reads-only`` runs ``consumer``, ``src-spark``, ``spark-noop`` and ``spark-tuned`` only.
+``--reads-only`` runs ``consumer``, ``src-spark``, ``spark-noop``, ``spark-tuned`` and
+``spark-tuned-id`` only.
 
 Usage: python benchmarks/bench_kafka.py [--events 400000] [--partitions 12] [--rounds 3] [--batches 1]
 [--reads-only]
@@ -84,17 +87,21 @@ def source_alone(spark: Any, bootstrap: str, topic: str, ck: Path, connector: st
     return time.perf_counter() - started
 
 
-def spark_alone(spark: Any, bootstrap: str, topic: str, ck: Path, tuned: bool = False) -> float:
+def spark_alone(spark: Any, bootstrap: str, topic: str, ck: Path, tuned: bool = False,
+                with_id: bool = False) -> float:
     """Spark's own Kafka read of ``topic`` (no onceflow), ``availableNow`` into ``noop``; seconds.
 
-    ``tuned``: with the consumer settings ``read_kafka`` gives the connector.
+    ``tuned``: with the consumer settings ``read_kafka`` gives the connector; ``with_id``: plus
+    ``read_kafka``'s ``record_id`` column (coordinates).
     """
-    from onceflow.sources.kafka_native import CONSUMER_DEFAULTS
+    from onceflow.sources.kafka_native import CONSUMER_DEFAULTS, record_id
 
     started = time.perf_counter()
     df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)
           .options(**(CONSUMER_DEFAULTS if tuned else {}))
           .option("subscribe", topic).option("startingOffsets", "earliest").load())
+    if with_id:
+        df = df.withColumn("record_id", record_id(None, None))
     q = df.writeStream.format("noop").option("checkpointLocation", str(ck)).trigger(availableNow=True).start()
     q.awaitTermination()
     return time.perf_counter() - started
@@ -126,7 +133,7 @@ def main() -> None:
     rows = table.num_rows
     spark = session(kafka=True)
     ratios: dict[str, list[float]] = {"src-spark/spark-noop": [], "src-spark/spark-tuned": [],
-                                      "src-spark/consumer": []}
+                                      "spark-tuned-id/spark-tuned": [], "src-spark/consumer": []}
     if not args.reads_only:
         ratios.update({"src-onceflow/consumer": [], "ex51-kafka/ex51-log": [], "ex51-kafka-py/ex51-log": [],
                        "ex51-kafka/ex51-kafka-py": []})
@@ -151,15 +158,15 @@ def main() -> None:
                 got, consumer_s = plain_consumer(broker.bootstrap, "bench", args.partitions)
                 assert got == rows, (got, rows)
                 # the reads into noop in a rotating order, so none always runs first
-                order = ["spark", "noop", "tuned"]
+                order = ["spark", "noop", "tuned", "tuned-id"]
                 took = {}
-                for which in order[r % 3:] + order[:r % 3]:
+                for which in order[r % 4:] + order[:r % 4]:
                     took[which] = (source_alone(spark, broker.bootstrap, "bench", work / f"ck-s-{r}", "spark")
                                    if which == "spark" else
                                    spark_alone(spark, broker.bootstrap, "bench", work / f"ck-{which}-{r}",
-                                               tuned=which == "tuned"))
+                                               tuned=which != "noop", with_id=which == "tuned-id"))
                 times = [("consumer", consumer_s), ("src-spark", took["spark"]), ("spark-noop", took["noop"]),
-                         ("spark-tuned", took["tuned"])]
+                         ("spark-tuned", took["tuned"]), ("spark-tuned-id", took["tuned-id"])]
                 if not args.reads_only:
                     own_s = source_alone(spark, broker.bootstrap, "bench", work / f"ck-o-{r}", "onceflow")
                     kafka_s = example(spark, warm, work, f"k{r}", args.batches)

@@ -95,7 +95,9 @@ def batch_records(spark: Any, checkpoint: Path, batch_id: int, contract: Contrac
             from onceflow.sources.kafka_native import initial_offsets
 
             start = initial_offsets(checkpoint) or {}
-        raw = (spark.read.format(src.format).options(**src.options)
+        options = {k: v for k, v in src.options.items() if k.lower() != "includeheaders"}
+        raw = (spark.read.format(src.format).options(**options)
+               .option("includeHeaders", "true")  # a bad record's headers are kept (the producer's id)
                .option("onceflow.range.start", json.dumps(start))
                .option("onceflow.range.end", json.dumps(end)).load())
         out: DataFrame = raw.select("*", *[F.col(c).alias(_C + c) for c in ("topic", "partition", "offset")])

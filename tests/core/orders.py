@@ -109,6 +109,7 @@ def produce(bootstrap: str, topic: str, manifest: Path, first: int, n: int, bad_
         sends = 2 if kind == "good" and rng.random() < 0.1 else 1
         for k in range(sends):
             producer.produce(topic, value=text.encode(), key=f"k{i}".encode(), partition=i % partitions,
+                             headers=[("order_seq", str(i).encode())],
                              on_delivery=report(kind if k == 0 else "resend", order))
     assert producer.flush(60) == 0
     with manifest.open("a") as m:

@@ -91,9 +91,12 @@ def test_record_ids_from_header_field_or_coordinates(spark: Any, broker: Any, tm
     assert by_header["record_id"].to_pylist() == ["e0", "e1", "e2", "e3", "e4", "e3", "e4", "ids/0/7"]
     by_field = pa.concat_tables(run(spark, broker.bootstrap, tmp_path / "b", subscribe="ids", id_field="eid"))
     assert by_field["record_id"].to_pylist() == ["f0", "f1", "f2", "f3", "f4", "f3", "f4", "f9"]
-    plain = pa.concat_tables(run(spark, broker.bootstrap, tmp_path / "c", subscribe=["ids"]))
+    assert "headers" not in by_header.column_names and "headers" not in by_field.column_names
+    plain = pa.concat_tables(run(spark, broker.bootstrap, tmp_path / "c", subscribe=["ids"],
+                                 include_headers=True))
     assert plain["record_id"].to_pylist() == [f"ids/0/{i}" for i in range(8)]
     assert plain["headers"][0].as_py() == [{"key": "event_id", "value": b"e0"}]
+    assert plain["headers"][7].as_py() is None  # a record without headers
     assert plain["timestampType"].to_pylist() == [0] * 8
 
 

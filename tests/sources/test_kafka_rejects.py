@@ -6,6 +6,8 @@ The records and their verdicts come from the producer's delivery reports and the
 
 from __future__ import annotations
 
+import base64
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -29,9 +31,13 @@ def test_bad_kafka_records_go_to_rejects_with_their_offsets(spark: Any, broker: 
     want = orders.expected(entries)
     assert orders.read_result(db) == want and len(want["rejected"]) > 50
     conn = sqlite3.connect(db)
-    value, key, record = conn.execute("SELECT value, key, record FROM rejected WHERE rule = 'parse' AND "
-                                      "value LIKE 'order % lost its braces' LIMIT 1").fetchone()
+    value, key, record, headers = conn.execute(
+        "SELECT value, key, record, headers FROM rejected WHERE rule = 'parse' AND "
+        "value LIKE 'order % lost its braces' LIMIT 1").fetchone()
     assert key.startswith("k") and record.startswith("orders-mixed/")
+    # the stream reads no headers (read_kafka's default), the rejects table keeps the record's
+    seq = [base64.b64decode(h["value"]).decode() for h in json.loads(headers) if h["key"] == "order_seq"]
+    assert seq == [key[1:]], headers
     markers = conn.execute("SELECT input_rows, events_counted, duplicates_dropped, late_dropped, "
                            "rejected_rows FROM onceflow_batches").fetchall()
     assert sum(m[0] for m in markers) == len(entries)

@@ -1,8 +1,8 @@
 """``onceflow_kafka``: Kafka as a replayable Spark streaming source (Python DataSource API).
 
-Spark's own Kafka connector needs jars no reachable registry ships for Spark 4; this source
-reads Kafka with ``confluent-kafka`` and takes the options and columns of Spark's, so existing
-code ports by changing the format name::
+Spark's own Kafka connector is a jar the session must be started with (and cannot be added from a
+Spark Connect client); this source reads Kafka with ``confluent-kafka`` in the Python workers and
+takes the options and columns of Spark's, so existing code ports by changing the format name::
 
     onceflow.sources.kafka.register(spark)    # once per session (read_kafka does it)
     raw = (spark.readStream.format("onceflow_kafka")
@@ -11,9 +11,9 @@ code ports by changing the format name::
            .option("idHeader", "event_id")               # the producer's id, if it sends one
            .load())                                      # key, value, topic, partition, ...
 
-Columns: ``key, value, topic, partition, offset, timestamp, timestampType, headers`` as in
-Spark's Kafka source (headers always included) and ``record_id``: the producer's record id
-(header ``idHeader`` or JSON field ``idField`` of the value) when it sends one, else
+Columns: ``key, value, topic, partition, offset, timestamp, timestampType`` as in Spark's Kafka
+source, ``headers`` with ``includeHeaders=true`` (as Spark's), and ``record_id``: the producer's
+record id (header ``idHeader`` or JSON field ``idField`` of the value) when it sends one, else
 ``topic/partition/offset``. Deduplicate on it (``onceflow.deduplicate(raw, id="record_id",
 ...)``) so that a producer's retries, which land at new offsets, count once.
 
@@ -22,6 +22,8 @@ Options: ``kafka.bootstrap.servers`` (required); ``subscribe`` (comma-separated 
 ``startingOffsets`` (``earliest`` (default), ``latest``, or JSON ``{"topic": {"0": 42}}`` with
 -2 for earliest and -1 for latest; partitions it omits start at earliest);
 ``maxOffsetsPerTrigger`` (offsets per micro-batch, shared among partitions by their backlog);
+``includeHeaders`` (default false: the ``headers`` column costs time for every record; an
+``idHeader`` is read either way);
 ``maxRecordsPerTask`` (ranges longer than this are split into several tasks, default
 100000); ``failOnDataLoss`` (default true); ``idHeader`` / ``idField``; ``readTimeoutMs``
 (longest wait for a planned record, default 120000); ``allowMissingTopics`` (default false:
@@ -77,7 +79,7 @@ from onceflow import plans
 from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, nearest, refuse_unknown
 from onceflow.kafka_log import with_logger
 from onceflow.sources import kafka_native
-from onceflow.sources.kafka_read import SCHEMA_DDL, OffsetRange, ReadSpec, read_range
+from onceflow.sources.kafka_read import OffsetRange, ReadSpec, read_range, schema_ddl
 
 NAME = "onceflow_kafka"
 
@@ -143,7 +145,8 @@ class KafkaOptions:
             consumer={"bootstrap.servers": opts["kafka.bootstrap.servers"], **passthrough},
             fail_on_data_loss=_boolean(opts, "failondataloss", True),
             id_header=opts.get("idheader") or None, id_field=opts.get("idfield") or None,
-            read_timeout_s=_positive(opts, "readtimeoutms", 120_000) / 1000)
+            read_timeout_s=_positive(opts, "readtimeoutms", 120_000) / 1000,
+            include_headers=_boolean(opts, "includeheaders", False))
         per_trigger = opts.get("maxoffsetspertrigger")
         return cls(spec, topics, pattern, starting,
                    _positive(opts, "maxoffsetspertrigger", 1) if per_trigger else None,
@@ -397,8 +400,9 @@ class KafkaDataSource(DataSource):
         return NAME
 
     def schema(self) -> str:
-        """Spark's Kafka columns plus ``record_id``."""
-        return SCHEMA_DDL
+        """Spark's Kafka columns (``headers`` with ``includeHeaders=true``) plus ``record_id``."""
+        opts = {str(k).lower(): str(v) for k, v in self.options.items()}
+        return schema_ddl(_boolean(opts, "includeheaders", False))
 
     def streamReader(self, schema: Any) -> KafkaStreamReader:  # noqa: N802
         """The stream reader (options checked here, before the query starts)."""
@@ -440,8 +444,8 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
                subscribe_pattern: str | None = None, starting_offsets: str | Mapping[str, Any] = "earliest",
                max_offsets_per_trigger: int | None = None, id_header: str | None = None,
                id_field: str | None = None, fail_on_data_loss: bool = True,
-               allow_missing_topics: bool = False, options: Mapping[str, str] | None = None,
-               connector: str = "auto", **unknown: Any) -> Any:
+               allow_missing_topics: bool = False, include_headers: bool = False,
+               options: Mapping[str, str] | None = None, connector: str = "auto", **unknown: Any) -> Any:
     """A Kafka stream as a DataFrame: through Spark's connector when the session has it, else onceflow's.
 
     With ``connector="auto"`` (the default) the stream is read by Spark's own Kafka connector
@@ -463,6 +467,9 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
             counted and logged).
         allow_missing_topics: A ``subscribe`` topic the brokers do not have is waited for (read
             once it exists) instead of refused when the query starts.
+        include_headers: Give the ``headers`` column (Spark's ``includeHeaders``; off by default as
+            there: building every record's headers costs time). ``id_header`` reads the headers
+            for the record id either way.
         options: More source options, e.g. ``{"kafka.security.protocol": "SASL_SSL"}`` (``kafka.*``
             go to the consumer: librdkafka's names for onceflow's source, the Java client's for
             Spark's connector; the common ones are the same).
@@ -482,12 +489,14 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
     """
     refuse_unknown(set(unknown), {"spark", "bootstrap_servers", "subscribe", "subscribe_pattern",
                                   "starting_offsets", "max_offsets_per_trigger", "id_header", "id_field",
-                                  "fail_on_data_loss", "allow_missing_topics", "options", "connector"},
+                                  "fail_on_data_loss", "allow_missing_topics", "include_headers", "options",
+                                  "connector"},
                    "onceflow.read_kafka")
     kafka_native.refuse_connector(connector)
     given: dict[str, str] = {"kafka.bootstrap.servers": bootstrap_servers,
                              "failOnDataLoss": str(fail_on_data_loss).lower(),
                              "allowMissingTopics": str(allow_missing_topics).lower(),
+                             "includeHeaders": str(include_headers).lower(),
                              "startingOffsets": starting_offsets if isinstance(starting_offsets, str)
                              else json.dumps(starting_offsets)}
     if subscribe is not None:

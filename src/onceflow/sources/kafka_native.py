@@ -3,9 +3,11 @@
 :func:`onceflow.read_kafka` uses this when the session has Spark's Kafka connector on its
 classpath (``onceflow.spark.session(kafka=True)``, or ``spark.jars`` / ``spark.jars.packages``
 naming ``spark-sql-kafka-0-10``), and onceflow's Python source otherwise. Both give the same
-columns: Spark's Kafka columns with ``headers``, plus ``record_id``: the producer's id from a
-header (``id_header``) or a top-level field of a JSON value (``id_field``) when present, else
-``topic/partition/offset``, exactly as :mod:`onceflow.sources.kafka_read` derives it.
+columns: Spark's Kafka columns (``headers`` with ``includeHeaders``: the connector builds them
+for every record, so they are read only when asked for or for ``idHeader``), plus ``record_id``:
+the producer's id from a header (``id_header``) or a top-level field of a JSON value
+(``id_field``) when present, else ``topic/partition/offset``, exactly as
+:mod:`onceflow.sources.kafka_read` derives it.
 
 What onceflow relies on, and how it holds with the connector:
 
@@ -114,8 +116,12 @@ def read(spark: Any, given: dict[str, str]) -> Any:
         consumer = {k[len("kafka."):]: v for k, v in given.items()
                     if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
         check_topics(given["kafka.bootstrap.servers"], given["subscribe"].split(","), consumer)
-    raw = spark.readStream.format("kafka").options(**opts).option("includeHeaders", "true").load()
-    return raw.withColumn("record_id", record_id(given.get("idHeader"), given.get("idField")))
+    keep = any(k.lower() == "includeheaders" and v.lower() == "true" for k, v in given.items())
+    header = given.get("idHeader")
+    raw = (spark.readStream.format("kafka").options(**opts)
+           .option("includeHeaders", str(keep or bool(header)).lower()).load())
+    out = raw.withColumn("record_id", record_id(header, given.get("idField")))
+    return out if keep or not header else out.drop("headers")
 
 
 def initial_offsets(checkpoint: str | Path, source: int = 0) -> dict[str, Any] | None:

@@ -16,7 +16,8 @@ log before the batch runs (:mod:`onceflow.sources.kafka`). Reading it:
    and logs how many offsets it skipped;
 4. rows are yielded as ``pyarrow.RecordBatch`` of at most ``batch_rows`` rows, with the
    record id: the producer's (a header, or a field of a JSON value) when configured and
-   present, else ``topic/partition/offset``.
+   present, else ``topic/partition/offset``; the ``headers`` column only when asked for
+   (``includeHeaders``, as Spark's connector).
 """
 
 from __future__ import annotations
@@ -37,16 +38,27 @@ from onceflow.kafka_log import with_logger
 
 _log = logging.getLogger("onceflow.kafka")
 
-SCHEMA_DDL = ("key BINARY, value BINARY, topic STRING, partition INT, offset LONG, timestamp TIMESTAMP, "
-              "timestampType INT, headers ARRAY<STRUCT<key: STRING, value: BINARY>>, record_id STRING")
-"""The source's columns: Spark's Kafka source columns, headers included, plus ``record_id``."""
-
 ARROW_SCHEMA = pa.schema([
     ("key", pa.binary()), ("value", pa.binary()), ("topic", pa.string()), ("partition", pa.int32()),
     ("offset", pa.int64()), ("timestamp", pa.timestamp("us", tz="UTC")), ("timestampType", pa.int32()),
     ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     ("record_id", pa.string()),
 ])
+"""The source's columns with ``includeHeaders``: Spark's Kafka source columns, headers included, plus
+``record_id``; without the option, the same without ``headers`` (:func:`arrow_schema`)."""
+
+
+def arrow_schema(include_headers: bool) -> pa.Schema:
+    """The source's columns: :data:`ARROW_SCHEMA`, without ``headers`` unless ``include_headers``."""
+    return ARROW_SCHEMA if include_headers else pa.schema([f for f in ARROW_SCHEMA if f.name != "headers"])
+
+
+def schema_ddl(include_headers: bool) -> str:
+    """:func:`arrow_schema` as the DDL a Spark data source declares."""
+    types = {"key": "BINARY", "value": "BINARY", "topic": "STRING", "partition": "INT", "offset": "LONG",
+             "timestamp": "TIMESTAMP", "timestampType": "INT",
+             "headers": "ARRAY<STRUCT<key: STRING, value: BINARY>>", "record_id": "STRING"}
+    return ", ".join(f"{f.name} {types[f.name]}" for f in arrow_schema(include_headers))
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,8 @@ class ReadSpec:
         id_field: Top-level field of a JSON value holding the producer's record id.
         read_timeout_s: Longest wait for a record the range says exists.
         batch_rows: Rows per Arrow record batch.
+        include_headers: Rows carry the ``headers`` column (Spark's ``includeHeaders``); the
+            headers are read for ``id_header`` either way.
     """
 
     consumer: dict[str, str]
@@ -68,6 +82,7 @@ class ReadSpec:
     id_field: str | None = None
     read_timeout_s: float = 120.0
     batch_rows: int = 20_000
+    include_headers: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,17 +117,17 @@ class _Columns:
         self.headers: list[list[dict[str, Any]] | None] = []
         self.ids: list[str] = []
 
-    def batch(self, topic: str, partition: int) -> pa.RecordBatch:
+    def batch(self, topic: str, partition: int, include_headers: bool) -> pa.RecordBatch:
         n = len(self.offsets)
         times = pa.array(self.times, pa.int64())
+        headers = [pa.array(self.headers, ARROW_SCHEMA.field("headers").type)] if include_headers else []
         return pa.RecordBatch.from_arrays([
             pa.array(self.keys, pa.binary()), pa.array(self.values, pa.binary()),
             pa.repeat(topic, n).cast(pa.string()) if n else pa.array([], pa.string()),
             pa.array([partition] * n, pa.int32()), pa.array(self.offsets, pa.int64()),
             pc.multiply(times, 1000).cast(pa.timestamp("us", tz="UTC")),
-            pa.array(self.kinds, pa.int32()), pa.array(self.headers, ARROW_SCHEMA.field("headers").type),
-            pa.array(self.ids, pa.string()),
-        ], schema=ARROW_SCHEMA)
+            pa.array(self.kinds, pa.int32()), *headers, pa.array(self.ids, pa.string()),
+        ], schema=arrow_schema(include_headers))
 
 
 def _producer_id(spec: ReadSpec, value: bytes | None, headers: list[tuple[str, bytes]] | None) -> str | None:
@@ -137,7 +152,7 @@ def read_range(spec: ReadSpec, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
         rng: The planned range.
 
     Yields:
-        Record batches in :data:`ARROW_SCHEMA`, in offset order.
+        Record batches in :func:`arrow_schema`, in offset order.
 
     Raises:
         SourceDataLossError: Offsets of the range were deleted and ``fail_on_data_loss``.
@@ -182,15 +197,16 @@ def read_range(spec: ReadSpec, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
                 cols.offsets.append(offset)
                 cols.times.append(ms if kind else None)
                 cols.kinds.append(kind - 1 if kind else None)
-                cols.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
+                if spec.include_headers:
+                    cols.headers.append([{"key": k, "value": v} for k, v in headers] if headers else None)
                 cols.ids.append(_producer_id(spec, value, headers) or coords + str(offset))
                 position = offset + 1
             deadline = time.monotonic() + spec.read_timeout_s if messages else deadline
             if len(cols.offsets) >= spec.batch_rows:
-                yield cols.batch(rng.topic, rng.partition)
+                yield cols.batch(rng.topic, rng.partition, spec.include_headers)
                 cols = _Columns()
         if cols.offsets:
-            yield cols.batch(rng.topic, rng.partition)
+            yield cols.batch(rng.topic, rng.partition, spec.include_headers)
     finally:
         consumer.close()
 

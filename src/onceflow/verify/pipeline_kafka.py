@@ -16,8 +16,8 @@ and cuts each committed batch out of it (:func:`batch_records`) by the offsets S
 ``from``: where onceflow's source resumed after skipped offsets); :func:`batch_table` builds the
 batch with the documented columns of Spark's connector (``format("kafka")``: ``key, value, topic,
 partition, offset, timestamp, timestampType``, and ``headers`` with ``includeHeaders``) or of
-onceflow's source (those, ``headers`` and ``record_id``: the header ``idHeader``, else the JSON
-field ``idField`` of the value, else ``topic/partition/offset``).
+onceflow's source (those, ``headers`` with ``includeHeaders``, and ``record_id``: the header
+``idHeader``, else the JSON field ``idField`` of the value, else ``topic/partition/offset``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ COLUMNS = pa.schema([
     ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     ("record_id", pa.string()),
 ])
-"""The ``onceflow_kafka`` source's columns, as its documentation gives them."""
+"""The ``onceflow_kafka`` source's columns with ``includeHeaders``, as its documentation gives them."""
 NATIVE = pa.schema([f for f in COLUMNS if f.name != "record_id"])
 """Spark's Kafka connector's columns, as Spark's documentation gives them (``headers`` only with
 the option ``includeHeaders=true``)."""
@@ -175,7 +175,7 @@ def batch_table(chosen: list[Record], topic: str, options: dict[str, Any], nativ
         chosen: The batch's records.
         topic: Their topic.
         options: The reader's options (``idHeader``/``idField``: where the record id is;
-            ``includeHeaders``: Spark's connector gives headers only when ``true``).
+            ``includeHeaders``: both readers give headers only when ``true``).
         native: Spark's connector (:data:`NATIVE`) instead of onceflow's source (:data:`COLUMNS`).
     """
     header, field = options.get("idHeader"), options.get("idField")
@@ -184,7 +184,7 @@ def batch_table(chosen: list[Record], topic: str, options: dict[str, Any], nativ
          "offset": r["offset"], "timestamp": r["timestamp_ms"] * 1000, "timestampType": r["timestamp_type"],
          "headers": [{"key": k, "value": v} for k, v in r["headers"]],
          "record_id": _record_id(r, topic, header, field)} for r in chosen], schema=COLUMNS)
-    if native:
-        with_headers = str(options.get("includeHeaders", "false")).lower() == "true"
-        return table.select([f.name for f in NATIVE if with_headers or f.name != "headers"])
-    return table
+    with_headers = any(str(k).lower() == "includeheaders" and str(v).lower() == "true"
+                       for k, v in options.items())
+    schema = NATIVE if native else COLUMNS
+    return table.select([f.name for f in schema if with_headers or f.name != "headers"])
