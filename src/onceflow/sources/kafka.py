@@ -76,7 +76,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from onceflow import plans
-from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, nearest, refuse_unknown
+from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, refuse_unknown
 from onceflow.kafka_log import with_logger
 from onceflow.sources import kafka_native
 from onceflow.sources.kafka_read import OffsetRange, ReadSpec, read_range, schema_ddl
@@ -152,17 +152,6 @@ class KafkaOptions:
                    _positive(opts, "maxoffsetspertrigger", 1) if per_trigger else None,
                    _positive(opts, "maxrecordspertask", 100_000),
                    _boolean(opts, "allowmissingtopics", False))
-
-
-def missing_topics_message(missing: list[str], existing: list[str], servers: str) -> str:
-    """Why a query refuses to start on topics the brokers do not have, and what to do."""
-    visible = sorted(t for t in existing if not t.startswith("__"))
-    hints = []
-    for topic in missing:
-        near = nearest(topic, visible)
-        hints.append(f"{topic!r}" + (f" (did you mean {near!r}?)" if near else ""))
-    return (f"{NAME}: no topic {', '.join(hints)} on {servers} (it has {visible[:20]}); fix subscribe=, "
-            "create the topic, or pass allow_missing_topics=True (option allowMissingTopics) to wait for it")
 
 
 def _boolean(opts: Mapping[str, str], name: str, default: bool) -> bool:
@@ -256,7 +245,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                             else re.fullmatch(opts.pattern, t) and not t.startswith("__"))]
         missing = [t for t in opts.topics if t not in meta.topics]
         if missing and not opts.allow_missing:
-            raise ConfigError(missing_topics_message(missing, list(meta.topics),
+            raise ConfigError(kafka_native.missing_topics_message(NAME, missing, list(meta.topics),
                                                      opts.spec.consumer["bootstrap.servers"]))
         return sorted((t, p) for t in names for p in meta.topics[t].partitions)
 

@@ -30,7 +30,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, nearest
 from onceflow.kafka_log import with_logger
 
 _log = logging.getLogger("onceflow.kafka")
@@ -79,6 +79,24 @@ def record_id(id_header: str | None, id_field: str | None) -> Any:
     return F.coalesce(*found, coords)
 
 
+def missing_topics_message(reader: str, missing: list[str], existing: list[str], servers: str) -> str:
+    """Why a query refuses to start on topics the brokers do not have, and what to do.
+
+    Args:
+        reader: Who refuses (``onceflow_kafka`` when the query starts, ``onceflow.read_kafka``).
+        missing: The subscribed topics the brokers do not have.
+        existing: The topics they have.
+        servers: The bootstrap servers.
+    """
+    visible = sorted(t for t in existing if not t.startswith("__"))
+    hints = []
+    for topic in missing:
+        near = nearest(topic, visible)
+        hints.append(f"{topic!r}" + (f" (did you mean {near!r}?)" if near else ""))
+    return (f"{reader}: no topic {', '.join(hints)} on {servers} (it has {visible[:20]}); fix subscribe=, "
+            "create the topic, or pass allow_missing_topics=True (option allowMissingTopics) to wait for it")
+
+
 def check_topics(servers: str, topics: list[str], consumer: dict[str, str]) -> None:
     """Refuse subscribed topics the brokers do not have (step 2 of the module docstring).
 
@@ -89,8 +107,6 @@ def check_topics(servers: str, topics: list[str], consumer: dict[str, str]) -> N
         from confluent_kafka.admin import AdminClient
     except ImportError:  # nothing to check with: the connector waits for the topic
         return
-    from onceflow.sources.kafka import missing_topics_message
-
     admin = AdminClient(with_logger({**consumer, "bootstrap.servers": servers}))
     try:
         existing = list(admin.list_topics(timeout=30).topics)
@@ -98,8 +114,7 @@ def check_topics(servers: str, topics: list[str], consumer: dict[str, str]) -> N
         raise ConfigError(f"onceflow.read_kafka: cannot list the topics of {servers}: {exc}") from None
     missing = [t for t in topics if t not in existing]
     if missing:
-        raise ConfigError(missing_topics_message(missing, existing, servers).replace(
-            "onceflow_kafka: ", "onceflow.read_kafka: ", 1))
+        raise ConfigError(missing_topics_message("onceflow.read_kafka", missing, existing, servers))
 
 
 def read(spark: Any, given: dict[str, str]) -> Any:
