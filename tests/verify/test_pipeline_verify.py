@@ -144,6 +144,27 @@ def test_a_kafka_pipeline_under_crashes(orders_sample: Path, tmp_path: Path) -> 
     assert rc == 1 and rep["verdict"]["tables"]["customers"]["duplicated_events"] > 0, out
 
 
+@pytest.mark.long  # ~50 s: make test-long (test_kafka_native.py checks the columns in make test)
+def test_a_kafka_pipeline_reading_headers_is_judged(orders_sample: Path, tmp_path: Path) -> None:
+    """``include_headers=True``: the oracle gives the batch the records' headers as the reader does."""
+    records, channels = tmp_path / "records.jsonl", ["web", "app", "store"]
+    lines = [ln for f in sorted(orders_sample.iterdir()) for ln in f.read_text().splitlines() if ln.strip()]
+    with records.open("w") as out:  # a resent order is the same record: its channel follows its id
+        for i, line in enumerate(lines):
+            order = json.loads(line)
+            n = sum(str(order.get("order_id")).encode())
+            headers = {"channel": channels[n % 3]} if n % 7 else {}  # every 7th id without it: 'none'
+            out.write(json.dumps({"value": order, "key": f"k{i}", "headers": headers}) + "\n")
+    rc, out, rep = _verify(tmp_path / "report", "--pipeline", f"{KAFKA}:build_channels", "--source", "kafka",
+                           "--input", str(records), "--rounds", "2", "--seed", "9",
+                           "--faults", "crash_after_sink_commit,kill_random")
+    assert rc == 0, out
+    assert rep["verdict"]["tables"]["channels"]["expected_rows"] == 4, rep["verdict"]["tables"]
+    with sqlite3.connect(tmp_path / "report" / "work" / "sink.db") as conn:
+        got = {c for (c,) in conn.execute("SELECT channel FROM channels")}
+    assert got == {*channels, "none"}, got
+
+
 @pytest.mark.long  # make test-long (make test's 30 minutes); the same judging on files runs in make test
 def test_an_input_contract_on_kafka_records_and_its_rejects_are_judged(tmp_path: Path) -> None:
     """read_kafka + expect(json="value") + deduplicate + rejects= (the guide's shape), verify producing."""

@@ -182,7 +182,7 @@ def batch_table(chosen: list[Record], topic: str, options: dict[str, Any], nativ
     table = pa.Table.from_pylist([
         {"key": r["key"], "value": r["value"], "topic": topic, "partition": r["partition"],
          "offset": r["offset"], "timestamp": r["timestamp_ms"] * 1000, "timestampType": r["timestamp_type"],
-         "headers": [{"key": k, "value": v} for k, v in r["headers"]],
+         "headers": [{"key": k, "value": v} for k, v in r["headers"]] or None,  # none: null, as both readers
          "record_id": _record_id(r, topic, header, field)} for r in chosen], schema=COLUMNS)
     with_headers = any(str(k).lower() == "includeheaders" and str(v).lower() == "true"
                        for k, v in options.items())

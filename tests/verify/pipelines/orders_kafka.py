@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from sensors import json_values  # a sibling too: format("kafka"), JSON values as columns
 
 import onceflow
-from onceflow import deduplicate, write_stream
+from onceflow import Table, deduplicate, write_stream
 
 SCHEMA = "order_id STRING, customer STRING, cents LONG, ts TIMESTAMP"
 
@@ -64,3 +64,24 @@ def build_append_aggregate(spark: Any, input: str, sink: Any, checkpoint: str, o
     hourly = _orders(spark, input).groupBy(F.window("ts", "1 hour")).agg(F.count(F.lit(1)).alias("orders"))
     return write_stream(hourly, sink, checkpoint, tables={"hourly": TABLES["hourly"]}, once=once,
                         per_batch=lambda df: df.select(F.col("window.start").alias("hour"), "orders"))
+
+
+def build_channels(spark: Any, input: str, sink: Any, checkpoint: str, once: bool) -> Any:
+    """Orders counted per sales channel, a header of each record (``include_headers=True``)."""
+    bootstrap, topic = input.rsplit("/", 1)
+    raw = onceflow.read_kafka(spark, bootstrap, subscribe=topic, id_field="order_id", include_headers=True,
+                              max_offsets_per_trigger=500)
+    channel = F.try_element_at(F.filter("headers", lambda h: h["key"] == "channel"), F.lit(1))["value"]
+    channel = channel.cast("string")
+    orders = raw.select("record_id", F.coalesce(channel, F.lit("none")).alias("channel"),
+                        F.from_json(F.col("value").cast("string"), SCHEMA).alias("o")).select(
+        F.col("record_id").alias("order_id"), "channel", "o.cents", "o.ts")
+    clean = deduplicate(orders, id="order_id", event_time="ts", within="20 minutes")
+
+    def per_channel(df: Any) -> dict[str, Any]:
+        return {"channels": df.groupBy("channel").agg(F.count(F.lit(1)).alias("orders"),
+                                                      F.sum("cents").alias("cents"))}
+
+    tables = {"channels": Table(key="channel", add=["orders", "cents"])}
+    return write_stream(clean, sink, checkpoint, tables=tables, per_batch=per_channel, once=once,
+                        trigger="300 milliseconds")
