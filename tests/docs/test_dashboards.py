@@ -90,7 +90,10 @@ def test_every_command_of_the_opening_table_parses(page: str, tmp_path: Path,
             rc = subprocess.run(["bash", "-n", args[1]], cwd=ROOT, capture_output=True, text=True)
             assert rc.returncode == 0, f"{command}: {rc.stderr}"
         elif args[1:3] == ["-m", "pytest"]:  # the test files it names exist
-            files = [a.split("::")[0] for a in args[3:] if not a.startswith("-")]
+            rest = args[3:]
+            valued = {"-m", "-k", "-p"}  # pytest options that take the next word
+            files = [a.split("::")[0] for i, a in enumerate(rest)
+                     if not a.startswith("-") and (i == 0 or rest[i - 1] not in valued)]
             assert files and all((ROOT / f).is_file() for f in files), command
         else:
             with monkeypatch.context() as patch:
