@@ -79,7 +79,7 @@ from onceflow import plans
 from onceflow.errors import ConfigError, SourceDataLossError, SourceReadError, refuse_unknown
 from onceflow.kafka_log import with_logger
 from onceflow.sources import kafka_native
-from onceflow.sources.kafka_read import OffsetRange, ReadSpec, read_range, schema_ddl
+from onceflow.sources.kafka_read import OffsetRange, ReadSpec, arrow_schema, read_range
 
 NAME = "onceflow_kafka"
 
@@ -388,10 +388,12 @@ class KafkaDataSource(DataSource):
         """The format name."""
         return NAME
 
-    def schema(self) -> str:
+    def schema(self) -> Any:
         """Spark's Kafka columns (``headers`` with ``includeHeaders=true``) plus ``record_id``."""
+        from pyspark.sql.pandas.types import from_arrow_schema
+
         opts = {str(k).lower(): str(v) for k, v in self.options.items()}
-        return schema_ddl(_boolean(opts, "includeheaders", False))
+        return from_arrow_schema(arrow_schema(_boolean(opts, "includeheaders", False)))
 
     def streamReader(self, schema: Any) -> KafkaStreamReader:  # noqa: N802
         """The stream reader (options checked here, before the query starts)."""
@@ -495,7 +497,7 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
         if value is not None:
             given[name] = str(value)
     given.update(options or {})
-    KafkaOptions.parse(given)  # a bad option fails here, in the caller's code
+    parsed = KafkaOptions.parse(given)  # a bad option fails here, in the caller's code
     native = connector != "onceflow" and kafka_native.has_connector(spark)
     if connector == "spark" and not native:
         raise ConfigError("onceflow.read_kafka(connector='spark'): Spark's Kafka connector is not on this "
@@ -505,7 +507,7 @@ def read_kafka(spark: Any, bootstrap_servers: str, *, subscribe: str | Sequence[
     if native:
         if _has_client():
             register(spark)  # rejects and late rows read a batch again with onceflow's reader
-        df = kafka_native.read(spark, given)
+        df = kafka_native.read(spark, given, parsed.spec)
     else:
         require_client()
         register(spark)

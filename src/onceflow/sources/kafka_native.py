@@ -32,6 +32,7 @@ from typing import Any
 
 from onceflow.errors import ConfigError, nearest
 from onceflow.kafka_log import with_logger
+from onceflow.sources.kafka_read import ReadSpec
 
 _log = logging.getLogger("onceflow.kafka")
 
@@ -117,13 +118,15 @@ def check_topics(servers: str, topics: list[str], consumer: dict[str, str]) -> N
         raise ConfigError(missing_topics_message("onceflow.read_kafka", missing, existing, servers))
 
 
-def read(spark: Any, given: dict[str, str]) -> Any:
+def read(spark: Any, given: dict[str, str], spec: ReadSpec) -> Any:
     """The stream through Spark's connector, with ``record_id`` (columns as the Python source's).
 
     Args:
         spark: The session (its driver has the connector).
         given: The options :func:`onceflow.read_kafka` checked (onceflow's names; ``kafka.*``
             passed to the Java consumer as they are).
+        spec: What those options say of the record id and the headers (parsed as onceflow's
+            source parses them).
     """
     opts = {**CONSUMER_DEFAULTS,
             **{k: v for k, v in given.items() if k in SPARK_OPTIONS or k.startswith("kafka.")}}
@@ -131,12 +134,11 @@ def read(spark: Any, given: dict[str, str]) -> Any:
         consumer = {k[len("kafka."):]: v for k, v in given.items()
                     if k.startswith("kafka.") and k != "kafka.bootstrap.servers"}
         check_topics(given["kafka.bootstrap.servers"], given["subscribe"].split(","), consumer)
-    keep = any(k.lower() == "includeheaders" and v.lower() == "true" for k, v in given.items())
-    header = given.get("idHeader")
+    keep = spec.include_headers
     raw = (spark.readStream.format("kafka").options(**opts)
-           .option("includeHeaders", str(keep or bool(header)).lower()).load())
-    out = raw.withColumn("record_id", record_id(header, given.get("idField")))
-    return out if keep or not header else out.drop("headers")
+           .option("includeHeaders", str(keep or bool(spec.id_header)).lower()).load())
+    out = raw.withColumn("record_id", record_id(spec.id_header, spec.id_field))
+    return out if keep or not spec.id_header else out.drop("headers")
 
 
 def initial_offsets(checkpoint: str | Path, source: int = 0) -> dict[str, Any] | None:

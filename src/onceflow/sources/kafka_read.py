@@ -53,14 +53,6 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return ARROW_SCHEMA if include_headers else pa.schema([f for f in ARROW_SCHEMA if f.name != "headers"])
 
 
-def schema_ddl(include_headers: bool) -> str:
-    """:func:`arrow_schema` as the DDL a Spark data source declares."""
-    types = {"key": "BINARY", "value": "BINARY", "topic": "STRING", "partition": "INT", "offset": "LONG",
-             "timestamp": "TIMESTAMP", "timestampType": "INT",
-             "headers": "ARRAY<STRUCT<key: STRING, value: BINARY>>", "record_id": "STRING"}
-    return ", ".join(f"{f.name} {types[f.name]}" for f in arrow_schema(include_headers))
-
-
 @dataclass(frozen=True)
 class ReadSpec:
     """What every read task of a query needs (pickled to the executors).
