@@ -110,10 +110,10 @@ def test_an_append_table_without_the_check_gets_a_dead_attempts_rows_twice(tmp_p
     """The control: without step 3's check (every copied file kept as it is), rows count twice."""
 
     class Trusting(EarlyCopy):
-        def hand_over(self, found: Any) -> tuple[set[str], int]:
+        def hand_over(self, found: Any) -> set[str]:
             self._halt()
-            attached, self.attached, self._owns = self.attached, 0, False
-            return set(self.copied), attached
+            self._owns = False
+            return set(self.copied)
 
     made = SQLiteTablesSink(tmp_path / "app.db", sink_id="s", collect_below=0)
     folder = tmp_path / "stage"

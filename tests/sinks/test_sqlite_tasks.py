@@ -18,10 +18,12 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from onceflow.errors import BatchRejectedError
 from onceflow.sinks.base import BatchStats
+from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.sinks.sqlite.tasks import stage_root
 from onceflow.tables import Table
@@ -87,7 +89,15 @@ def _read(db: Path) -> tuple[list[tuple[Any, ...]], dict[str, int], dict[tuple[s
     return events, latest, totals
 
 
-def test_the_tasks_path_writes_what_the_rows_say(spark: Any, tmp_path: Path) -> None:
+@pytest.fixture(params=["memory", "attached"])
+def opened(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the driver opens scratch files: read into memory (3.11+), or attached (3.10)."""
+    if request.param == "attached":
+        monkeypatch.setattr(tasks, "reads_into_memory", lambda: False)
+    return str(request.param)
+
+
+def test_the_tasks_path_writes_what_the_rows_say(spark: Any, tmp_path: Path, opened: str) -> None:
     db = tmp_path / "app.db"
     sink = SQLiteTablesSink(db, sink_id="s", collect_below=0)
     sink.bind("q")
@@ -239,3 +249,126 @@ def test_a_large_batch_is_copied_while_its_slower_task_still_writes(spark: Any, 
         assert sorted(r[0] for r in c.execute("SELECT id FROM events")) == list(range(20_000))
     assert [(m["batch_id"], m["rows_written"]) for m in sink.batches()] == [(0, 20_000)]
     sink.close()
+
+
+def _slow_batches(pause: float) -> Any:
+    """A ``mapInArrow`` function that waits ``pause`` seconds before each Arrow batch after the first."""
+
+    def slow(batches: Any) -> Any:
+        import time as t
+
+        for i, batch in enumerate(batches):
+            if i:
+                t.sleep(pause)
+            yield batch
+
+    return slow
+
+
+def test_a_long_task_completes_files_the_driver_copies_while_it_runs(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One task of three Arrow batches, a file bound below one batch: three files, the first copied early."""
+    import threading
+
+    from onceflow.sinks.base import Settle
+
+    monkeypatch.setattr(tasks, "CHUNK_BYTES", 1024)  # read by the driver as it makes the task's spec
+    copied: list[tuple[str, float]] = []
+
+    class Watched(SQLiteTablesSink):
+        def _copy(self, *args: Any, **kwargs: Any) -> int:
+            rows = super()._copy(*args, **kwargs)
+            copied.append((threading.current_thread().name, time.monotonic()))
+            return rows
+
+    db = tmp_path / "app.db"
+    sink = Watched(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "1000")
+    try:
+        # rows of ~1 KB: a batch fills the Python worker's output buffer, so it leaves when made
+        frame = spark.range(0, 3000, numPartitions=1) \
+            .selectExpr("id", "concat(repeat('n', 1000), id) AS note") \
+            .mapInArrow(_slow_batches(3.0), "id LONG, note STRING")
+        settle = Settle(lambda written: (BatchStats(written["events"], 0, 0), written["events"]))
+        assert sink.commit_frames(0, {"events": frame}, {"events": Table()}, BatchStats(0, 0, 0), 0,
+                                  settle=settle)
+        ended = time.monotonic()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    early = [at for name, at in copied if name == "onceflow-early-copy"]
+    assert len(copied) == 3, copied
+    assert early and early[0] < ended - 1.5, (copied, ended)  # the first file, seconds before the end
+    with sqlite3.connect(db) as c:
+        assert sorted(r[0] for r in c.execute("SELECT id FROM events")) == list(range(3000))
+    assert [(m["batch_id"], m["rows_written"]) for m in sink.batches()] == [(0, 3000)]
+    sink.close()
+
+
+def test_more_tasks_than_sqlite_attaches_keep_their_partitions(spark: Any, tmp_path: Path,
+                                                                opened: str) -> None:
+    """Fourteen partitions into an append and an upsert table: files read into memory are not coalesced."""
+    from pyspark import TaskContext
+
+    db = tmp_path / "app.db"
+    sink = SQLiteTablesSink(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    seen: list[int] = []
+
+    def mark(batches: Any) -> Any:
+        for batch in batches:
+            yield batch.append_column("part", pa.array([TaskContext.get().partitionId()] * batch.num_rows,
+                                                        pa.int64()))
+
+    frame = spark.range(0, 1400, numPartitions=14).selectExpr("id", "id % 100 AS k") \
+        .mapInArrow(mark, "id LONG, k LONG, part LONG")
+    frames = {"events": frame, "latest": frame.groupBy("k").max("id").withColumnRenamed("max(id)", "id")}
+    specs = {"events": Table(), "latest": Table(key="k", mode="upsert")}
+    assert sink.commit_frames(0, frames, specs, BatchStats(1400, 0, 0), 1400)
+    with sqlite3.connect(db) as c:
+        assert sorted(r[0] for r in c.execute("SELECT id FROM events")) == list(range(1400))
+        seen = sorted({r[0] for r in c.execute("SELECT part FROM events")})
+        assert dict(c.execute("SELECT k, id FROM latest")) == {k: 1300 + k for k in range(100)}
+    assert len(seen) == (14 if opened == "memory" else tasks.MAX_FILES // 2), seen
+    sink.close()
+
+
+def test_the_format_refuses_a_key_in_two_of_many_tasks(spark: Any, tmp_path: Path) -> None:
+    """Twelve tasks (more than SQLite attaches), one key in two of them: refused naming it; else all rows."""
+    from onceflow.errors import from_spark
+    from onceflow.sinks.sqlite.source import register
+
+    register(spark)
+    db = tmp_path / "app.db"
+    rows = [(f"k{i}", i) for i in range(120)]
+
+    def write(batch: Any, batch_id: int) -> None:
+        (batch.write.format("onceflow_sqlite").mode("append").option("db", str(db)).option("table", "t")
+         .option("spec", '{"mode": "upsert", "key": ["k"]}').option("batch_id", batch_id).save())
+
+    twice = spark.createDataFrame(rows + [("k7", 999)], "k STRING, n LONG").repartition(12, "n")
+    with pytest.raises(Exception) as caught:
+        write(twice, 0)
+    assert isinstance(from_spark(caught.value), BatchRejectedError), caught.value
+    assert "key {'k': 'k7'} appears 2 times" in str(from_spark(caught.value))
+    write(spark.createDataFrame(rows, "k STRING, n LONG").repartition(12, "n"), 0)
+    with sqlite3.connect(db) as c:
+        assert dict(c.execute("SELECT k, n FROM t")) == dict(rows)
+
+
+def test_the_tasks_get_batches_bounded_by_rows_and_a_bound_the_user_set(spark: Any) -> None:
+    """7,000 rows of 10 KB (70 MB, above Spark's 64 MiB default): one Arrow batch unless the user set a bound."""
+    from onceflow.sinks.formats import ARROW_MAX_BYTES, run_tasks
+
+    def sizes(batches: Any) -> list[int]:
+        return [b.num_rows for b in batches]
+
+    frame = spark.range(0, 7000, numPartitions=1).selectExpr("id", "repeat('x', 10000) AS blob")
+    assert run_tasks(frame, sizes) == [[7000]]
+    assert spark.conf.get(ARROW_MAX_BYTES) == "67108864b"  # the session's own setting is back
+    spark.conf.set(ARROW_MAX_BYTES, "20MB")
+    try:
+        got = run_tasks(frame, sizes)[0]
+    finally:
+        spark.conf.unset(ARROW_MAX_BYTES)
+    assert sum(got) == 7000 and len(got) >= 4 and max(got) <= 2100, got

@@ -27,6 +27,7 @@ package, so each format's classes live at module level of an onceflow module.
 from __future__ import annotations
 
 import abc
+import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -194,6 +195,41 @@ def save_frame(frame: DataFrame, source: Any, options: Mapping[str, Any]) -> Non
         raise from_spark(exc) from None
 
 
+ARROW_MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+"""Spark's byte bound on one Arrow batch handed to Python (checked after every row)."""
+ARROW_MAX_BYTES_DEFAULT = "67108864b"
+"""That bound's default as Spark reports it (64 MiB)."""
+UNMETERED = str(2**31 - 1)
+"""The value at which Spark skips the bound's check (Java's ``Integer.MAX_VALUE``)."""
+
+
+@contextlib.contextmanager
+def unmetered_arrow(spark: Any) -> Iterator[None]:
+    """Spark's per-row byte check of Arrow batches off for the jobs started inside, if at its default.
+
+    To keep each Arrow batch it hands to Python under
+    ``spark.sql.execution.arrow.maxBytesPerBatch``, Spark measures the batch's vectors after
+    every row it adds; for a sink's tasks that measuring is a large part of the JVM's work
+    (BENCHMARKS.md). Inside this block the session's bound is Java's ``Integer.MAX_VALUE``,
+    where Spark skips the measure: batches are then bounded by ``maxRecordsPerBatch`` rows
+    alone, as before Spark 4.0. A bound the user set (anything but the default) is kept, and
+    so is the default where this Spark refuses the value. Jobs of other threads of the same
+    session that start meanwhile see the same setting.
+    """
+    try:
+        lift = spark.conf.get(ARROW_MAX_BYTES) == ARROW_MAX_BYTES_DEFAULT
+        if lift:
+            spark.conf.set(ARROW_MAX_BYTES, UNMETERED)
+    except Exception:  # noqa: BLE001 - an older or stricter Spark: its bound stays
+        lift = False
+    try:
+        yield
+    finally:
+        if lift:
+            with contextlib.suppress(Exception):
+                spark.conf.unset(ARROW_MAX_BYTES)
+
+
 def run_tasks(frame: DataFrame, task: Callable[[Iterator[pa.RecordBatch]], Any]) -> list[Any]:
     """Each partition of ``frame`` through ``task`` in its Spark task; the tasks' messages on the driver.
 
@@ -201,7 +237,8 @@ def run_tasks(frame: DataFrame, task: Callable[[Iterator[pa.RecordBatch]], Any])
     worker of each of Spark's tasks over the partition's Arrow batches (an identity
     ``mapInArrow`` whose only output is ``task``'s message, JSON), and the driver gets one
     message per partition — of the attempt Spark kept, as a data source's commit does — in
-    the one Spark job of the call. A Python data source write starts Python processes for its
+    the one Spark job of the call, with Spark's per-row byte check of the Arrow batches off
+    (:func:`unmetered_arrow`). A Python data source write starts Python processes for its
     lookup, its planning and its commit besides the tasks' workers, one after another, in
     each new process; this starts none of those. ``task`` and what it holds must pickle (no
     connection, no session).
@@ -216,7 +253,8 @@ def run_tasks(frame: DataFrame, task: Callable[[Iterator[pa.RecordBatch]], Any])
         yield pa.RecordBatch.from_arrays([pa.array([message], pa.string())], names=["message"])
 
     try:
-        found = frame.mapInArrow(run, "message string").toArrow()
+        with unmetered_arrow(frame.sparkSession):
+            found = frame.mapInArrow(run, "message string").toArrow()
     except Exception as exc:
         raise from_spark(exc) from None
     return [json.loads(m) for m in found.column("message").to_pylist()]

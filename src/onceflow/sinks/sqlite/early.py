@@ -23,8 +23,9 @@ last files' copy is. What :class:`EarlyCopy` does, for batch N, beside Spark's j
 
 Only tables that need no look at the whole batch before their first row is written are copied
 early: ``append`` and ``upsert`` tables (the batch's keys were proved unique in T1). An ``add``
-table's 64-bit check folds every file's extents first, so its files wait for T4. At most
-:data:`onceflow.sinks.sqlite.tasks.MAX_FILES` files are attached, as in T4.
+table's 64-bit check folds every file's extents first, so its files wait for T4. Files are
+opened as T4 opens them (:class:`onceflow.sinks.sqlite.tasks.Scratches`, shared with T4): read
+into memory one by one, or attached while there is room.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from onceflow.sinks.sqlite.tasks import MAX_FILES, is_scratch_of
+from onceflow.sinks.sqlite.tasks import Scratches, is_scratch_of
 from onceflow.tables import Table
 
 POLL_S = 0.05
@@ -65,15 +66,17 @@ class EarlyCopy:
         sink: The sink whose connection, table check and copy it uses.
         batch_id: The micro-batch.
         folder: The attempt's directory of scratch files.
+        scratches: How files are opened in the transaction (T4 goes on with it; a new one by default).
     """
 
-    def __init__(self, sink: _Copier, batch_id: int, folder: Path) -> None:
+    def __init__(self, sink: _Copier, batch_id: int, folder: Path,
+                 scratches: Scratches | None = None) -> None:
         self.sink = sink
         self.batch_id = batch_id
         self.folder = folder
+        self.scratches = scratches if scratches is not None else Scratches(sink.conn)
         self.copied: dict[str, tuple[str, int]] = {}
         """Path -> (table, rows copied), in this transaction."""
-        self.attached = 0
         self.error: BaseException | None = None
         self._owns = False  # this object began the open transaction (until hand_over keeps it)
         self._table: tuple[str, Table, pa.Schema] | None = None
@@ -115,7 +118,7 @@ class EarlyCopy:
         """Steps 1-2 for the files complete now."""
         with self._lock:
             table = self._table
-        if table is None or self.attached >= MAX_FILES:
+        if table is None or not self.scratches.room():
             return
         name, spec, schema = table
         try:
@@ -125,15 +128,13 @@ class EarlyCopy:
         conn = self.sink.conn
         for file in found:
             path = str(self.folder / file)
-            if path in self.copied or self.attached >= MAX_FILES or self._stop.is_set():
+            if path in self.copied or not self.scratches.room() or self._stop.is_set():
                 continue  # (a file whose copy failed stops the thread: never tried twice)
             if not conn.in_transaction:
                 conn.execute("BEGIN IMMEDIATE")
                 self._owns = True
             self.sink._fit(name, spec, schema)  # the first file creates or checks; later ones find it
-            alias = f"onceflow_task{self.attached}"
-            conn.execute(f"ATTACH DATABASE ? AS {alias}", (path,))
-            self.attached += 1
+            alias = self.scratches.open(path)
             rows = self.sink._copy(self.batch_id, name, spec, list(schema.names),
                                    {"path": path, "rows": None}, {}, alias)
             self.copied[path] = (name, rows)
@@ -143,32 +144,32 @@ class EarlyCopy:
         if self._thread is not None:
             self._thread.join()
 
-    def hand_over(self, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]]) -> tuple[set[str], int]:
-        """Step 3: the files already copied and the files attached, for T4 to go on from.
+    def hand_over(self, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]]) -> set[str]:
+        """Step 3: the files already copied, for T4 to go on from (with :attr:`scratches`).
 
         Args:
-            found: Table name -> (its columns, the messages of the attempts Spark kept).
+            found: Table name -> (its columns, the files of the attempts Spark kept).
 
         Returns:
-            (paths copied in the open transaction, databases attached to the connection); with
-            the transaction rolled back and nothing attached: (empty, 0).
+            The paths copied in the open transaction; with the transaction rolled back and
+            nothing open: none.
         """
         self._halt()
         kept = {str(f["path"]): (name, int(f["rows"])) for name, (_, files) in found.items() for f in files}
         conn = self.sink.conn
         if conn.in_transaction and self.error is None and all(
                 kept.get(path) == done for path, done in self.copied.items()):
-            attached, self.attached, self._owns = self.attached, 0, False
-            return set(self.copied), attached
+            self._owns = False
+            return set(self.copied)
         self.close()
-        return set(), 0
+        return set()
 
     def close(self) -> None:
-        """Stop; roll back what was copied and detach the files unless T4 took them over."""
+        """Stop; roll back what was copied and close the files unless T4 took them over."""
         self._halt()
         conn = self.sink.conn
-        if self._owns and conn.in_transaction:
-            conn.execute("ROLLBACK")
-        for i in range(self.attached):
-            conn.execute(f"DETACH DATABASE onceflow_task{i}")
-        self.attached, self.copied, self._owns = 0, {}, False
+        if self._owns:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self.scratches.close()
+        self.copied, self._owns = {}, False

@@ -80,12 +80,14 @@ T2. If the marker ``(sink_id, N)`` exists, return False: a replay runs no task.
 T3. Spark's tasks check and convert each table's rows and write them to scratch SQLite files
     beside the database (:mod:`onceflow.sinks.sqlite.tasks`, steps 1-2: a value SQLite would
     change fails the task naming it; of a retried or speculative task only the attempt Spark
-    kept counts; crash point ``task_after_write`` kills a task's first attempt after its file).
+    kept counts; crash point ``task_after_write`` kills a task's first attempt after its files; a
+    long task completes a file every ``chunk_bytes`` and goes on in the next).
     Meanwhile the driver opens T4's transaction and copies each complete file of an ``append``
     or ``upsert`` table into it (:mod:`onceflow.sinks.sqlite.early`; kept in T4 only if every
     file copied is of an attempt Spark kept, with its rows; else rolled back).
 T4. One transaction: if the marker exists, roll back and return False. Create or check the
-    tables as step 3 does; attach each file not copied in T3 and copy it with SQLite's
+    tables as step 3 does; open each file not copied in T3 (:class:`onceflow.sinks.sqlite.tasks.
+    Scratches`: read into memory, or attached) and copy it with SQLite's
     ``INSERT ... SELECT`` (in key order; an integer ``add`` sum that could leave 64 bits checked
     exactly by a join first), its row count checked against its task's; a constraint the rows
     break rolls back and raises :class:`BatchRejectedError`. Insert the marker. Crash point
@@ -380,10 +382,11 @@ class SQLiteTablesSink(SinkBase):
                       settle: Settle | None = None) -> bool:
         """Accept batch ``batch_id`` given as DataFrames (the tasks path, T1-T6).
 
-        A batch under ``collect_below`` rows (or of more tables than SQLite attaches) is
-        collected and goes through :meth:`commit_tables`. With ``settle``, one table's frame that
-        is not cached: its rows are counted from the scratch files, and the batch's numbers
-        settled before T4.
+        A batch under ``collect_below`` rows (or, where files are attached, of more tables than
+        SQLite attaches: :func:`onceflow.sinks.sqlite.tasks.too_many_tables`) is collected and
+        goes through :meth:`commit_tables`. With ``settle``, one table's frame that is not
+        cached: its rows are counted from the scratch files, and the batch's numbers settled
+        before T4.
 
         Raises:
             BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
@@ -395,14 +398,14 @@ class SQLiteTablesSink(SinkBase):
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before
             self._check_start(batch_id, frames, specs)
-        elif sum(counts.values()) < self.collect_below or len(frames) > tasks.MAX_FILES:
+        elif sum(counts.values()) < self.collect_below or tasks.too_many_tables(len(frames)):
             return self.commit_tables(batch_id, collected(frames), specs, stats, rows_out)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)
         self.flush()
         if self._committed(batch_id):  # T2, before the tasks run (checked again in T4's transaction)
             return False
-        token, each = uuid.uuid4().hex[:12], tasks.frames_per_table(len(frames))
+        token, each = uuid.uuid4().hex[:12], tasks.tasks_per_table(len(frames))
         found: dict[str, tuple[pa.Schema, list[dict[str, Any]]]] = {}
         stage = tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token)
         early = EarlyCopy(self, batch_id, stage.folder(batch_id)) if self.copies_early else None
@@ -412,7 +415,8 @@ class SQLiteTablesSink(SinkBase):
                                       specs[name].describe())
                 schema = arrow_schema(frame.schema)
                 with early.watching(name, specs[name], schema) if early else contextlib.nullcontext():
-                    files = tasks.run(frame.coalesce(each), spec) if counts is None or counts[name] else []
+                    tasked = frame if each is None else frame.coalesce(each)
+                    files = tasks.run(tasked, spec) if counts is None or counts[name] else []
                 found[name] = (schema, files)
             return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle, early=early)  # T4
         finally:
@@ -435,7 +439,8 @@ class SQLiteTablesSink(SinkBase):
             check_keys: Look for a key twice in the files (T1 did not: the format on its own).
             settle: The batch's numbers from the files' rows (``stats`` and ``rows_out`` are
                 placeholders then).
-            early: What T3 copied already (:mod:`onceflow.sinks.sqlite.early`): kept if right.
+            early: What T3 copied already (:mod:`onceflow.sinks.sqlite.early`): kept if right; T4
+                opens the rest of the files as it did (its ``scratches``).
 
         Returns:
             True if this call wrote the batch, False if its marker was there.
@@ -445,7 +450,8 @@ class SQLiteTablesSink(SinkBase):
         extents = {n: tasks.folded(files) for n, (_, files) in found.items()}
         if settle is not None:
             stats, rows_out = settle(counts)
-        copied, attached = early.hand_over(found) if early is not None else (set(), 0)
+        copied = early.hand_over(found) if early is not None else set()
+        scratches = early.scratches if early is not None else tasks.Scratches(conn)
         conn.execute("PRAGMA wal_autocheckpoint=0")  # the commit's checkpoint: after T5, off the batch's path
         if not conn.in_transaction:
             conn.execute("BEGIN IMMEDIATE")  # T4 (or begun in T3 by the early copy)
@@ -457,14 +463,12 @@ class SQLiteTablesSink(SinkBase):
             for name, (schema, files) in found.items():
                 spec = specs[name]
                 self._fit(name, spec, schema)
-                files = [f for f in files if f["path"] not in copied]
-                aliases = [f"onceflow_task{attached + i}" for i in range(len(files))]
-                for f, alias in zip(files, aliases, strict=True):
-                    conn.execute(f"ATTACH DATABASE ? AS {alias}", (f["path"],))
-                    attached += 1
-                if check_keys and spec.key and aliases:
-                    tasks.check_keys(conn, name, spec, aliases)
-                for f, alias in zip(files, aliases, strict=True):
+                for f in files:
+                    if f["path"] in copied:
+                        continue
+                    alias = scratches.open(f["path"])
+                    if check_keys and spec.key:
+                        scratches.check_keys(name, spec, alias)
                     self._copy(batch_id, name, spec, list(schema.names), f, extents[name], alias)
             self._marker(batch_id, stats, rows_out, counts)
             maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
@@ -474,8 +478,7 @@ class SQLiteTablesSink(SinkBase):
                 conn.execute("ROLLBACK")
             raise
         finally:
-            for i in range(attached):
-                conn.execute(f"DETACH DATABASE onceflow_task{i}")
+            scratches.close()
             conn.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
         for name, (schema, _) in found.items():
             self._checked[name] = (specs[name], tuple(schema.names))
