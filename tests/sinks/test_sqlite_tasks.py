@@ -210,19 +210,25 @@ def test_the_format_on_its_own_refuses_a_key_twice(spark: Any, tmp_path: Path) -
         assert not c.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone()
 
 
+class Watched(SQLiteTablesSink):
+    """The sink, noting which thread copied each file, and when (``copied``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.copied: list[tuple[str, float]] = []
+
+    def _copy(self, *args: Any, **kwargs: Any) -> int:
+        import threading
+
+        rows = super()._copy(*args, **kwargs)
+        self.copied.append((threading.current_thread().name, time.monotonic()))
+        return rows
+
+
 def test_a_large_batch_is_copied_while_its_slower_task_still_writes(spark: Any, tmp_path: Path) -> None:
     """A real job of two tasks, one slowed by its input: the fast one's file is in before the job ends."""
-    import threading
-
     from onceflow.sinks.base import Settle
 
-    copied: list[tuple[str, float]] = []
-
-    class Watched(SQLiteTablesSink):
-        def _copy(self, *args: Any, **kwargs: Any) -> int:
-            rows = super()._copy(*args, **kwargs)
-            copied.append((threading.current_thread().name, time.monotonic()))
-            return rows
 
     def slow(batches: Any) -> Any:
         import time as t
@@ -243,6 +249,7 @@ def test_a_large_batch_is_copied_while_its_slower_task_still_writes(spark: Any, 
     assert sink.commit_frames(0, {"events": frame}, {"events": Table()}, BatchStats(0, 0, 0), 0,
                               settle=settle)
     ended = time.monotonic()
+    copied = sink.copied
     early = [at for name, at in copied if name == "onceflow-early-copy"]
     assert early and early[0] < ended - 2, (copied, started, ended)  # seconds before the slow task's end
     with sqlite3.connect(db) as c:
@@ -268,18 +275,9 @@ def _slow_batches(pause: float) -> Any:
 def test_a_long_task_completes_files_the_driver_copies_while_it_runs(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One task of three Arrow batches, a file bound below one batch: three files, the first copied early."""
-    import threading
-
     from onceflow.sinks.base import Settle
 
     monkeypatch.setattr(tasks, "CHUNK_BYTES", 1024)  # read by the driver as it makes the task's spec
-    copied: list[tuple[str, float]] = []
-
-    class Watched(SQLiteTablesSink):
-        def _copy(self, *args: Any, **kwargs: Any) -> int:
-            rows = super()._copy(*args, **kwargs)
-            copied.append((threading.current_thread().name, time.monotonic()))
-            return rows
 
     db = tmp_path / "app.db"
     sink = Watched(db, sink_id="s", collect_below=0)
@@ -296,6 +294,7 @@ def test_a_long_task_completes_files_the_driver_copies_while_it_runs(
         ended = time.monotonic()
     finally:
         spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    copied = sink.copied
     early = [at for name, at in copied if name == "onceflow-early-copy"]
     assert len(copied) == 3, copied
     assert early and early[0] < ended - 1.5, (copied, ended)  # the first file, seconds before the end
@@ -357,7 +356,7 @@ def test_the_format_refuses_a_key_in_two_of_many_tasks(spark: Any, tmp_path: Pat
 
 
 def test_the_tasks_get_batches_bounded_by_rows_and_a_bound_the_user_set(spark: Any) -> None:
-    """7,000 rows of 10 KB (70 MB, above Spark's 64 MiB default): one Arrow batch unless the user set a bound."""
+    """7,000 rows of 10 KB (70 MB, over Spark's 64 MiB default): one Arrow batch but for a bound set."""
     from onceflow.sinks.formats import ARROW_MAX_BYTES, run_tasks
 
     def sizes(batches: Any) -> list[int]:
