@@ -196,3 +196,29 @@ def test_a_database_onceflow_creates_has_16k_pages_one_made_elsewhere_keeps_its_
     assert _ids(tmp_path / "old.db") == list(range(3000))
     with sqlite3.connect(tmp_path / "old.db") as c:
         assert c.execute("PRAGMA page_size").fetchone()[0] == 4096
+
+
+def test_attached_files_stop_at_what_sqlite_attaches_with_a_clear_error(sink: SQLiteTablesSink,
+                                                                         tmp_path: Path) -> None:
+    """Python 3.10's way (files attached): the eleventh file is refused naming the fix; memory takes any."""
+    from onceflow.errors import ConfigError
+    from onceflow.sinks.sqlite.tasks import MAX_FILES, Scratches
+
+    files = [_scratch(tmp_path / "stage", "t", p, 0, _rows(p * 10, 10))["path"] for p in range(MAX_FILES + 1)]
+    attached = Scratches(sink.conn, memory=False)
+    sink.conn.execute("BEGIN")
+    for path in files[:MAX_FILES]:
+        attached.open(path)
+    with pytest.raises(ConfigError, match=r"more than 10 scratch files.*coalesce the batch to 10 partitions"):
+        attached.open(files[-1])
+    sink.conn.execute("ROLLBACK")
+    attached.close()
+    memory = Scratches(sink.conn, memory=True)
+    sink.conn.execute("BEGIN")
+    total = 0
+    for path in files:
+        total += sink.conn.execute(f"SELECT count(*) FROM {memory.open(path)}.rows").fetchone()[0]
+    sink.conn.execute("ROLLBACK")
+    memory.close()
+    assert total == 10 * (MAX_FILES + 1)
+    assert _attached(sink) == ["main"]

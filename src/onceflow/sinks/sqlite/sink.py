@@ -382,11 +382,10 @@ class SQLiteTablesSink(SinkBase):
                       settle: Settle | None = None) -> bool:
         """Accept batch ``batch_id`` given as DataFrames (the tasks path, T1-T6).
 
-        A batch under ``collect_below`` rows (or, where files are attached, of more tables than
-        SQLite attaches: :func:`onceflow.sinks.sqlite.tasks.too_many_tables`) is collected and
-        goes through :meth:`commit_tables`. With ``settle``, one table's frame that is not
-        cached: its rows are counted from the scratch files, and the batch's numbers settled
-        before T4.
+        A batch under ``collect_below`` rows (or :func:`onceflow.sinks.sqlite.tasks.too_many_tables`)
+        is collected and goes through :meth:`commit_tables`. With ``settle``, one table's frame
+        that is not cached: its rows are counted from the scratch files, and the batch's numbers
+        settled before T4.
 
         Raises:
             BatchRejectedError: The rows do not fit the specs or the tables (nothing written).
@@ -415,8 +414,7 @@ class SQLiteTablesSink(SinkBase):
                                       specs[name].describe())
                 schema = arrow_schema(frame.schema)
                 with early.watching(name, specs[name], schema) if early else contextlib.nullcontext():
-                    tasked = frame if each is None else frame.coalesce(each)
-                    files = tasks.run(tasked, spec) if counts is None or counts[name] else []
+                    files = tasks.run(frame, spec, each) if counts is None or counts[name] else []
                 found[name] = (schema, files)
             return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle, early=early)  # T4
         finally:
@@ -463,9 +461,7 @@ class SQLiteTablesSink(SinkBase):
             for name, (schema, files) in found.items():
                 spec = specs[name]
                 self._fit(name, spec, schema)
-                for f in files:
-                    if f["path"] in copied:
-                        continue
+                for f in (f for f in files if f["path"] not in copied):
                     alias = scratches.open(f["path"])
                     if check_keys and spec.key:
                         scratches.check_keys(name, spec, alias)

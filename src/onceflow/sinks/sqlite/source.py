@@ -18,9 +18,11 @@ Inside ``foreachBatch`` (pass the batch id)::
 Options: ``db`` and ``table`` (required), ``sink_id`` (default ``default``; the marker is the row
 ``(sink_id, batch)`` of ``onceflow_batches``), ``spec`` (JSON of :class:`onceflow.tables.Table`'s
 arguments; default ``{"mode": "append"}``), ``key`` (comma-separated), ``batch_id`` (batch
-writes). The database must be a file the driver (the Spark Connect server, on Connect) reaches,
-the scratch files a directory beside it that the tasks reach. Tasks convert and write the rows,
-the driver copies them into the table with the marker: :mod:`onceflow.sinks.sqlite.tasks`.
+writes), ``chunk_bytes`` (a task completes a scratch file after this many bytes of Arrow data and
+goes on in a new one; default 8 MiB where the driver's Python reads files into memory, 3.11+, else
+0: one file a task). The database must be a file the driver (the Spark Connect server, on Connect)
+reaches, the scratch files a directory beside it that the tasks reach. Tasks convert and write the
+rows, the driver copies them into the table with the marker: :mod:`onceflow.sinks.sqlite.tasks`.
 ``onceflow.write_stream`` with ``onceflow.sqlite(...)`` uses the same tasks for a large batch,
 every table of the batch in one transaction.
 """

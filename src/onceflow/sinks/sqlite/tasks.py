@@ -276,8 +276,12 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
     return {"files": files.done}
 
 
-def run(frame: Any, spec: TaskSpec) -> list[dict[str, Any]]:
-    """Step 1 in Spark's tasks, for the sink (:func:`onceflow.sinks.formats.run_tasks`): the kept files."""
+def run(frame: Any, spec: TaskSpec, tasks_at_most: int | None = None) -> list[dict[str, Any]]:
+    """Step 1 in Spark's tasks, for the sink (:func:`onceflow.sinks.formats.run_tasks`): the kept files.
+
+    ``tasks_at_most`` coalesces the frame's partitions first (:func:`tasks_per_table`).
+    """
+    frame = frame if tasks_at_most is None else frame.coalesce(tasks_at_most)
     return [f for m in run_tasks(frame, functools.partial(write_task, spec)) for f in m["files"]]
 
 
@@ -343,7 +347,16 @@ class Scratches:
         return self.memory or self.attached < MAX_FILES
 
     def open(self, path: str) -> str:
-        """Open the scratch file ``path``; the schema name its table ``rows`` is under."""
+        """Open the scratch file ``path``; the schema name its table ``rows`` is under.
+
+        Raises:
+            ConfigError: A file more than SQLite attaches (files attached: Python 3.10).
+        """
+        if not self.memory and self.attached >= MAX_FILES:
+            raise ConfigError(f"a batch's rows came in more than {MAX_FILES} scratch files, and this "
+                              f"Python's sqlite3 ({sqlite3.sqlite_version}, Python < 3.11) can only attach "
+                              f"them, {MAX_FILES} at most: coalesce the batch to {MAX_FILES} partitions "
+                              "or fewer, or run the driver on Python 3.11+")
         if not self.memory:
             alias = f"onceflow_task{self.attached}"
             self.conn.execute(f"ATTACH DATABASE ? AS {alias}", (path,))
