@@ -66,15 +66,14 @@ class EarlyCopy:
         sink: The sink whose connection, table check and copy it uses.
         batch_id: The micro-batch.
         folder: The attempt's directory of scratch files.
-        scratches: How files are opened in the transaction (T4 goes on with it; a new one by default).
     """
 
-    def __init__(self, sink: _Copier, batch_id: int, folder: Path,
-                 scratches: Scratches | None = None) -> None:
+    def __init__(self, sink: _Copier, batch_id: int, folder: Path) -> None:
         self.sink = sink
         self.batch_id = batch_id
         self.folder = folder
-        self.scratches = scratches if scratches is not None else Scratches(sink.conn)
+        self.scratches = Scratches(sink.conn)
+        """How files are opened in the transaction (T4 goes on with it)."""
         self.copied: dict[str, tuple[str, int]] = {}
         """Path -> (table, rows copied), in this transaction."""
         self.error: BaseException | None = None

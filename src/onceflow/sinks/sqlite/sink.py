@@ -461,7 +461,7 @@ class SQLiteTablesSink(SinkBase):
             for name, (schema, files) in found.items():
                 spec = specs[name]
                 self._fit(name, spec, schema)
-                for f in (f for f in files if f["path"] not in copied):
+                for f in [left for left in files if left["path"] not in copied]:
                     alias = scratches.open(f["path"])
                     if check_keys and spec.key:
                         scratches.check_keys(name, spec, alias)

@@ -338,13 +338,13 @@ class Scratches:
     def __init__(self, conn: sqlite3.Connection, memory: bool | None = None) -> None:
         self.conn = conn
         self.memory = reads_into_memory() if memory is None else memory
-        self.attached = 0
+        self.aliases: list[str] = []  # the schemas attached in this transaction
         self._keys: dict[str, str] = {}  # table -> the temporary table of its keys seen
         self._buffer = bytearray()
 
     def room(self) -> bool:
         """Whether another file can be opened in this transaction."""
-        return self.memory or self.attached < MAX_FILES
+        return self.memory or len(self.aliases) < MAX_FILES
 
     def open(self, path: str) -> str:
         """Open the scratch file ``path``; the schema name its table ``rows`` is under.
@@ -352,19 +352,19 @@ class Scratches:
         Raises:
             ConfigError: A file more than SQLite attaches (files attached: Python 3.10).
         """
-        if not self.memory and self.attached >= MAX_FILES:
+        if not self.room():
             raise ConfigError(f"a batch's rows came in more than {MAX_FILES} scratch files, and this "
                               f"Python's sqlite3 ({sqlite3.sqlite_version}, Python < 3.11) can only attach "
                               f"them, {MAX_FILES} at most: coalesce the batch to {MAX_FILES} partitions "
                               "or fewer, or run the driver on Python 3.11+")
         if not self.memory:
-            alias = f"onceflow_task{self.attached}"
+            alias = f"onceflow_task{len(self.aliases)}"
             self.conn.execute(f"ATTACH DATABASE ? AS {alias}", (path,))
-            self.attached += 1
+            self.aliases.append(alias)
             return alias
-        if not self.attached:
+        if not self.aliases:
             self.conn.execute(f"ATTACH DATABASE ':memory:' AS {self.ALIAS}")
-            self.attached = 1
+            self.aliases.append(self.ALIAS)
         with open(path, "rb") as f:  # into one buffer, reused: SQLite copies what it is given
             size = os.fstat(f.fileno()).st_size
             if len(self._buffer) < size:
@@ -408,12 +408,9 @@ class Scratches:
         for seen_keys in self._keys.values():
             self.conn.execute(f"DROP TABLE IF EXISTS temp.{seen_keys}")
         self._keys = {}
-        if self.memory and self.attached:
-            self.conn.execute(f"DETACH DATABASE {self.ALIAS}")
-        elif not self.memory:
-            for i in range(self.attached):
-                self.conn.execute(f"DETACH DATABASE onceflow_task{i}")
-        self.attached = 0
+        for alias in self.aliases:
+            self.conn.execute(f"DETACH DATABASE {alias}")
+        self.aliases = []
 
 
 def folded(files: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
