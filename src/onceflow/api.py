@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow import contract, idstore, logcheck, plans, startup
+from onceflow import contract, plans, startup
 from onceflow import rejects as rj
 from onceflow.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id
 from onceflow.durations import parse_duration
@@ -32,7 +33,7 @@ from onceflow.errors import ConfigError, from_spark, refuse_unknown
 from onceflow.faults import CrashPoint, armed, commit_log_listener
 from onceflow.query import OnceQuery
 from onceflow.repair import repair_command
-from onceflow.retry import retrying
+from onceflow.serverside import StepsSource
 from onceflow.sinks.base import TablesSink
 from onceflow.sinks.several import SeveralSinks
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
@@ -342,14 +343,15 @@ def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], che
     if per_batch is not None and not callable(per_batch):
         raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
     path = Path(checkpoint)
+    on_server = False  # the checkpoint read on the Connect server's driver (the client cannot see it)
     if plans.is_connect(df):  # the batches run in a Python worker of the server: onceflow must be there
         from onceflow import remote
 
         remote.check_server(df.sparkSession)
-        remote.check_checkpoint_seen(df.sparkSession, path)  # the steps below read it here
-    idstore.check_checkpoint(path, df.sparkSession.conf.get("spark.jars", "") or "")
-    startup.clear_unfinished_start(path)
-    logcheck.check(path, repair_command(path, sink))
+        on_server = not remote.sees_checkpoint(path)
+    jars, repair_cmd = df.sparkSession.conf.get("spark.jars", "") or "", repair_command(path, sink)
+    if not on_server:
+        startup.check_checkpoint(path, jars, repair_cmd)
     event_time = event_time or plans.recall(df, _EVENT_TIME)
     ids = plans.recall(df, _IDS)
     if late is not None:
@@ -396,14 +398,20 @@ def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], che
     schemas = startup.output_schemas(df, per_batch, with_id, outputs)
     startup.check_columns_of(schemas, outputs)
     retry_s = parse_duration(retry_for)
-    retrying("checking the sink before the query starts", retry_s,
-             lambda: sink.check(specs, {**schemas, **({rejects: rj.ARROW_SCHEMA} if rejects else {})}))
+    check_sink = partial(startup.check_sink, sink, specs,
+                         {**schemas, **({rejects: rj.ARROW_SCHEMA} if rejects else {})}, retry_s)
+    if not on_server:
+        check_sink()
     startup.print_note(startup.append_note(df, output_mode))
     options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows,
                             the_contract, rejects, retry_s)
     writer = BatchWriter(sink, path, options, df.sparkSession)
     try:
-        writer.bind_at_start()
+        if on_server:
+            steps = partial(startup.check_checkpoint, path, jars, repair_cmd, writer, check_sink)
+            StepsSource.run(df.sparkSession, steps, f"checking the checkpoint {path}")
+        else:
+            writer.bind_at_start()
     except BaseException:
         with contextlib.suppress(Exception):  # the refusal is what the caller needs to see
             writer.close()
@@ -423,7 +431,7 @@ def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], che
             df.sparkSession.streams.removeListener(listener)
         writer.close()
         raise _start_error(exc) from None
-    return OnceQuery(started, writer, sink, listener, restart=stream.start)
+    return OnceQuery(started, writer, sink, listener, restart=stream.start, checkpoint_on_server=on_server)
 
 
 def _start_error(exc: Exception) -> Exception:

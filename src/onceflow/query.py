@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from onceflow import plans
@@ -33,6 +34,23 @@ from onceflow.sinks.base import TablesSink
 
 STEP_S = 0.5
 """How often the wait looks for a Ctrl-C."""
+
+
+def restore_point(root: Path) -> tuple[int, int] | None:
+    """While ``onceflow repair``'s restore is under way: (the batch planned next, the last committed).
+
+    None when no restore is under way or the planned batch is committed (nothing to run).
+    """
+    from onceflow import checkpoint as ckpt
+    from onceflow import repair
+
+    if not repair.restore_under_way(root):
+        return None
+    planned, committed = ckpt.offset_batches(root), ckpt.committed_batches(root)
+    done = committed[-1] if committed else -1
+    if not planned or planned[-1] <= done:
+        return None
+    return planned[-1], done
 
 
 class _Interrupts:
@@ -68,9 +86,10 @@ class OnceQuery:
     """
 
     def __init__(self, query: Any, writer: BatchWriter, sink: TablesSink, listener: Any,
-                 restart: Callable[[], Any] | None = None) -> None:
+                 restart: Callable[[], Any] | None = None, checkpoint_on_server: bool = False) -> None:
         self.query, self._writer, self.sink, self._listener = query, writer, sink, listener
         self._restart = restart
+        self._checkpoint_on_server = checkpoint_on_server
         self._restored_after = -1
 
     def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
@@ -128,22 +147,24 @@ class OnceQuery:
         """On Spark Connect: the restored batch the query stopped before, read from the checkpoint.
 
         The batch writer that replayed a restored batch ran in the server's worker; the client
-        sees the restore from the checkpoint: ``onceflow repair``'s restore file is there and the
-        next batch is planned without a commit. Only when a batch committed since the last
+        sees the restore from the checkpoint (:func:`restore_point`; read on the server's driver
+        when the client cannot see the checkpoint). Only when a batch committed since the last
         restart (a restore moves forward, never loops).
         """
-        from onceflow import checkpoint as ckpt
-        from onceflow import repair
-
         root = self._writer.checkpoint
-        if not repair.restore_under_way(root):
+        if self._checkpoint_on_server:
+            from functools import partial
+
+            from onceflow.serverside import StepsSource
+
+            point: tuple[int, int] | None = StepsSource.run(
+                self.query.sparkSession, partial(restore_point, root), "reading the checkpoint's restore")
+        else:
+            point = restore_point(root)
+        if point is None or point[1] <= self._restored_after:
             return None
-        planned, committed = ckpt.offset_batches(root), ckpt.committed_batches(root)
-        done = committed[-1] if committed else -1
-        if not planned or planned[-1] <= done or done <= self._restored_after:
-            return None
-        self._restored_after = done
-        return planned[-1]
+        self._restored_after = point[1]
+        return point[0]
 
     def _wait(self, timeout: float | None, interrupts: _Interrupts) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout

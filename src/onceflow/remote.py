@@ -11,10 +11,11 @@ data sources onceflow registers are imported there by name. So:
    class of each (SQL ``reflect`` on a static member); :func:`onceflow.spark.session` with
    ``remote=`` then names onceflow's id state store and checkpoint file manager in the session,
    and where the server lacks them Spark's own run, said in one line.
-3. **The checkpoint at the same path on both sides**: ``write_stream`` reads (and mends) Spark's
-   checkpoint before the query starts — its logs, an unfinished first batch, the sink's and
-   the id store's checks — with the client's file system. :func:`check_checkpoint_seen` refuses
-   a checkpoint the server has and the client cannot see, rather than start without them.
+3. **The checkpoint where the server is**: ``write_stream`` reads (and mends) Spark's
+   checkpoint before the query starts — its logs, an unfinished first batch, the sink's and the
+   id store's checks. Where the client sees the checkpoint (:func:`sees_checkpoint`), it reads
+   it itself; else (a new checkpoint, or a path only the server has) the steps run on the
+   server's driver (:mod:`onceflow.serverside`).
 """
 
 from __future__ import annotations
@@ -84,31 +85,13 @@ def check_server(spark: Any) -> None:
     _CHECKED.add(session_id)
 
 
-def check_checkpoint_seen(spark: Any, checkpoint: Path) -> None:
-    """Refuse a checkpoint the Connect server has and this client cannot read.
+def sees_checkpoint(checkpoint: Path) -> bool:
+    """Whether this client sees the checkpoint's ``metadata`` (else it is new, or only the server's).
 
-    Only asked when the client sees no ``metadata`` file (a new checkpoint, or one it cannot
-    see): the server's driver lists ``<checkpoint>/metadata`` (a ``binaryFile`` count, no rows
-    to the client).
-
-    Raises:
-        ConfigError: The server has the checkpoint: naming it and what to do.
+    Where it does not, :func:`onceflow.write_stream` reads the checkpoint on the server's driver
+    (:mod:`onceflow.serverside`).
     """
-    meta = checkpoint / "metadata"
-    if meta.exists():
-        return
-    try:
-        spark.read.format("binaryFile").load(str(meta)).count()
-    except Exception as exc:  # noqa: BLE001 - Spark says PATH_NOT_FOUND as an AnalysisException
-        if "PATH_NOT_FOUND" in str(exc) or "does not exist" in str(exc):
-            return  # a new checkpoint on both sides
-        raise
-    raise ConfigError(f"the Spark Connect server has a checkpoint at {checkpoint} that this client cannot "
-                      "read: onceflow checks and mends Spark's checkpoint before the query starts (its "
-                      "logs, a first batch killed half-written, that the sink's batches are this "
-                      "checkpoint's), and reads it where the client runs. Run the client where the "
-                      "server's path is the same (its machine, or the same shared mount); "
-                      "docs/connect.md")
+    return (checkpoint / "metadata").exists()
 
 
 def remote_session(url: str, shuffle_partitions: int | None = None, conf: dict[str, str] | None = None,

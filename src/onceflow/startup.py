@@ -21,7 +21,9 @@ A query that cannot write should fail when it is started, not at its first batch
    unreachable server fails here), its existing tables checked against the specs and columns.
    Then, for a checkpoint that exists, the sink is bound to it and checked against Spark's logs
    (:meth:`onceflow.batch.BatchWriter.bind_at_start`): a sink restored from a backup is refused
-   before Spark runs any batch.
+   before Spark runs any batch. Where the client does not see the checkpoint (Spark Connect),
+   the checkpoint's checks, the sink's and the bind run on the server's driver
+   (:func:`check_checkpoint`, :mod:`onceflow.serverside`).
 4. **Append over an event-time aggregation** (:func:`append_note`): one line saying that a
    window is written only once the watermark passes its end, and how to drain.
 """
@@ -44,10 +46,51 @@ from onceflow.tables import Table, check_columns
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
+    from onceflow.batch import BatchWriter
+    from onceflow.sinks.base import Sink
+
 OUTPUT_MODES = ("append", "update", "complete")
 """Spark's output modes, by its names."""
 _UNFINISHED = re.compile(r"^\.\.?\d+\.[0-9a-f-]+\.tmp(\.crc)?$")
 """A log file Spark began and never renamed into place (``.N.<uuid>.tmp``, its ``.crc``)."""
+
+
+def check_checkpoint(checkpoint: Path, session_jars: str, repair_cmd: str, writer: BatchWriter | None = None,
+                     check_sink: Callable[[], None] | None = None) -> None:
+    """Step 0 and the checkpoint's checks: the checkpoint checked and mended; then steps 3's.
+
+    Spark's checkpoint is read where this runs: in the client, or on a Spark Connect server's
+    driver (:mod:`onceflow.serverside`), where ``check_sink`` (:func:`check_sink`) runs too
+    and ``writer`` — a copy of the query's batch writer — is bound
+    (:meth:`onceflow.batch.BatchWriter.bind_at_start`) and closed.
+
+    Args:
+        checkpoint: The query's checkpoint directory.
+        session_jars: The session's ``spark.jars`` (:func:`onceflow.idstore.check_checkpoint`).
+        repair_cmd: The ``onceflow repair`` command a damaged log's error names.
+        writer: The batch writer to bind; None: bound by the caller.
+        check_sink: The sink's check, run before the bind; None: run by the caller.
+    """
+    from onceflow import idstore, logcheck
+
+    idstore.check_checkpoint(checkpoint, session_jars)
+    clear_unfinished_start(checkpoint)
+    logcheck.check(checkpoint, repair_cmd)
+    if check_sink is not None:
+        check_sink()
+    if writer is not None:
+        try:
+            writer.bind_at_start()
+        finally:
+            writer.close()
+
+
+def check_sink(sink: Sink, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema],
+               retry_s: float) -> None:
+    """Step 3: the sink's check (:meth:`onceflow.sinks.base.Sink.check`), retried while its failure passes."""
+    from onceflow.retry import retrying
+
+    retrying("checking the sink before the query starts", retry_s, lambda: sink.check(specs, schemas))
 
 
 def clear_unfinished_start(checkpoint: Path) -> list[Path]:

@@ -7,7 +7,8 @@ with pyarrow from the files (the watermark rule written out), never through once
 a crash point in the server's ``foreachBatch`` worker SIGKILLs the server JVM between the sink's
 commit and Spark's commit log of a batch with data; the client is SIGKILLed while a batch with
 data runs; both restarted, the tables are exact. A client that cannot see the server's
-checkpoint is refused.
+checkpoint restarts the query with the checkpoint's checks run on the server's driver, and gets
+their refusal of a log damaged on the server.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def per_batch(batch):
     return batch.groupBy("customer").agg(F.sum("qty").alias("qty"), F.count("*").alias("orders"))
 
 query = onceflow.write_stream(
-    clean, sink=onceflow.sqlite(f"{root}/out.db"), checkpoint=f"{root}/ck",
+    clean, sink=onceflow.sqlite(f"{root}/db/out.db"), checkpoint=f"{root}/ck",
     tables={"per_customer": Table(key=["customer"], add=["qty", "orders"])}, per_batch=per_batch,
     late="late_orders", rejects="bad_orders", once=trigger == "once", trigger="1 second")
 if trigger == "once":
@@ -61,8 +62,12 @@ print("PROVIDER", spark.conf.get("spark.sql.streaming.stateStore.providerClass")
 '''
 
 
-def _write_inputs(root: Path) -> tuple[dict[str, tuple[int, int]], int, int]:
-    """Four files (one batch each); returns (per customer (qty, orders), late rows, bad records)."""
+def _write_inputs(root: Path, upto: int = 4) -> tuple[dict[str, tuple[int, int]], int, int]:
+    """The first ``upto`` files (one batch each), those missing written; the oracle over them.
+
+    Returns:
+        Per customer (qty, orders), late rows, bad records.
+    """
     def at(s: int) -> datetime:
         return START + timedelta(seconds=s)
 
@@ -77,9 +82,14 @@ def _write_inputs(root: Path) -> tuple[dict[str, tuple[int, int]], int, int]:
         # late ones (event times far behind the watermark) and more on time
         [(f"late{i}", f"c{i % 5}", 7, at(100 + i)) for i in range(40)]
         + [(f"e{i}", f"c{i % 5}", 4, at(4_000 + i)) for i in range(100)],
-    ]
-    (root / "in").mkdir(parents=True)
+        # written after the rest (a run that starts with data to read): on time, new ids
+        [(f"f{i}", f"c{i % 5}", 6, at(4_100 + i)) for i in range(60)],
+    ][:upto]
+    (root / "in").mkdir(parents=True, exist_ok=True)
+    (root / "db").mkdir(exist_ok=True)
     for n, rows in enumerate(files):
+        if (root / "in" / f"part-{n}.parquet").exists():
+            continue
         cols = list(zip(*rows, strict=True))
         table = pa.table({"order_id": pa.array(cols[0], pa.string()), "customer": list(cols[1]),
                           "qty": pa.array(cols[2], pa.int64()), "ts": pa.array(cols[3], pa.timestamp("us"))})
@@ -108,30 +118,31 @@ def _write_inputs(root: Path) -> tuple[dict[str, tuple[int, int]], int, int]:
 
 
 def _client(server: ConnectServer, root: Path, trigger: str = "once", pause: float = 0.0,
-            unseen: Path | None = None) -> subprocess.Popen[str]:
-    """The client in a process of its own; with ``unseen``, that directory is hidden from it.
+            unseen: tuple[Path, ...] = ()) -> subprocess.Popen[str]:
+    """The client in a process of its own; the directories ``unseen`` are hidden from it.
 
-    ``unseen`` is covered by an empty tmpfs in a mount namespace of the client's own
+    Each is covered by an empty tmpfs in a mount namespace of the client's own
     (``unshare -m``): the server still sees what is there, the client does not.
     """
     (root / "client.py").write_text(CLIENT)
     cmd = [sys.executable, str(root / "client.py"), server.url, str(root), trigger, str(pause)]
-    if unseen is not None:
-        cmd = ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none "{unseen}" && exec "$@"', "sh", *cmd]
+    if unseen:
+        mounts = " && ".join(f'mount -t tmpfs none "{d}"' for d in unseen)
+        cmd = ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"}, start_new_session=True)
 
 
 def _markers(root: Path) -> dict[int, tuple[int | None, ...]]:
     """Batch -> (input rows, events counted, duplicates, late, rejected) of the sink's markers."""
-    with sqlite3.connect(root / "out.db") as db:
+    with sqlite3.connect(root / "db" / "out.db") as db:
         return {b: tuple(m) for b, *m in db.execute(
             "SELECT batch_id, input_rows, events_counted, duplicates_dropped, late_dropped, rejected_rows "
             "FROM onceflow_batches WHERE sink_id = 'default'")}
 
 
 def _tables(root: Path) -> tuple[dict[str, tuple[int, int]], int, list[str]]:
-    with sqlite3.connect(root / "out.db") as db:
+    with sqlite3.connect(root / "db" / "out.db") as db:
         sums = {c: (q, k) for c, q, k in db.execute("SELECT customer, qty, orders FROM per_customer")}
         late = db.execute("SELECT count(*) FROM late_orders").fetchone()[0]
         rules = sorted(r for (r,) in db.execute("SELECT rule FROM bad_orders"))
@@ -197,12 +208,35 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
         again = _client(server, tmp_path)  # the same checkpoint; Spark stops the orphaned run
         out, _ = again.communicate(timeout=300)
         assert again.returncode == 0, out[-4000:]
-        # a client that cannot see the server's checkpoint (an empty file system mounted over it in
-        # the client's own mount namespace) is refused before the query starts
-        blind = _client(server, tmp_path, unseen=tmp_path / "ck")
+        markers = _markers(tmp_path)
+        # a client that cannot see the checkpoint nor the database (an empty file system mounted
+        # over each in the client's own mount namespace), with a new file to read: the
+        # checkpoint's checks, the sink's and its bind run on the server's driver
+        hidden = (tmp_path / "ck", tmp_path / "db")
+        expected, late, _ = _write_inputs(tmp_path, 5)
+        blind = _client(server, tmp_path, unseen=hidden)
         out, _ = blind.communicate(timeout=300)
-        assert blind.returncode != 0 and "cannot read" in out and f"{tmp_path / 'ck'}" in out, out[-4000:]
-        assert "ConfigError" in out, out[-4000:]
+        assert blind.returncode == 0, out[-4000:]
+        assert _markers(tmp_path)[5][:2] == (60, 60)
+        # they are the server's: a commit file damaged, or a table that no longer fits, where only
+        # the server sees them stops the blind client before the query starts, naming them
+        commits = tmp_path / "ck" / "commits"
+        last = commits / str(max(int(p.name) for p in commits.glob("[0-9]*")))
+        kept = last.read_bytes()
+        last.write_text("not a commit\n")
+        damaged = _client(server, tmp_path, unseen=hidden)
+        out, _ = damaged.communicate(timeout=300)
+        last.write_bytes(kept)
+        assert damaged.returncode != 0 and "CheckpointDamagedError" in out and str(last) in out, out[-4000:]
+        planned = sorted(p.name for p in (tmp_path / "ck" / "offsets").iterdir())
+        with sqlite3.connect(tmp_path / "db" / "out.db") as db:
+            db.execute("ALTER TABLE per_customer RENAME COLUMN orders TO n_orders")
+        unfit = _client(server, tmp_path, unseen=hidden)
+        out, _ = unfit.communicate(timeout=300)
+        with sqlite3.connect(tmp_path / "db" / "out.db") as db:
+            db.execute("ALTER TABLE per_customer RENAME COLUMN n_orders TO orders")
+        assert unfit.returncode != 0 and "ConfigError" in out and "per_customer" in out, out[-4000:]
+        assert sorted(p.name for p in (tmp_path / "ck" / "offsets").iterdir()) == planned  # never started
     sums, late_rows, rules = _tables(tmp_path)
     assert sums == expected
     assert late_rows == late
@@ -210,8 +244,8 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
     # a batch's plan metrics (from the query's progress, written a batch later) where the batch
     # after it ran in the same run: batch 3's 40 late rows by the last run's no-data batch 4; a
     # batch whose next ran elsewhere (the orphaned run of the killed client) keeps NULL, never wrong
-    markers = _markers(tmp_path)
     assert markers[3] == (140, 100, 0, 40, 0)
+    markers = _markers(tmp_path)
     for batch, (rows, counted, dups, late_n, bad_n) in markers.items():
         if dups is not None:
             assert rows == counted + dups + late_n + bad_n, (batch, markers)

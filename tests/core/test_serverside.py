@@ -1,0 +1,67 @@
+"""Steps run where Spark plans a Python data source's read (:mod:`onceflow.serverside`).
+
+On a classic session that is a Python worker the driver starts — another process, as on a
+Spark Connect server's driver host (the Connect route: ``tests/core/test_connect.py``'s client
+that cannot see the checkpoint). What the steps return, raise and log comes back to the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from onceflow.errors import BadSegmentError, CheckpointMismatchError, OnceflowError
+from onceflow.query import restore_point
+from onceflow.serverside import StepsSource
+
+pytestmark = pytest.mark.spark
+
+
+def _where(path: str) -> tuple[int, list[str]]:
+    return os.getpid(), sorted(os.listdir(path))
+
+
+def _refuse() -> None:
+    logging.getLogger("onceflow.startup").warning("removed %s", "offsets/.0.tmp")
+    raise CheckpointMismatchError("the sink's batches are another checkpoint's")
+
+
+def _refuse_odd() -> None:
+    raise BadSegmentError("/data/seg-7", "a torn record")
+
+
+def test_the_steps_run_in_another_process_and_return_what_they_return(spark: Any, tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("1")
+    pid, names = StepsSource.run(spark, partial(_where, str(tmp_path)), "listing")
+    assert pid != os.getpid()
+    assert names == ["a"]
+
+
+def test_what_the_steps_raise_and_log_comes_back_as_it_was(spark: Any,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="onceflow"), \
+            pytest.raises(CheckpointMismatchError, match="another checkpoint's"):
+        StepsSource.run(spark, _refuse, "checking")
+    assert any("removed offsets/.0.tmp (on the server)" in r.getMessage() and r.name == "onceflow.startup"
+               for r in caplog.records)
+    # an exception that does not unpickle as itself comes back by its class name and message
+    with pytest.raises(OnceflowError, match="BadSegmentError: .*seg-7.*a torn record"):
+        StepsSource.run(spark, _refuse_odd, "checking")
+
+
+def test_a_restore_under_way_is_read_where_the_steps_run(spark: Any, tmp_path: Path) -> None:
+    from onceflow import repair
+
+    for log, ids in (("offsets", [0, 1, 2]), ("commits", [0, 1])):
+        (tmp_path / log).mkdir()
+        for n in ids:
+            (tmp_path / log / str(n)).write_text("v1\n{}\n")
+    assert StepsSource.run(spark, partial(restore_point, tmp_path), "reading") is None
+    repair_file = tmp_path / repair.RESTORE_FILE
+    repair_file.write_text('{"until": 4}')
+    assert StepsSource.run(spark, partial(restore_point, tmp_path), "reading") == (2, 1)
