@@ -25,6 +25,7 @@ batches, without the query's start: on Connect the start includes Spark's launch
 the variant against its classic session (>= 0.9 is the target).
 
 Usage: python benchmarks/bench_connect.py [--events 1000000] [--rounds 2] [--files 4]
+       [--variants classic,connect]
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=4, help="segments per micro-batch")
     ap.add_argument("--segment-size", type=int, default=100_000)
     ap.add_argument("--workdir", default=None)
+    ap.add_argument("--variants", default="classic,connect,connect-spark-store,spark-classic,spark-connect",
+                    help="comma-separated: which of the module's variants run (a ratio needs both sides)")
     args = ap.parse_args()
+    chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_user_counts import make_log
@@ -112,13 +116,19 @@ def main() -> None:
     log = root / "log"
     total = make_log(log, args.events, args.segment_size)
     print(f"log: {total} events in {log}", flush=True)
-    servers = {"connect": ConnectServer(root / "server-jars", cores=2),
-               "connect-spark-store": ConnectServer(root / "server-plain", cores=2, onceflow_jars=False)}
+    servers = {}
+    if {"connect", "spark-connect"} & set(chosen):
+        servers["connect"] = ConnectServer(root / "server-jars", cores=2)
+    if "connect-spark-store" in chosen:
+        servers["connect-spark-store"] = ConnectServer(root / "server-plain", cores=2, onceflow_jars=False)
     for s in servers.values():
         s.start()
-    variants = {"classic": "classic", "connect": servers["connect"].url,
-                "connect-spark-store": servers["connect-spark-store"].url,
-                "spark-classic": "classic", "spark-connect": servers["connect"].url}
+    where = {"classic": "classic", "connect": "connect", "connect-spark-store": "connect-spark-store",
+             "spark-classic": "classic", "spark-connect": "connect"}
+    unknown = [v for v in chosen if v not in where]
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; the variants are {sorted(where)}")
+    variants = {v: "classic" if where[v] == "classic" else servers[where[v]].url for v in chosen}
     times: dict[str, dict[str, list[float]]] = {}
     try:
         for name, target in variants.items():
@@ -135,6 +145,8 @@ def main() -> None:
             s.kill()
     for name, base in (("connect", "classic"), ("connect-spark-store", "classic"),
                        ("spark-connect", "spark-classic")):
+        if name not in times or base not in times:
+            continue
         ratios = {kind: statistics.median(times[base][kind]) / statistics.median(times[name][kind])
                   for kind in ("seconds", "batches")}
         print(f"ratio {name} / {base} (throughput, medians of {args.rounds} runs after a warm-up): "

@@ -348,7 +348,7 @@ def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], che
         from onceflow import remote
 
         remote.check_server(df.sparkSession)
-        on_server = not remote.sees_checkpoint(path)
+        on_server = not remote.sees_checkpoint(df.sparkSession, path)
     jars, repair_cmd = df.sparkSession.conf.get("spark.jars", "") or "", repair_command(path, sink)
     if not on_server:
         startup.check_checkpoint(path, jars, repair_cmd)

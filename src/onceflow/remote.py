@@ -13,14 +13,16 @@ data sources onceflow registers are imported there by name. So:
    and where the server lacks them Spark's own run, said in one line.
 3. **The checkpoint where the server is**: ``write_stream`` reads (and mends) Spark's
    checkpoint before the query starts — its logs, an unfinished first batch, the sink's and the
-   id store's checks. Where the client sees the checkpoint (:func:`sees_checkpoint`), it reads
-   it itself; else (a new checkpoint, or a path only the server has) the steps run on the
-   server's driver (:mod:`onceflow.serverside`).
+   id store's checks. Where the client sees the server's checkpoint directory
+   (:func:`sees_checkpoint`), it reads it itself; else (a path only the server has) the steps
+   run on the server's driver (:mod:`onceflow.serverside`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,13 +87,37 @@ def check_server(spark: Any) -> None:
     _CHECKED.add(session_id)
 
 
-def sees_checkpoint(checkpoint: Path) -> bool:
-    """Whether this client sees the checkpoint's ``metadata`` (else it is new, or only the server's).
+def sees_checkpoint(spark: Any, checkpoint: Path) -> bool:
+    """Whether this client and the Connect server's driver see the same checkpoint directory.
 
-    Where it does not, :func:`onceflow.write_stream` reads the checkpoint on the server's driver
-    (:mod:`onceflow.serverside`).
+    Yes when the client sees its ``metadata`` (the checkpoint of a query that ran). Else (a new
+    checkpoint, or one only the server has) a probe: the client writes a one-byte file
+    ``onceflow-probe-<uuid>`` into the directory and the server's driver lists it (a
+    ``binaryFile`` count: no rows to the client); the file is removed, and so are the
+    directories the client made for it when the server did not see it. A directory the client
+    cannot write is not seen.
     """
-    return (checkpoint / "metadata").exists()
+    if (checkpoint / "metadata").exists():
+        return True
+    made = [p for p in (checkpoint, *checkpoint.parents) if not p.exists()]
+    probe = checkpoint / f"onceflow-probe-{uuid.uuid4().hex}"
+    try:
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"?")  # one byte: Spark skips empty files
+    except OSError:
+        return False
+    seen = False
+    try:
+        seen = spark.read.format("binaryFile").load(str(probe)).count() == 1
+    except Exception as exc:  # noqa: BLE001 - Spark says PATH_NOT_FOUND as an AnalysisException
+        if "PATH_NOT_FOUND" not in str(exc) and "does not exist" not in str(exc):
+            raise
+    finally:
+        probe.unlink(missing_ok=True)
+        for directory in made if not seen else []:  # the deepest first
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+    return seen
 
 
 def remote_session(url: str, shuffle_partitions: int | None = None, conf: dict[str, str] | None = None,

@@ -65,3 +65,13 @@ def test_a_restore_under_way_is_read_where_the_steps_run(spark: Any, tmp_path: P
     repair_file = tmp_path / repair.RESTORE_FILE
     repair_file.write_text('{"until": 4}')
     assert StepsSource.run(spark, partial(restore_point, tmp_path), "reading") == (2, 1)
+
+
+def test_a_checkpoint_directory_both_sides_see_is_probed_and_left_clean(spark: Any, tmp_path: Path) -> None:
+    from onceflow.remote import sees_checkpoint
+
+    new = tmp_path / "new" / "ck"
+    assert sees_checkpoint(spark, new)  # the driver lists the client's probe file
+    assert new.is_dir() and list(new.iterdir()) == []
+    (tmp_path / "a-file").write_text("")
+    assert not sees_checkpoint(spark, tmp_path / "a-file" / "ck")  # the client cannot write there
