@@ -12,8 +12,8 @@ no rows of a batch: one row of the steps' outcome.
 :meth:`StepsSource.run` runs the protocol:
 
 1. The client pickles the steps (a function of no arguments; PySpark's cloudpickle, as Spark
-   Connect pickles the ``foreachBatch`` function) into an option of a read of the data source
-   ``onceflow_server_steps``, registered in the session once.
+   Connect pickles the ``foreachBatch`` function) into an option (:data:`OPTION`) of a read of
+   the data source ``onceflow_server_steps``, registered in the session once.
 2. Spark plans the read on the server's driver host: the reader runs the steps there, catching
    what they raise and the log lines of onceflow's loggers, and keeps the outcome.
 3. The read's one partition yields the outcome as one row; the client collects that row.
@@ -34,6 +34,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from onceflow.errors import OnceflowError
 
 NAME = "onceflow_server_steps"
+OPTION = "steps_secret"
+"""The option holding the pickled steps: a name Spark's redaction (``spark.redaction.regex``)
+hides in plans and logs, since the steps carry the sink's arguments (a DSN's password)."""
 _REGISTERED: set[str] = set()
 
 
@@ -97,7 +100,7 @@ class _Reader(DataSourceReader):
 
 
 class StepsSource(DataSource):
-    """``onceflow_server_steps``: one row, the outcome of the steps in option ``steps``."""
+    """``onceflow_server_steps``: one row, the outcome of the steps in option :data:`OPTION`."""
 
     @classmethod
     def name(cls) -> str:
@@ -110,7 +113,7 @@ class StepsSource(DataSource):
 
     def reader(self, schema: Any) -> DataSourceReader:
         """Called where Spark plans the read: the steps run here (step 2)."""
-        return _Reader(self.options["steps"])
+        return _Reader(self.options[OPTION])
 
     @staticmethod
     def run(spark: Any, steps: Callable[[], Any], what: str) -> Any:
@@ -133,7 +136,7 @@ class StepsSource(DataSource):
             spark.dataSource.register(StepsSource)
             _REGISTERED.add(session_id)
         try:
-            rows = spark.read.format(NAME).option("steps", _dumps(steps)).load().collect()
+            rows = spark.read.format(NAME).option(OPTION, _dumps(steps)).load().collect()
         except Exception as exc:
             first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             raise OnceflowError(f"{what} on the Spark Connect server's driver failed: {first}") from exc

@@ -62,7 +62,7 @@ def check_checkpoint(checkpoint: Path, session_jars: str, repair_cmd: str, write
     Spark's checkpoint is read where this runs: in the client, or on a Spark Connect server's
     driver (:mod:`onceflow.serverside`), where ``check_sink`` (:func:`check_sink`) runs too
     and ``writer`` — a copy of the query's batch writer — is bound
-    (:meth:`onceflow.batch.BatchWriter.bind_at_start`) and closed.
+    (:meth:`onceflow.batch.BatchWriter.bind_at_start`), then closed with its sink's connections.
 
     Args:
         checkpoint: The query's checkpoint directory.
@@ -76,13 +76,15 @@ def check_checkpoint(checkpoint: Path, session_jars: str, repair_cmd: str, write
     idstore.check_checkpoint(checkpoint, session_jars)
     clear_unfinished_start(checkpoint)
     logcheck.check(checkpoint, repair_cmd)
-    if check_sink is not None:
-        check_sink()
-    if writer is not None:
-        try:
+    try:
+        if check_sink is not None:
+            check_sink()
+        if writer is not None:
             writer.bind_at_start()
-        finally:
+    finally:
+        if writer is not None:  # a copy: its sink's connections end here (the batches open their own)
             writer.close()
+            writer.sink.close()
 
 
 def check_sink(sink: Sink, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema],
