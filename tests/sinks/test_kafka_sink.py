@@ -24,7 +24,7 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
-from onceflow.errors import OnceflowError
+from onceflow.errors import OnceflowError, SourceReadError
 from onceflow.sinks.kafka import KafkaTopicsSink
 from onceflow.sinks.kafka_records import row_json
 from onceflow.sinks.marker import BatchStats
@@ -212,6 +212,28 @@ def test_a_new_driver_reads_the_marker_topics_end_past_aborted_transactions(brok
     conf = admin.describe_configs([topic])[topic].result(30)
     assert conf["cleanup.policy"].value == "compact"  # the last marker is never deleted by retention
     assert int(conf["min.compaction.lag.ms"].value) == 7 * 24 * 3600 * 1000
+
+
+def test_the_auditor_reads_a_transaction_committed_a_moment_ago(broker: Any) -> None:
+    """The broker writes a commit's markers just after commit_transaction returns: the read waits."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic("just_now", 3, 1)])["just_now"].result(30)
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "auditor-just-now"})
+    producer.init_transactions(30)
+    for n in range(1, 6):
+        producer.begin_transaction()
+        for i in range(10):
+            producer.produce("just_now", key=f"{n}-{i}".encode(), value=b"v", partition=i % 3)
+        producer.commit_transaction(30)
+        assert len(read_records(broker.bootstrap, "just_now")) == 10 * n  # read at once
+    producer.begin_transaction()
+    producer.produce("just_now", key=b"open", value=b"v", partition=1)
+    producer.flush(10)
+    with pytest.raises(SourceReadError, match=r"just_now: a transaction is still open on partition\(s\) \[1\]"):
+        read_messages(broker.bootstrap, "just_now", timeout_s=2)
+    assert len(read_records(broker.bootstrap, "just_now", "read_uncommitted")) == 51
+    producer.abort_transaction(30)
+    assert len(read_records(broker.bootstrap, "just_now")) == 50
 
 
 def test_a_batchs_metrics_known_only_after_it_reach_its_marker(broker: Any) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -126,7 +125,6 @@ def test_the_tasks_produce_each_row_once_and_a_replay_nothing(spark: Any, broker
                        mark=False)
     kt.write_frame(kt.records_frame(frames1, specs, kt.task_count(sum(counts.values()))), spec)
     assert sink.commit_frames(1, frames1, specs, BatchStats(2000, 0, 0), 2000)  # every task finds its own
-    time.sleep(1)  # commit markers reach the partitions just after commit_transaction returns
     _check(broker.bootstrap, "a_", [b0, b1])
     assert [m["batch_id"] for m in read_markers(broker.bootstrap, "tasks-a")] == [0, 1]
     assert json.loads(read_markers(broker.bootstrap, "tasks-a")[1]["tables"]) == counts
@@ -178,7 +176,6 @@ def test_an_uncached_frame_is_encoded_by_the_tasks_that_produce_it(spark: Any, b
     with_map = spark.createDataFrame([(1, {"a": 1})], "id LONG, m MAP<STRING, LONG>")  # no hash in Spark
     assert sink.commit_frames(1, {"u_events": with_map}, specs, BatchStats(0, 0, 0), 0,
                               settle=Settle(numbers))
-    time.sleep(1)
     got = read_records(broker.bootstrap, "u_events")
     want = Counter(json.dumps(_event(r), default=str, sort_keys=True) for r in rows)
     assert Counter(json.dumps(_parsed(json.loads(v)), default=str, sort_keys=True)
@@ -233,7 +230,6 @@ def test_the_format_on_its_own_produces_each_batch_once(spark: Any, broker: Kafk
     (ck / "commits" / "1").unlink()  # Spark runs batch 1 again: its tasks and its marker are there
     run()
     assert (ck / "commits" / "1").exists()  # batch 1 ran again
-    time.sleep(1)
     assert Counter(read_records(broker.bootstrap, "d_out")) == want
     assert [m["batch_id"] for m in read_markers(broker.bootstrap, "fmt")] == [0, 1]
     tasks = [json.loads(m.value()) for m in read_messages(broker.bootstrap, "onceflow_tasks.fmt")]

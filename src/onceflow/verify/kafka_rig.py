@@ -178,30 +178,38 @@ def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed",
                   timeout_s: float = 120.0) -> list[Any]:
     """Every record of ``topic`` (confluent-kafka messages), read to its end by the auditor's consumer.
 
+    A ``read_committed`` read first waits until no transaction is open on the topic (each
+    partition's last stable offset is its end): Kafka writes a committed transaction's markers just
+    after the producer's commit returns, so a read at that moment would end before the records of
+    a transaction that did commit, and the auditor would call them lost.
+
     Args:
         bootstrap: ``host:port`` of the brokers.
         topic: The topic (a missing topic has no records).
-        isolation: ``read_committed`` (what a transactional sink's readers see; the end is the
-            last stable offset) or ``read_uncommitted``.
-        timeout_s: Longest read.
+        isolation: ``read_committed`` (what a transactional sink's readers see) or ``read_uncommitted``.
+        timeout_s: Longest read, the wait for open transactions included.
 
     Raises:
-        SourceReadError: The end was not reached in time.
+        SourceReadError: A transaction still open, or the end not reached, in ``timeout_s``.
     """
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"onceflow-auditor-{time.monotonic_ns()}",
-                  "enable.auto.commit": False, "isolation.level": isolation})
+    def consumer(level: str) -> Any:
+        return Consumer({"bootstrap.servers": bootstrap, "enable.auto.commit": False,
+                         "isolation.level": level, "group.id": f"onceflow-auditor-{time.monotonic_ns()}"})
+
+    deadline = time.monotonic() + timeout_s
+    c = consumer(isolation)
     try:
         meta = c.list_topics(topic, timeout=30).topics.get(topic)
         if meta is None or meta.error is not None:
             return []
-        ends = {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
-                for p in meta.partitions}
+        ends = _ends(c, topic, meta.partitions)
+        if isolation == "read_committed":
+            ends = _settled_ends(consumer("read_uncommitted"), c, topic, ends, deadline, timeout_s)
         c.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
         out: list[Any] = []
         todo = {p for p, (lo, hi) in ends.items() if hi > lo}
-        deadline = time.monotonic() + timeout_s
         while todo:
             if time.monotonic() > deadline:
                 raise SourceReadError(f"the auditor could not read {topic} to its end in {timeout_s:.0f} s")
@@ -210,6 +218,39 @@ def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed",
         return out
     finally:
         c.close()
+
+
+def _ends(c: Any, topic: str, partitions: Any) -> dict[int, tuple[int, int]]:
+    """Each partition's first offset and end, as ``c``'s isolation level sees them."""
+    from confluent_kafka import TopicPartition
+
+    return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
+            for p in partitions}
+
+
+def _settled_ends(raw: Any, committed: Any, topic: str, ends: dict[int, tuple[int, int]], deadline: float,
+                  timeout_s: float) -> dict[int, tuple[int, int]]:
+    """The ``read_committed`` ends once each equals the partition's end (no transaction open).
+
+    Raises:
+        SourceReadError: A partition's transaction still open at ``deadline`` (a producer that
+            died inside one is aborted by its coordinator after its ``transaction.timeout.ms``).
+    """
+    try:
+        while True:
+            full = _ends(raw, topic, ends)
+            open_ = sorted(p for p in ends if ends[p][1] < full[p][1])
+            if not open_:
+                return ends
+            if time.monotonic() > deadline:
+                raise SourceReadError(
+                    f"the auditor could not read {topic}: a transaction is still open on partition(s) "
+                    f"{open_} after {timeout_s:.0f} s (a producer that died inside one is aborted after its "
+                    "transaction.timeout.ms); read again later")
+            time.sleep(0.2)
+            ends = _ends(committed, topic, ends)
+    finally:
+        raw.close()
 
 
 def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
