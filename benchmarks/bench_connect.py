@@ -16,16 +16,22 @@ and, as the reference for what Spark itself costs on each side, ``spark-classic`
 (Spark's ``dropDuplicatesWithinWatermark``, the batch's window counts fetched with ``toArrow``,
 no sink, at least once).
 
-The servers start once. Each child runs the query ``--rounds`` + 1 times in one session (the
-first run warms the JVM that runs the batches — the child's own, or the server's — and is not
-timed). Two timings per run: ``wall``, the query alone (from ``start`` to its end, never a
+The servers start once, and each is warmed by a child of Spark's own ``foreachBatch`` (two runs,
+not timed: the first variant to use a new server was otherwise timed on a colder JVM than those
+after it). Each child runs the query ``--rounds`` + 1 times in one session (the first run warms
+the JVM that runs the batches — the child's own, or the server's — and is not timed). Two
+timings per run: ``wall``, the query alone (from ``start`` to its end, never a
 session's start), and ``batches``, the sum of the query's ``triggerExecution`` durations (its
 batches, without the query's start: on Connect the start includes Spark's launch of the
 ``foreachBatch`` Python worker). A ratio is ``median(classic) / median(variant)``, throughput of
 the variant against its classic session (>= 0.9 is the target).
 
+Besides the target's ratios, ``classic / spark-classic`` and ``connect / spark-connect`` say what
+onceflow costs against Spark's own foreachBatch on each side. ``--repeat K`` runs every variant K
+times in turn (a child each), so a slow phase of a shared machine is spread over the variants.
+
 Usage: python benchmarks/bench_connect.py [--events 1000000] [--rounds 2] [--files 4]
-       [--variants classic,connect]
+       [--variants classic,connect] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -100,6 +106,8 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--files", type=int, default=4, help="segments per micro-batch")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="turns: each runs every variant (a child each) once more; medians over all turns")
     ap.add_argument("--segment-size", type=int, default=100_000)
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--variants", default="classic,connect,connect-spark-store,spark-classic,spark-connect",
@@ -121,35 +129,42 @@ def main() -> None:
         servers["connect"] = ConnectServer(root / "server-jars", cores=2)
     if "connect-spark-store" in chosen:
         servers["connect-spark-store"] = ConnectServer(root / "server-plain", cores=2, onceflow_jars=False)
-    for s in servers.values():
+    for key, s in servers.items():
         s.start()
+        # a new server's JVM is cold: the variant that used it first was timed on a slower server
+        # than those after it; a child of Spark's own foreachBatch warms each (not timed)
+        run_child(s.url, log, root / "work" / f"warm-{key}", args.files, 2, plain=True)
     where = {"classic": "classic", "connect": "connect", "connect-spark-store": "connect-spark-store",
              "spark-classic": "classic", "spark-connect": "connect"}
     unknown = [v for v in chosen if v not in where]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; the variants are {sorted(where)}")
     variants = {v: "classic" if where[v] == "classic" else servers[where[v]].url for v in chosen}
-    times: dict[str, dict[str, list[float]]] = {}
+    times: dict[str, dict[str, list[float]]] = {v: {"seconds": [], "batches": []} for v in variants}
     try:
-        for name, target in variants.items():
-            runs = run_child(target, log, root / "work" / name, args.files, args.rounds + 1,
-                             plain=name.startswith("spark-"))
-            for got in runs:
-                warm = " (warm-up)" if got["run"] == 0 else ""
-                print(f"{name} run {got['run']}{warm}: wall {got['seconds']:.1f} s "
-                      f"({total / got['seconds']:,.0f} events/s), batches {got['batches']:.1f} s, "
-                      f"counted {got['counted']}", flush=True)
-            times[name] = {kind: [got[kind] for got in runs[1:]] for kind in ("seconds", "batches")}
+        for turn in range(args.repeat):  # the variants in turn, so a slow phase of the machine hits each
+            for name, target in variants.items():
+                runs = run_child(target, log, root / "work" / f"{name}-{turn}", args.files, args.rounds + 1,
+                                 plain=name.startswith("spark-"))
+                for got in runs:
+                    warm = " (warm-up)" if got["run"] == 0 else ""
+                    print(f"{name} turn {turn} run {got['run']}{warm}: wall {got['seconds']:.1f} s "
+                          f"({total / got['seconds']:,.0f} events/s), batches {got['batches']:.1f} s, "
+                          f"counted {got['counted']}", flush=True)
+                for kind in ("seconds", "batches"):
+                    times[name][kind] += [got[kind] for got in runs[1:]]
     finally:
         for s in servers.values():
             s.kill()
     for name, base in (("connect", "classic"), ("connect-spark-store", "classic"),
-                       ("spark-connect", "spark-classic")):
+                       ("spark-connect", "spark-classic"), ("classic", "spark-classic"),
+                       ("connect", "spark-connect")):
         if name not in times or base not in times:
             continue
         ratios = {kind: statistics.median(times[base][kind]) / statistics.median(times[name][kind])
                   for kind in ("seconds", "batches")}
-        print(f"ratio {name} / {base} (throughput, medians of {args.rounds} runs after a warm-up): "
+        print(f"ratio {name} / {base} (throughput, medians of {len(times[name]['seconds'])} runs, "
+              "each child's warm-up left out): "
               f"wall {ratios['seconds']:.2f}, batches {ratios['batches']:.2f}")
     print(json.dumps({"events": total, "files_per_batch": args.files, "times": times}))
 

@@ -348,6 +348,10 @@ def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], che
         from onceflow import remote
 
         remote.check_server(df.sparkSession)
+        if not path.is_absolute():
+            raise ConfigError(f"checkpoint {str(checkpoint)!r} is a relative path: on Spark Connect the "
+                              "server resolves it against its own working directory, this client "
+                              f"against {Path.cwd()}; pass an absolute path")
         on_server = not remote.sees_checkpoint(df.sparkSession, path)
     jars, repair_cmd = df.sparkSession.conf.get("spark.jars", "") or "", repair_command(path, sink)
     if not on_server:

@@ -39,6 +39,7 @@ from onceflow.spark import session
 from pyspark.sql import functions as F
 
 url, root, trigger, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+checkpoint = sys.argv[5] if len(sys.argv) > 5 else f"{root}/ck"
 spark = session(remote=url)
 raw = (spark.readStream.schema("order_id STRING, customer STRING, qty BIGINT, ts TIMESTAMP")
        .option("maxFilesPerTrigger", 1).parquet(f"{root}/in"))
@@ -50,7 +51,7 @@ def per_batch(batch):
     return batch.groupBy("customer").agg(F.sum("qty").alias("qty"), F.count("*").alias("orders"))
 
 query = onceflow.write_stream(
-    clean, sink=onceflow.sqlite(f"{root}/db/out.db"), checkpoint=f"{root}/ck",
+    clean, sink=onceflow.sqlite(f"{root}/db/out.db"), checkpoint=checkpoint,
     tables={"per_customer": Table(key=["customer"], add=["qty", "orders"])}, per_batch=per_batch,
     late="late_orders", rejects="bad_orders", once=trigger == "once", trigger="1 second")
 if trigger == "once":
@@ -118,14 +119,15 @@ def _write_inputs(root: Path, upto: int = 4) -> tuple[dict[str, tuple[int, int]]
 
 
 def _client(server: ConnectServer, root: Path, trigger: str = "once", pause: float = 0.0,
-            unseen: tuple[Path, ...] = ()) -> subprocess.Popen[str]:
+            unseen: tuple[Path, ...] = (), checkpoint: str | None = None) -> subprocess.Popen[str]:
     """The client in a process of its own; the directories ``unseen`` are hidden from it.
 
     Each is covered by an empty tmpfs in a mount namespace of the client's own
     (``unshare -m``): the server still sees what is there, the client does not.
     """
     (root / "client.py").write_text(CLIENT)
-    cmd = [sys.executable, str(root / "client.py"), server.url, str(root), trigger, str(pause)]
+    cmd = [sys.executable, str(root / "client.py"), server.url, str(root), trigger, str(pause),
+           *([checkpoint] if checkpoint else [])]
     if unseen:
         mounts = " && ".join(f'mount -t tmpfs none "{d}"' for d in unseen)
         cmd = ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
@@ -237,6 +239,13 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
             db.execute("ALTER TABLE per_customer RENAME COLUMN n_orders TO orders")
         assert unfit.returncode != 0 and "ConfigError" in out and "per_customer" in out, out[-4000:]
         assert sorted(p.name for p in (tmp_path / "ck" / "offsets").iterdir()) == planned  # never started
+        # a relative checkpoint: the client and the server would each resolve it in their own
+        # working directory
+        relative = _client(server, tmp_path, checkpoint="ck-relative")
+        out, _ = relative.communicate(timeout=300)
+        assert relative.returncode != 0 and "ConfigError" in out, out[-4000:]
+        assert "'ck-relative' is a relative path" in out, out[-4000:]
+        assert not (Path.cwd() / "ck-relative").exists() and not (server.workdir / "ck-relative").exists()
     sums, late_rows, rules = _tables(tmp_path)
     assert sums == expected
     assert late_rows == late
