@@ -9,7 +9,9 @@ classic session and a Connect client do not share one Python process):
 * ``connect``   — a client of a Spark Connect server (``local[2]``) that has onceflow's jars
                   (its id state store and checkpoint file manager);
 * ``connect-spark-store`` — a client of a server without them (Spark's state store and
-                  checkpoint file manager).
+                  checkpoint file manager);
+* ``classic-spark-store`` — a classic session with Spark's state store for the ids
+                  (``session(id_store=False)``): the classic side of ``connect-spark-store``.
 
 and, as the reference for what Spark itself costs on each side, ``spark-classic`` and
 ``spark-connect``: the same transform through Spark's own ``foreachBatch`` and nothing else
@@ -54,7 +56,10 @@ from onceflow.spark import session
 
 remote, log, work = sys.argv[1], sys.argv[2], sys.argv[3]
 files, runs, plain = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "plain"
-spark = session(remote=remote) if remote != "classic" else session(master="local[2]", shuffle_partitions=2)
+if remote.startswith("classic"):  # classic-spark-store: Spark's state store for the ids
+    spark = session(master="local[2]", shuffle_partitions=2, id_store=None if remote == "classic" else False)
+else:
+    spark = session(remote=remote)
 
 
 def fetch(batch, batch_id):  # Spark's own foreachBatch: the batch's window counts, no sink
@@ -110,7 +115,8 @@ def main() -> None:
                     help="turns: each runs every variant (a child each) once more; medians over all turns")
     ap.add_argument("--segment-size", type=int, default=100_000)
     ap.add_argument("--workdir", default=None)
-    ap.add_argument("--variants", default="classic,connect,connect-spark-store,spark-classic,spark-connect",
+    ap.add_argument("--variants", default="classic,connect,classic-spark-store,connect-spark-store,"
+                                          "spark-classic,spark-connect",
                     help="comma-separated: which of the module's variants run (a ratio needs both sides)")
     args = ap.parse_args()
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -135,11 +141,12 @@ def main() -> None:
         # than those after it; a child of Spark's own foreachBatch warms each (not timed)
         run_child(s.url, log, root / "work" / f"warm-{key}", args.files, 2, plain=True)
     where = {"classic": "classic", "connect": "connect", "connect-spark-store": "connect-spark-store",
-             "spark-classic": "classic", "spark-connect": "connect"}
+             "classic-spark-store": "classic-spark-store", "spark-classic": "classic",
+             "spark-connect": "connect"}
     unknown = [v for v in chosen if v not in where]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; the variants are {sorted(where)}")
-    variants = {v: "classic" if where[v] == "classic" else servers[where[v]].url for v in chosen}
+    variants = {v: where[v] if where[v].startswith("classic") else servers[where[v]].url for v in chosen}
     times: dict[str, dict[str, list[float]]] = {v: {"seconds": [], "batches": []} for v in variants}
     try:
         for turn in range(args.repeat):  # the variants in turn, so a slow phase of the machine hits each
@@ -156,7 +163,7 @@ def main() -> None:
     finally:
         for s in servers.values():
             s.kill()
-    for name, base in (("connect", "classic"), ("connect-spark-store", "classic"),
+    for name, base in (("connect", "classic"), ("connect-spark-store", "classic-spark-store"),
                        ("spark-connect", "spark-classic"), ("classic", "spark-classic"),
                        ("connect", "spark-connect")):
         if name not in times or base not in times:
