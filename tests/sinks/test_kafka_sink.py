@@ -229,7 +229,8 @@ def test_the_auditor_reads_a_transaction_committed_a_moment_ago(broker: Any) -> 
     producer.begin_transaction()
     producer.produce("just_now", key=b"open", value=b"v", partition=1)
     producer.flush(10)
-    with pytest.raises(SourceReadError, match=r"just_now: a transaction is still open on partition\(s\) \[1\]"):
+    still_open = r"just_now: a transaction is still open on partition\(s\) \[1\]"
+    with pytest.raises(SourceReadError, match=still_open):
         read_messages(broker.bootstrap, "just_now", timeout_s=2)
     assert len(read_records(broker.bootstrap, "just_now", "read_uncommitted")) == 51
     producer.abort_transaction(30)
