@@ -200,13 +200,14 @@ def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed",
 
     deadline = time.monotonic() + timeout_s
     c = consumer(isolation)
+    raw = consumer("read_uncommitted") if isolation == "read_committed" else None
     try:
         meta = c.list_topics(topic, timeout=30).topics.get(topic)
         if meta is None or meta.error is not None:
             return []
         ends = _ends(c, topic, meta.partitions)
-        if isolation == "read_committed":
-            ends = _settled_ends(consumer("read_uncommitted"), c, topic, ends, deadline, timeout_s)
+        if raw is not None:
+            ends = _settled_ends(raw, c, topic, ends, deadline, timeout_s)
         c.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
         out: list[Any] = []
         todo = {p for p, (lo, hi) in ends.items() if hi > lo}
@@ -218,14 +219,15 @@ def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed",
         return out
     finally:
         c.close()
+        if raw is not None:
+            raw.close()
 
 
 def _ends(c: Any, topic: str, partitions: Any) -> dict[int, tuple[int, int]]:
     """Each partition's first offset and end, as ``c``'s isolation level sees them."""
-    from confluent_kafka import TopicPartition
+    from onceflow.sinks.kafka_records import watermarks
 
-    return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=30, cached=False)
-            for p in partitions}
+    return {p: watermarks(c, topic, 30.0, p) for p in partitions}
 
 
 def _settled_ends(raw: Any, committed: Any, topic: str, ends: dict[int, tuple[int, int]], deadline: float,
@@ -236,21 +238,18 @@ def _settled_ends(raw: Any, committed: Any, topic: str, ends: dict[int, tuple[in
         SourceReadError: A partition's transaction still open at ``deadline`` (a producer that
             died inside one is aborted by its coordinator after its ``transaction.timeout.ms``).
     """
-    try:
-        while True:
-            full = _ends(raw, topic, ends)
-            open_ = sorted(p for p in ends if ends[p][1] < full[p][1])
-            if not open_:
-                return ends
-            if time.monotonic() > deadline:
-                raise SourceReadError(
-                    f"the auditor could not read {topic}: a transaction is still open on partition(s) "
-                    f"{open_} after {timeout_s:.0f} s (a producer that died inside one is aborted after its "
-                    "transaction.timeout.ms); read again later")
-            time.sleep(0.2)
-            ends = _ends(committed, topic, ends)
-    finally:
-        raw.close()
+    while True:
+        full = _ends(raw, topic, ends)
+        open_ = sorted(p for p in ends if ends[p][1] < full[p][1])
+        if not open_:
+            return ends
+        if time.monotonic() > deadline:
+            raise SourceReadError(
+                f"the auditor could not read {topic}: a transaction is still open on partition(s) "
+                f"{open_} after {timeout_s:.0f} s (a producer that died inside one is aborted after its "
+                "transaction.timeout.ms); read again later")
+        time.sleep(0.2)
+        ends = _ends(committed, topic, ends)
 
 
 def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
