@@ -18,7 +18,7 @@ import pytest
 
 from onceflow.errors import ConfigError
 from onceflow.sinks.base import BatchStats
-from onceflow.sinks.sqlite.early import EarlyCopy
+from onceflow.sinks.sqlite.early import EarlyCopy, FilesGone
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.sinks.sqlite.tasks import _Scratch, scratch_name
 from onceflow.sinks.sqlite.values import stored_array
@@ -77,6 +77,7 @@ def test_a_file_copied_early_is_invisible_until_the_batch_commits_with_the_rest(
     with early.watching("t", Table(), SCHEMA):
         first = _scratch(folder, "t", 0, 0, _rows(0, 500))
         _copied(early, first["path"])
+        assert not Path(first["path"]).exists()  # read into memory, copied, removed
         with sqlite3.connect(sink.path) as reader:  # the copy is inside the batch's open transaction
             assert not reader.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone()
             assert not reader.execute("SELECT 1 FROM onceflow_batches").fetchone()
@@ -96,13 +97,34 @@ def test_a_file_of_an_attempt_spark_did_not_keep_is_rolled_back_and_each_row_cou
     with early.watching("t", Table(key="id", mode="upsert"), SCHEMA):
         dead = _scratch(folder, "t", 0, 0, _rows(0, 400))  # complete, then its attempt was killed
         _copied(early, dead["path"])
-        retry = _scratch(folder, "t", 0, 1, _rows(0, 400))
-        other = _scratch(folder, "t", 1, 0, _rows(400, 100))
+    retry = _scratch(folder, "t", 0, 1, _rows(0, 400))  # after the table's tasks: T4 copies them
+    other = _scratch(folder, "t", 1, 0, _rows(400, 100))
     found = {"t": (SCHEMA, [retry, other])}
     assert sink.apply_files(0, found, {"t": Table(key="id", mode="upsert")}, BatchStats(500, 0, 0), 500,
                             early=early)
     early.close()
     assert _ids(sink.path) == list(range(500))
+    assert _attached(sink) == ["main"] and not sink.conn.in_transaction
+
+
+def test_a_rollback_after_a_kept_file_was_removed_asks_for_the_tasks_again(
+        sink: SQLiteTablesSink, tmp_path: Path) -> None:
+    """The early copy took a kept file (and removed it) and a dead attempt's: T4 cannot copy the kept one."""
+    folder = tmp_path / "stage"
+    early = EarlyCopy(sink, 0, folder)
+    with early.watching("t", Table(), SCHEMA):
+        kept = _scratch(folder, "t", 1, 0, _rows(400, 100))
+        _copied(early, kept["path"])
+        dead = _scratch(folder, "t", 0, 0, _rows(0, 400))
+        _copied(early, dead["path"])
+    retry = _scratch(folder, "t", 0, 1, _rows(0, 400))
+    with pytest.raises(FilesGone, match="removed 1 kept scratch file"):
+        sink.apply_files(0, {"t": (SCHEMA, [retry, kept])}, {"t": Table()}, BatchStats(500, 0, 0), 500,
+                         early=early)
+    early.close()
+    assert sink.batches() == []
+    with sqlite3.connect(sink.path) as c:  # rolled back: the table the early copy made is gone too
+        assert not c.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone()
     assert _attached(sink) == ["main"] and not sink.conn.in_transaction
 
 

@@ -304,6 +304,78 @@ def test_a_long_task_completes_files_the_driver_copies_while_it_runs(
     sink.close()
 
 
+class Haunted(Watched):
+    """The sink, with a dead task attempt's complete file put beside the first file the early copy takes.
+
+    As a task attempt that completed its file and was then killed leaves it (Spark kept another
+    attempt of that partition): its rows (ids from 10**6) are in no task's message.
+    """
+
+    haunted = False
+
+    def _copy(self, batch_id: int, name: str, spec: Table, columns: list[str], f: Any, extents: Any,
+              alias: str) -> int:
+        import threading
+
+        rows = super()._copy(batch_id, name, spec, columns, f, extents, alias)
+        if threading.current_thread().name == "onceflow-early-copy" and not self.haunted:
+            self.haunted = True
+            dead = Path(f["path"]).parent / tasks.scratch_name(name, 0, 9)
+            scratch = tasks._Scratch(dead.with_name(dead.name + ".part"), pa.schema(
+                [("id", pa.int64()), ("note", pa.string())]))
+            scratch.add(pa.table({"id": pa.array(range(10**6, 10**6 + 50), pa.int64()),
+                                  "note": [f"dead {i}" for i in range(50)]}))
+            scratch.commit()
+            scratch.close()
+            dead.with_name(dead.name + ".part").replace(dead)
+        return rows
+
+
+def test_a_dead_attempts_file_copied_early_is_rolled_back_and_removed_files_written_again(
+        spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, opened: str) -> None:
+    """The early copy takes a dead attempt's file and a kept one: rolled back, each kept row once.
+
+    Read into memory, a kept file the early copy took is removed once copied, so T4 cannot copy
+    it after the rollback: the batch's tasks run once more (a second Spark job), without the
+    early copy. Attached (Python 3.10) files stay: T4 copies them, one job.
+    """
+    from onceflow.sinks.base import Settle
+
+    monkeypatch.setattr(tasks, "CHUNK_BYTES", 1024)
+    jobs: list[str] = []
+    real_run = tasks.run
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        jobs.append(args[1].token)
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, "run", counted)
+    db = tmp_path / "app.db"
+    sink = Haunted(db, sink_id="s", collect_below=0)
+    sink.bind("q")
+    def second_late(batches: Any) -> Any:  # partition 1 starts after 3 s: partition 0's file is done
+        import time as t
+
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 1:
+            t.sleep(3)
+        yield from batches
+
+    frame = spark.range(0, 3000, numPartitions=2).selectExpr("id", "concat(repeat('n', 1000), id) AS note") \
+        .mapInArrow(second_late, "id LONG, note STRING")
+    settle = Settle(lambda written: (BatchStats(written["events"], 0, 0), written["events"]))
+    assert sink.commit_frames(0, {"events": frame}, {"events": Table()}, BatchStats(0, 0, 0), 0,
+                              settle=settle)
+    assert sink.haunted
+    assert len(set(jobs)) == (2 if opened == "memory" else 1), jobs
+    with sqlite3.connect(db) as c:
+        assert sorted(r[0] for r in c.execute("SELECT id FROM events")) == list(range(3000))
+    assert [(m["batch_id"], m["rows_written"]) for m in sink.batches()] == [(0, 3000)]
+    assert not list(stage_root(db, "s").glob("*/*")), "T6 left scratch files"
+    sink.close()
+
+
 def test_more_tasks_than_sqlite_attaches_keep_their_partitions(spark: Any, tmp_path: Path,
                                                                 opened: str) -> None:
     """Fourteen partitions into an append and an upsert table: files read into memory are not coalesced."""

@@ -67,7 +67,7 @@ METRICS = ("input_rows", "late_dropped", "duplicates_dropped", "events_counted",
 """The marker's integer metric columns."""
 
 
-ADDED = (("rejected_rows", "integer"), ("input_range", "text"))
+ADDED = (("tables", "text"), ("rejected_rows", "integer"), ("input_range", "text"))
 """Columns later onceflow versions added to the marker table, with their kind (added by ``ALTER``)."""
 
 

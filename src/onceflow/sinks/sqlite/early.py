@@ -11,15 +11,18 @@ last files' copy is. What :class:`EarlyCopy` does, for batch N, beside Spark's j
    of the table whose tasks run, every :data:`POLL_S` seconds.
 2. At the first one it opens the batch's transaction (``BEGIN IMMEDIATE``: SQLite's write lock,
    held until T5; readers keep reading the last committed state), creates or checks the table
-   (the sink's step 3), attaches the file and copies it (the sink's copy: ``INSERT ... SELECT``),
-   noting its path and the rows copied. Nothing of it is visible: the marker and the commit come
-   only in T4-T5, on the driver's thread, after Spark's job.
+   (the sink's step 3), opens the file and copies it (the sink's copy: ``INSERT ... SELECT``),
+   noting its path and the rows copied. A file read into memory is then removed: the kernel
+   need not write back what only the transaction needed (a large batch's scratch files are as
+   large as its rows). Nothing of it is visible: the marker and the commit come only in T4-T5,
+   on the driver's thread, after Spark's job.
 3. At T4 (:meth:`EarlyCopy.hand_over`) the thread stops. The early copies are kept only if every
    file copied is the file of an attempt Spark kept (its task's message names it) with the rows
    that message counts, and the thread met no error; else the transaction is rolled back and T4
    copies every kept file as it would have without this (a task attempt that completed its file
    and was then killed or outrun by another attempt — Spark's retries and speculation — is the
-   usual cause).
+   usual cause). Where step 2 removed a kept file, T4 has nothing to copy it from:
+   :class:`FilesGone`, and the sink runs the batch's tasks once more, without an early copy.
 
 Only tables that need no look at the whole batch before their first row is written are copied
 early: ``append`` and ``upsert`` tables (the batch's keys were proved unique in T1). An ``add``
@@ -30,6 +33,7 @@ into memory one by one, or attached while there is room.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -43,8 +47,14 @@ import pyarrow as pa
 from onceflow.sinks.sqlite.tasks import Scratches, is_scratch_of
 from onceflow.tables import Table
 
+_log = logging.getLogger("onceflow.sqlite")
+
 POLL_S = 0.05
 """How often the thread looks for complete scratch files."""
+
+
+class FilesGone(Exception):
+    """Step 3 rolled back a copy whose files it had removed: the batch's tasks must write them again."""
 
 
 class _Copier(Protocol):
@@ -76,6 +86,8 @@ class EarlyCopy:
         """How files are opened in the transaction (T4 goes on with it)."""
         self.copied: dict[str, tuple[str, int]] = {}
         """Path -> (table, rows copied), in this transaction."""
+        self.removed: set[str] = set()
+        """The files copied and then removed (step 2)."""
         self.error: BaseException | None = None
         self._owns = False  # this object began the open transaction (until hand_over keeps it)
         self._table: tuple[str, Table, pa.Schema] | None = None
@@ -137,6 +149,9 @@ class EarlyCopy:
             rows = self.sink._copy(self.batch_id, name, spec, list(schema.names),
                                    {"path": path, "rows": None}, {}, alias)
             self.copied[path] = (name, rows)
+            if self.scratches.memory:  # its rows are in the transaction now: no need to keep the file
+                os.unlink(path)
+                self.removed.add(path)
 
     def _halt(self) -> None:
         self._stop.set()
@@ -152,6 +167,9 @@ class EarlyCopy:
         Returns:
             The paths copied in the open transaction; with the transaction rolled back and
             nothing open: none.
+
+        Raises:
+            FilesGone: Rolled back, and a file of ``found`` was removed after its copy.
         """
         self._halt()
         kept = {str(f["path"]): (name, int(f["rows"])) for name, (_, files) in found.items() for f in files}
@@ -161,6 +179,13 @@ class EarlyCopy:
             self._owns = False
             return set(self.copied)
         self.close()
+        gone = sorted(path for path in kept if path in self.removed)
+        if gone:
+            said = (f"batch {self.batch_id}: the early copy was rolled back (a file of an attempt Spark "
+                    f"did not keep, or an error) and had removed {len(gone)} kept scratch file(s), e.g. "
+                    f"{gone[0]}")
+            _log.warning("%s; the batch's tasks run again", said)
+            raise FilesGone(said)
         return set()
 
     def close(self) -> None:

@@ -83,8 +83,9 @@ T3. Spark's tasks check and convert each table's rows and write them to scratch 
     kept counts; crash point ``task_after_write`` kills a task's first attempt after its files; a
     long task completes a file every ``chunk_bytes`` and goes on in the next).
     Meanwhile the driver opens T4's transaction and copies each complete file of an ``append``
-    or ``upsert`` table into it (:mod:`onceflow.sinks.sqlite.early`; kept in T4 only if every
-    file copied is of an attempt Spark kept, with its rows; else rolled back).
+    or ``upsert`` table into it, a file read into memory removed once copied (:mod:`onceflow.sinks.
+    sqlite.early`; kept in T4 only if every file copied is of an attempt Spark kept, with its rows;
+    else rolled back, and T3 runs again without it where a kept file was removed).
 T4. One transaction: if the marker exists, roll back and return False. Create or check the
     tables as step 3 does; open each file not copied in T3 (:class:`onceflow.sinks.sqlite.tasks.
     Scratches`: read into memory, or attached) and copy it with SQLite's
@@ -135,7 +136,7 @@ from onceflow.sinks.sqlite.db import (
     encode_staged,
     only_own_tables,
 )
-from onceflow.sinks.sqlite.early import EarlyCopy
+from onceflow.sinks.sqlite.early import EarlyCopy, FilesGone
 from onceflow.sinks.sqlite.values import (
     AddBounds,
     check_types,
@@ -199,9 +200,6 @@ class SQLiteTablesSink(SinkBase):
         if self._conn is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = connect(self.path)
-            cols = {r[1] for r in self._conn.execute("PRAGMA table_info(onceflow_batches)")}
-            if "tables" not in cols:
-                self._conn.execute("ALTER TABLE onceflow_batches ADD COLUMN tables TEXT")
         return self._conn
 
     def bind(self, query_id: str) -> None:
@@ -404,23 +402,26 @@ class SQLiteTablesSink(SinkBase):
         self.flush()
         if self._committed(batch_id):  # T2, before the tasks run (checked again in T4's transaction)
             return False
-        token, each = uuid.uuid4().hex[:12], tasks.tasks_per_table(len(frames))
-        found: dict[str, tuple[pa.Schema, list[dict[str, Any]]]] = {}
-        stage = tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token)
-        early = EarlyCopy(self, batch_id, stage.folder(batch_id)) if self.copies_early else None
-        try:
-            for name, frame in frames.items():  # T3
-                spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
-                                      specs[name].describe())
-                schema = arrow_schema(frame.schema)
-                with early.watching(name, specs[name], schema) if early else contextlib.nullcontext():
-                    files = tasks.run(frame, spec, each) if counts is None or counts[name] else []
-                found[name] = (schema, files)
-            return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle, early=early)  # T4
-        finally:
-            if early is not None:
-                early.close()
-            tasks.discard(stage, batch_id)  # T6
+        for copies_early in (self.copies_early, False):  # the second: T3 again after FilesGone in T4
+            token, found, each = uuid.uuid4().hex[:12], {}, tasks.tasks_per_table(len(frames))
+            stage = tasks.TaskSpec(str(self.path), "", self.sink_id, batch_id, token)
+            early = EarlyCopy(self, batch_id, stage.folder(batch_id)) if copies_early else None
+            try:
+                for name, frame in frames.items():  # T3
+                    spec = tasks.TaskSpec(str(self.path), name, self.sink_id, batch_id, token,
+                                          specs[name].describe())
+                    schema = arrow_schema(frame.schema)
+                    with early.watching(name, specs[name], schema) if early else contextlib.nullcontext():
+                        files = tasks.run(frame, spec, each) if counts is None or counts[name] else []
+                    found[name] = (schema, files)
+                return self.apply_files(batch_id, found, specs, stats, rows_out, settle=settle, early=early)
+            except FilesGone:
+                continue
+            finally:
+                if early is not None:
+                    early.close()
+                tasks.discard(stage, batch_id)  # T6
+        raise AssertionError("unreachable: T3-T4 without an early copy never raise FilesGone")
 
     def apply_files(self, batch_id: int, found: Mapping[str, tuple[pa.Schema, list[dict[str, Any]]]],
                     specs: Mapping[str, Table], stats: BatchStats, rows_out: int,
