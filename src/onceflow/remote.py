@@ -92,8 +92,9 @@ def sees_checkpoint(spark: Any, checkpoint: Path) -> bool:
 
     Yes when the client sees its ``metadata`` (the checkpoint of a query that ran). Else (a new
     checkpoint, or one only the server has) a probe: the client writes a one-byte file
-    ``onceflow-probe-<uuid>`` into the directory and the server's driver lists it (a
-    ``binaryFile`` count: no rows to the client); the file is removed, and so are the
+    ``onceflow-probe-<uuid>`` into the directory and the server's driver looks for it (it
+    analyses a ``binaryFile`` read of that path, which lists it: no Spark job runs, a missing
+    path is Spark's ``PATH_NOT_FOUND``); the file is removed, and so are the
     directories the client made for it when the server did not see it. A directory the client
     cannot write is not seen.
     """
@@ -103,12 +104,12 @@ def sees_checkpoint(spark: Any, checkpoint: Path) -> bool:
     probe = checkpoint / f"onceflow-probe-{uuid.uuid4().hex}"
     try:
         checkpoint.mkdir(parents=True, exist_ok=True)
-        probe.write_bytes(b"?")  # one byte: Spark skips empty files
+        probe.write_bytes(b"?")
     except OSError:
         return False
     seen = False
     try:
-        seen = spark.read.format("binaryFile").load(str(probe)).count() == 1
+        seen = bool(spark.read.format("binaryFile").load(str(probe)).schema.fields)
     except Exception as exc:  # noqa: BLE001 - Spark says PATH_NOT_FOUND as an AnalysisException
         if "PATH_NOT_FOUND" not in str(exc) and "does not exist" not in str(exc):
             raise
