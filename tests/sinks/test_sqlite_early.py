@@ -66,14 +66,19 @@ def sink(tmp_path: Path) -> Any:
     made.close()
 
 
+def _early(sink: SQLiteTablesSink, tmp_path: Path) -> tuple[Path, EarlyCopy]:
+    """An early copy of batch 0 watching ``tmp_path / "stage"``."""
+    folder = tmp_path / "stage"
+    return folder, EarlyCopy(sink, 0, folder)
+
+
 def _attached(sink: SQLiteTablesSink) -> list[str]:
     return [r[1] for r in sink.conn.execute("PRAGMA database_list")]
 
 
 def test_a_file_copied_early_is_invisible_until_the_batch_commits_with_the_rest(
         sink: SQLiteTablesSink, tmp_path: Path) -> None:
-    folder = tmp_path / "stage"
-    early = EarlyCopy(sink, 0, folder)
+    folder, early = _early(sink, tmp_path)
     with early.watching("t", Table(), SCHEMA):
         first = _scratch(folder, "t", 0, 0, _rows(0, 500))
         _copied(early, first["path"])
@@ -92,8 +97,7 @@ def test_a_file_copied_early_is_invisible_until_the_batch_commits_with_the_rest(
 
 def test_a_file_of_an_attempt_spark_did_not_keep_is_rolled_back_and_each_row_counts_once(
         sink: SQLiteTablesSink, tmp_path: Path) -> None:
-    folder = tmp_path / "stage"
-    early = EarlyCopy(sink, 0, folder)
+    folder, early = _early(sink, tmp_path)
     with early.watching("t", Table(key="id", mode="upsert"), SCHEMA):
         dead = _scratch(folder, "t", 0, 0, _rows(0, 400))  # complete, then its attempt was killed
         _copied(early, dead["path"])
@@ -110,8 +114,7 @@ def test_a_file_of_an_attempt_spark_did_not_keep_is_rolled_back_and_each_row_cou
 def test_a_rollback_after_a_kept_file_was_removed_asks_for_the_tasks_again(
         sink: SQLiteTablesSink, tmp_path: Path) -> None:
     """The early copy took a kept file (and removed it) and a dead attempt's: T4 cannot copy the kept one."""
-    folder = tmp_path / "stage"
-    early = EarlyCopy(sink, 0, folder)
+    folder, early = _early(sink, tmp_path)
     with early.watching("t", Table(), SCHEMA):
         kept = _scratch(folder, "t", 1, 0, _rows(400, 100))
         _copied(early, kept["path"])
@@ -168,8 +171,7 @@ def test_a_replayed_batch_copied_early_is_rolled_back(sink: SQLiteTablesSink, tm
 def test_an_error_in_the_early_copy_leaves_the_batch_to_t4_which_says_it(sink: SQLiteTablesSink,
                                                                          tmp_path: Path) -> None:
     sink.conn.execute("CREATE TABLE t (id INTEGER)")  # no column k: the table check refuses the batch
-    folder = tmp_path / "stage"
-    early = EarlyCopy(sink, 0, folder)
+    folder, early = _early(sink, tmp_path)
     with early.watching("t", Table(), SCHEMA):
         made = _scratch(folder, "t", 0, 0, _rows(0, 10))
         deadline = time.monotonic() + 20
@@ -185,8 +187,7 @@ def test_an_error_in_the_early_copy_leaves_the_batch_to_t4_which_says_it(sink: S
 
 
 def test_an_add_table_waits_for_t4(sink: SQLiteTablesSink, tmp_path: Path) -> None:
-    folder = tmp_path / "stage"
-    early = EarlyCopy(sink, 0, folder)
+    folder, early = _early(sink, tmp_path)
     spec = Table(key="id", add="n")
     schema = pa.schema([("id", pa.int64()), ("n", pa.int64())])
     with early.watching("sums", spec, schema):
