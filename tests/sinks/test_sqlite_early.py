@@ -45,12 +45,14 @@ def _scratch(folder: Path, table: str, partition: int, attempt: int, rows: pa.Ta
     return {"path": str(path), "rows": rows.num_rows, "extents": {}}
 
 
-def _copied(early: EarlyCopy, path: str) -> None:
+def _copied(early: EarlyCopy, made: dict[str, Any]) -> dict[str, Any]:
+    """``made`` (a complete scratch file) once the early copy has copied it."""
     deadline = time.monotonic() + 20
-    while path not in early.copied:
+    while made["path"] not in early.copied:
         assert early.error is None, early.error
         assert time.monotonic() < deadline, "the early copy never took the complete file"
         time.sleep(0.02)
+    return made
 
 
 def _ids(db: Path, table: str = "t") -> list[int]:
@@ -80,8 +82,7 @@ def test_a_file_copied_early_is_invisible_until_the_batch_commits_with_the_rest(
         sink: SQLiteTablesSink, tmp_path: Path) -> None:
     folder, early = _early(sink, tmp_path)
     with early.watching("t", Table(), SCHEMA):
-        first = _scratch(folder, "t", 0, 0, _rows(0, 500))
-        _copied(early, first["path"])
+        first = _copied(early, _scratch(folder, "t", 0, 0, _rows(0, 500)))
         assert not Path(first["path"]).exists()  # read into memory, copied, removed
         with sqlite3.connect(sink.path) as reader:  # the copy is inside the batch's open transaction
             assert not reader.execute("SELECT 1 FROM sqlite_master WHERE name = 't'").fetchone()
@@ -99,8 +100,7 @@ def test_a_file_of_an_attempt_spark_did_not_keep_is_rolled_back_and_each_row_cou
         sink: SQLiteTablesSink, tmp_path: Path) -> None:
     folder, early = _early(sink, tmp_path)
     with early.watching("t", Table(key="id", mode="upsert"), SCHEMA):
-        dead = _scratch(folder, "t", 0, 0, _rows(0, 400))  # complete, then its attempt was killed
-        _copied(early, dead["path"])
+        _copied(early, _scratch(folder, "t", 0, 0, _rows(0, 400)))  # complete, then its attempt was killed
     retry = _scratch(folder, "t", 0, 1, _rows(0, 400))  # after the table's tasks: T4 copies them
     other = _scratch(folder, "t", 1, 0, _rows(400, 100))
     found = {"t": (SCHEMA, [retry, other])}
@@ -116,10 +116,8 @@ def test_a_rollback_after_a_kept_file_was_removed_asks_for_the_tasks_again(
     """The early copy took a kept file (and removed it) and a dead attempt's: T4 cannot copy the kept one."""
     folder, early = _early(sink, tmp_path)
     with early.watching("t", Table(), SCHEMA):
-        kept = _scratch(folder, "t", 1, 0, _rows(400, 100))
-        _copied(early, kept["path"])
-        dead = _scratch(folder, "t", 0, 0, _rows(0, 400))
-        _copied(early, dead["path"])
+        kept = _copied(early, _scratch(folder, "t", 1, 0, _rows(400, 100)))
+        _copied(early, _scratch(folder, "t", 0, 0, _rows(0, 400)))  # a dead attempt's
     retry = _scratch(folder, "t", 0, 1, _rows(0, 400))
     with pytest.raises(FilesGone, match="removed 1 kept scratch file"):
         sink.apply_files(0, {"t": (SCHEMA, [retry, kept])}, {"t": Table()}, BatchStats(500, 0, 0), 500,
@@ -144,8 +142,7 @@ def test_an_append_table_without_the_check_gets_a_dead_attempts_rows_twice(tmp_p
     folder = tmp_path / "stage"
     early = Trusting(made, 0, folder)
     with early.watching("t", Table(), SCHEMA):
-        dead = _scratch(folder, "t", 0, 0, _rows(0, 50))
-        _copied(early, dead["path"])
+        _copied(early, _scratch(folder, "t", 0, 0, _rows(0, 50)))  # a dead attempt's
         retry = _scratch(folder, "t", 0, 1, _rows(0, 50))
     made.apply_files(0, {"t": (SCHEMA, [retry])}, {"t": Table()}, BatchStats(50, 0, 0), 50, early=early)
     early.close()
@@ -159,8 +156,7 @@ def test_a_replayed_batch_copied_early_is_rolled_back(sink: SQLiteTablesSink, tm
     folder = tmp_path / "b"
     early = EarlyCopy(sink, 0, folder)
     with early.watching("t", Table(), SCHEMA):
-        again = _scratch(folder, "t", 0, 0, _rows(0, 200))
-        _copied(early, again["path"])
+        again = _copied(early, _scratch(folder, "t", 0, 0, _rows(0, 200)))
     assert not sink.apply_files(0, {"t": (SCHEMA, [again])}, {"t": Table()}, BatchStats(200, 0, 0), 200,
                                 early=early)
     early.close()
