@@ -6,6 +6,11 @@ no network), so an installed onceflow starts a session without compiling and
 ``onceflow jars path onceflow`` has jars to print for ``spark-submit --jars``. Without Java or
 PySpark at build time the wheel carries no jars and says so; they are then compiled on first use.
 ``ONCEFLOW_BUILD_JARS=0`` skips the step.
+
+``build_py`` also puts :data:`PTH_NAME` at the top of the install (site-packages): a start-up line
+that imports onceflow in a Python whose path has the installed PySpark's own zip on it (Spark's
+Python workers, ``spark-submit``'s driver), so PySpark is imported from its package, bytecode and
+all (see ``onceflow._import_pyspark_from_its_package``). An editable install gets it too.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 SRC = Path(__file__).resolve().parent / "src"
+PTH_NAME = "onceflow-pyspark.pth"
+PTH_LINE = ("import sys; 'pyspark' not in sys.modules and any(p.endswith('pyspark.zip') for p in sys.path)"
+            " and __import__('onceflow')\n")
+"""One line Python runs at start (a ``.pth`` line that begins with ``import``): a few string
+comparisons in every process, and onceflow imported only where Spark put its zip on the path."""
 
 
 def ship_jars() -> None:
@@ -47,9 +57,25 @@ class BuildWithJars(build_py):
     """``build_py`` that compiles onceflow's jars first."""
 
     def run(self) -> None:
-        """Compile the jars, then copy the package (with them) as usual."""
+        """Compile the jars, copy the package (with them) as usual, then write the start-up line.
+
+        A wheel takes the line from ``build_lib``; an editable install (PEP 660) packs only what
+        ``install_lib`` holds besides its own path file, so there in that mode.
+        """
         ship_jars()
         super().run()
+        top = self.build_lib
+        if getattr(self, "editable_mode", False):
+            top = self.get_finalized_command("install").install_lib
+        Path(top).mkdir(parents=True, exist_ok=True)
+        Path(top, PTH_NAME).write_text(PTH_LINE, encoding="utf-8")
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        """The package's files and the start-up line (so ``install`` and ``bdist_wheel`` list it)."""
+        outputs = super().get_outputs(include_bytecode)
+        if getattr(self, "editable_mode", False):  # written into the editable wheel itself (run)
+            return outputs
+        return [*outputs, str(Path(self.build_lib, PTH_NAME))]
 
 
 setup(cmdclass={"build_py": BuildWithJars})

@@ -21,31 +21,36 @@ from typing import TYPE_CHECKING, Any
 
 
 def _import_pyspark_from_its_package() -> None:
-    """Under ``spark-submit``, import PySpark from its installed package rather than from Spark's zip.
+    """Where Spark put its zips first on the path, import PySpark from its installed package instead.
 
-    ``spark-submit app.py`` puts ``$SPARK_HOME/python/lib/pyspark.zip`` (and py4j's zip) first on
-    the driver's ``PYTHONPATH``. A zip holds no bytecode, so Python compiles every PySpark module
-    the driver imports at each start, which ``python app.py`` (importing the installed package,
-    its bytecode cached) does not. When the zip is the installed package's own (pip's PySpark:
-    ``SPARK_HOME`` is the package's directory, the same files), the zips go to the end of
-    ``sys.path``. Only before PySpark is imported (import onceflow first), and only for those
-    zips: a zip of another Spark install stays where it is.
+    Spark starts its Python processes — ``spark-submit``'s driver, the executors' workers, a Spark
+    Connect server's ``foreachBatch`` worker — with ``$SPARK_HOME/python/lib/pyspark.zip`` (and
+    py4j's zip) first on ``PYTHONPATH``. A zip holds no bytecode, so Python compiles every PySpark
+    module such a process imports, at each start: seconds that ``python app.py`` (the installed
+    package, its bytecode cached) does not spend. When the zip is the installed package's own
+    (pip's PySpark: ``SPARK_HOME`` is the package's directory, the same files), the zips go to the
+    end of ``sys.path``: PySpark's zip, and py4j's when the installed py4j is the zip's version. A
+    zip of another Spark install stays where it is, and nothing moves once PySpark is imported.
+
+    Runs when onceflow is imported, and at the start of every Python of the environment where
+    Spark put that zip on the path: the install's ``onceflow-pyspark.pth`` (``setup.py``) imports
+    onceflow there, before the process's own code.
     """
-    if "pyspark" in sys.modules or "PYSPARK_GATEWAY_PORT" not in os.environ:
+    if "pyspark" in sys.modules:
         return
     package = next((d for d in sys.path if not d.endswith(".zip")
                     and os.path.isfile(os.path.join(d, "pyspark", "__init__.py"))), None)
     if package is None:
         return
     lib = os.path.join(package, "pyspark", "python", "lib")
-    zips = {os.path.join(lib, "pyspark.zip")}
-    try:  # py4j's zip only when the installed py4j is the zip's version
-        from importlib.metadata import version
-
-        zips.add(os.path.join(lib, f"py4j-{version('py4j')}-src.zip"))
-    except ImportError:  # no installed py4j (PackageNotFoundError is an ImportError)
-        pass
-    moved = [d for d in sys.path if os.path.normpath(d) in zips]
+    moved = []
+    for d in sys.path:
+        where, name = os.path.split(os.path.normpath(d))
+        if where != lib:
+            continue
+        if name == "pyspark.zip" or (name.startswith("py4j-") and name.endswith("-src.zip") and os.path.isdir(
+                os.path.join(package, name[:-len("-src.zip")] + ".dist-info"))):
+            moved.append(d)
     sys.path[:] = [d for d in sys.path if d not in moved] + moved
 
 

@@ -1,4 +1,4 @@
-"""Fast start: a class-data-sharing archive of Spark's classes, a quick JIT, compiled Python workers.
+"""Fast start: a class-data-sharing archive of Spark's classes and a quick JIT.
 
 A Spark driver JVM spends most of its start-up loading and verifying ~30,000 classes and
 compiling them with both JIT tiers; on a 2-core machine that is ~9 s of wall time and ~14 s
@@ -25,14 +25,8 @@ For users' own drivers, ``onceflow.spark.session(fast_start=True)`` takes the ar
 (:func:`archive_options`; the JIT and collector stay Spark's, right for a long-running query):
 the first such driver records the archive when it exits normally, the next ones start from it.
 
-**Python workers** start from compiled PySpark. Spark starts its Python worker daemon with
-``pyspark.zip`` first on the path, and a zip holds no bytecode: the daemon and each worker it
-forks compile PySpark's modules from source on every start. With PySpark installed by pip, the
-zip is a copy of the installed package, which pip compiled; run as Spark's
-``spark.python.daemon.module`` (:data:`DAEMON_MODULE`, set by :func:`onceflow.spark.session`
-on a local master, where the workers run this Python), this module takes the zip off the path
-when it is that copy (:func:`without_pyspark_zip`) and runs PySpark's own daemon. Nothing a
-worker runs changes: the same PySpark files, compiled.
+Spark's Python workers start from compiled PySpark too: ``onceflow._import_pyspark_from_its_package``
+(the install's start-up line) takes Spark's ``pyspark.zip`` off the front of their path.
 """
 
 from __future__ import annotations
@@ -40,14 +34,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 from onceflow.java import cache_dir, find_java
 
-DAEMON_MODULE = "onceflow.jvmstart"
-"""Spark's ``spark.python.daemon.module`` in onceflow's local sessions (PySpark's daemon, compiled)."""
 JAVA_OPTIONS_ENV = "ONCEFLOW_DRIVER_JAVA_OPTIONS"
 """Extra JVM options for the driver (appended to ``spark.driver.extraJavaOptions``)."""
 
@@ -145,34 +136,3 @@ def archive_options() -> str:
     if archive.exists():
         return f"-XX:SharedArchiveFile={archive} -Xlog:cds*=off"
     return f"-XX:ArchiveClassesAtExit={archive.parent / f'.{archive.name}.{os.getpid()}.dump'} -Xlog:cds*=off"
-
-
-def without_pyspark_zip(path: list[str]) -> list[str]:
-    """``path`` without Spark's ``pyspark.zip`` where the zip is the copy inside an installed PySpark.
-
-    pip installs PySpark with the zip at ``<site-packages>/pyspark/python/lib/pyspark.zip``; when
-    that ``<site-packages>`` is on ``path`` too, the installed (compiled) package is the same
-    code. A zip anywhere else (a cluster's ``SPARK_HOME``, maybe another version) stays.
-    """
-    entries = [os.path.abspath(p) if p else p for p in path]
-    out = []
-    for raw, entry in zip(path, entries, strict=True):
-        zipped = Path(entry)
-        if zipped.name == "pyspark.zip" and len(zipped.parents) > 3:
-            package, site = zipped.parents[2], zipped.parents[3]
-            if package.name == "pyspark" and (package / "__init__.py").is_file() and str(site) in entries:
-                continue
-        out.append(raw)
-    return out
-
-
-def _daemon() -> None:
-    """PySpark's worker daemon, importing PySpark from its installed, compiled files."""
-    sys.path[:] = without_pyspark_zip(sys.path)
-    from pyspark import daemon
-
-    daemon.manager()
-
-
-if __name__ == "__main__":
-    _daemon()

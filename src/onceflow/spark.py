@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from onceflow import driverjvm, faults, idstore, scalac
 from onceflow.errors import ConfigError
 from onceflow.java import find_java
-from onceflow.jvmstart import DAEMON_MODULE, JAVA_OPTIONS_ENV
+from onceflow.jvmstart import JAVA_OPTIONS_ENV
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -121,16 +121,16 @@ def server_conf(cores: int, jars: bool = True) -> dict[str, str]:
 
     What :func:`session` sets in a driver it starts, for a driver someone else starts: the
     defaults above, Hadoop's raw local file system (:data:`RAW_LOCAL_FS`), the throughput
-    collector, Python workers from compiled PySpark (a local master), and with ``jars`` onceflow's
-    id state store and checkpoint file manager (their jars on the server's ``--jars``).
+    collector, and with ``jars`` onceflow's id state store and checkpoint file manager (their
+    jars on the server's ``--jars``). Its Python workers import compiled PySpark by the install's
+    start-up line (``onceflow._import_pyspark_from_its_package``), not by a setting.
 
     Args:
         cores: The server's cores (its shuffle partitions).
         jars: Name onceflow's classes (the server has their jars).
     """
     conf = {**SESSION_DEFAULTS, "spark.sql.shuffle.partitions": str(cores),
-            "spark.driver.extraJavaOptions": THROUGHPUT_GC, "spark.python.daemon.module": DAEMON_MODULE,
-            **RAW_LOCAL_FS}
+            "spark.driver.extraJavaOptions": THROUGHPUT_GC, **RAW_LOCAL_FS}
     if jars:
         conf[CHECKPOINT_FILES_KEY] = CHECKPOINT_FILES_CLASS
         conf[idstore.PROVIDER_KEY] = idstore.PROVIDER_CLASS
@@ -233,9 +233,6 @@ def session(
     memory = {"spark.driver.memory": os.environ.get("ONCEFLOW_DRIVER_MEMORY", "4g")}
     if not prestarted:
         builder = builder.config("spark.driver.memory", memory["spark.driver.memory"])
-    running = (driverjvm.running_conf("spark.master") if prestarted else None) or "local"
-    if (master or running).startswith("local"):  # the workers run this Python: PySpark compiled
-        conf.setdefault("spark.python.daemon.module", DAEMON_MODULE)
     if os.environ.get(faults.CRASH_ENV, "").strip():  # an armed crash point reaches the executors too
         for name in (faults.CRASH_ENV, faults.DRIVER_PID_ENV):
             conf.setdefault(f"spark.executorEnv.{name}", os.environ[name])

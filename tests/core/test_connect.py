@@ -47,6 +47,9 @@ checked = onceflow.expect(raw, checks={"qty_positive": "qty > 0"})
 clean = onceflow.deduplicate(checked, id="order_id", event_time="ts", within="10 minutes")
 
 def per_batch(batch):
+    import pyspark  # where the server's foreachBatch worker imported it from
+    with open(f"{root}/worker-pyspark", "w") as f:
+        f.write(pyspark.__file__)
     time.sleep(pause)  # a batch with data stays in flight long enough to be killed
     return batch.groupBy("customer").agg(F.sum("qty").alias("qty"), F.count("*").alias("orders"))
 
@@ -211,6 +214,10 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
         out, _ = again.communicate(timeout=300)
         assert again.returncode == 0, out[-4000:]
         markers = _markers(tmp_path)
+        # Spark put its pyspark.zip first on the worker's path; the install's start-up line moved it
+        # (no module compiled at the query's start: tests/core/test_pyspark_path.py)
+        worker = (tmp_path / "worker-pyspark").read_text()
+        assert ".zip" not in worker and worker.endswith(os.path.join("pyspark", "__init__.py")), worker
         # a client that cannot see the checkpoint nor the database (an empty file system mounted
         # over each in the client's own mount namespace), with a new file to read: the
         # checkpoint's checks, the sink's and its bind run on the server's driver

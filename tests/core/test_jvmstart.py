@@ -1,23 +1,13 @@
-"""Fast start: the class-data archive is trained, published and really mapped by the JVM; workers compiled."""
+"""Fast start: the class-data archive is trained, published and really mapped by the JVM."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from onceflow.jvmstart import (
-    DAEMON_MODULE,
-    JAVA_OPTIONS_ENV,
-    QUICK_JIT,
-    dump_options,
-    publish,
-    use_options,
-    without_pyspark_zip,
-)
+from onceflow.jvmstart import JAVA_OPTIONS_ENV, QUICK_JIT, dump_options, publish, use_options
 from onceflow.verify.driver import fast_start_archive
 
 _PROBE = """
@@ -65,32 +55,3 @@ def test_trained_archive_is_mapped_by_the_driver_jvm(tmp_path: Path) -> None:
     assert archive is not None and archive.stat().st_size > 10_000_000
     assert _probe(archive, use_options(archive)) == ["MAPPED", "C1"]
     assert _probe(archive, None) == ["NOT-MAPPED", "TIERED"]
-
-
-def test_only_the_installed_pysparks_own_zip_leaves_the_path(tmp_path: Path) -> None:
-    site = tmp_path / "site-packages"
-    (site / "pyspark" / "python" / "lib").mkdir(parents=True)
-    (site / "pyspark" / "__init__.py").write_text("")
-    own = str(site / "pyspark" / "python" / "lib" / "pyspark.zip")
-    other = str(tmp_path / "spark-home" / "python" / "lib" / "pyspark.zip")
-    py4j = str(site / "pyspark" / "python" / "lib" / "py4j-0.10.9.9-src.zip")
-    assert without_pyspark_zip([own, py4j, str(site)]) == [py4j, str(site)]
-    assert without_pyspark_zip([other, py4j, str(site)]) == [other, py4j, str(site)]
-    assert without_pyspark_zip([own, py4j]) == [own, py4j]  # the installed package not on the path
-
-
-def test_a_local_sessions_python_workers_import_compiled_pyspark(spark: Any) -> None:
-    import pyarrow as pa
-
-    def where(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyspark.worker
-
-        for _ in batches:
-            pass
-        zipped = any(p.endswith("pyspark.zip") for p in sys.path)
-        yield pa.RecordBatch.from_pydict({"zip": [zipped], "worker": [pyspark.worker.__file__]})
-
-    assert spark.conf.get("spark.python.daemon.module") == DAEMON_MODULE
-    found = spark.range(4).repartition(2).mapInArrow(where, "zip boolean, worker string").collect()
-    assert found and all(not r.zip for r in found)
-    assert all(".zip" not in r.worker and Path(r.worker).is_file() for r in found)

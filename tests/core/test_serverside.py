@@ -13,6 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from onceflow.errors import BadSegmentError, CheckpointMismatchError, OnceflowError
@@ -24,6 +25,12 @@ pytestmark = pytest.mark.spark
 
 def _where(path: str) -> tuple[int, list[str]]:
     return os.getpid(), sorted(os.listdir(path))
+
+
+def _pyspark_file() -> str:
+    import pyspark
+
+    return str(pyspark.__file__)
 
 
 def _refuse() -> None:
@@ -75,3 +82,13 @@ def test_a_checkpoint_directory_both_sides_see_is_probed_and_left_clean(spark: A
     assert new.is_dir() and list(new.iterdir()) == []
     (tmp_path / "a-file").write_text("")
     assert not sees_checkpoint(spark, tmp_path / "a-file" / "ck")  # the client cannot write there
+
+
+def test_sparks_python_workers_import_pyspark_from_its_package(spark: Any) -> None:
+    # Spark puts its pyspark.zip first on its workers' path (no bytecode: every module compiled
+    # at each start); the install's start-up line moves it (tests/core/test_pyspark_path.py)
+    where = StepsSource.run(spark, _pyspark_file, "asking")  # a Python worker the driver starts
+    tasks = spark.range(1, numPartitions=1).mapInArrow(  # an executor's
+        lambda batches: (pa.record_batch({"f": [_pyspark_file()]}) for _ in batches), "f STRING").collect()
+    for f in (where, tasks[0].f):
+        assert ".zip" not in f and f.endswith(os.path.join("pyspark", "__init__.py")), f
