@@ -214,8 +214,8 @@ def test_a_new_driver_reads_the_marker_topics_end_past_aborted_transactions(brok
     assert int(conf["min.compaction.lag.ms"].value) == 7 * 24 * 3600 * 1000
 
 
-def test_the_auditor_reads_a_transaction_committed_a_moment_ago(broker: Any) -> None:
-    """The broker writes a commit's markers just after commit_transaction returns: the read waits."""
+def test_the_auditor_and_repair_read_a_transaction_committed_a_moment_ago(broker: Any) -> None:
+    """The broker writes a commit's markers just after commit_transaction returns: the reads wait."""
     admin = AdminClient({"bootstrap.servers": broker.bootstrap})
     admin.create_topics([NewTopic("just_now", 3, 1)])["just_now"].result(30)
     producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "auditor-just-now"})
@@ -235,6 +235,32 @@ def test_the_auditor_reads_a_transaction_committed_a_moment_ago(broker: Any) -> 
     assert len(read_records(broker.bootstrap, "just_now", "read_uncommitted")) == 51
     producer.abort_transaction(30)
     assert len(read_records(broker.bootstrap, "just_now")) == 50
+    # onceflow repair's reader of a sink's markers (no producer of its own to settle a commit
+    # first) waits the same way: a marker committed by a driver a moment ago is read
+    sink = KafkaTopicsSink(broker.bootstrap, sink_id="just")
+    sink.bind("q1")
+    rows = pa.table({"id": ["p"], "qty": [1]})
+    assert sink.commit_tables(0, {"parcels": rows}, {"parcels": Table(key="id")}, BatchStats(1, 0, 0), 1)
+    sink.close()
+    row = {**sink.batches()[0], "batch_id": 1}
+    driver = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": "onceflow.just.late"})
+    driver.init_transactions(30)
+    driver.begin_transaction()
+    driver.produce(sink.marker_topic, key=b"just", value=json.dumps(row).encode())
+    driver.flush(10)
+    reader = KafkaTopicsSink(broker.bootstrap, sink_id="just")
+    assert reader.wait_settled(0) == [0]  # the control: read now, batch 1 is not there yet
+    assert [m["batch_id"] for m in reader.batches()] == [0]
+    threading.Timer(1.0, driver.commit_transaction, args=(30,)).start()
+    assert reader.wait_settled(30) == []
+    assert [m["batch_id"] for m in reader.batches()] == [0, 1]
+    # a transaction a killed driver left open: after the wait the markers are read as they are
+    driver.begin_transaction()
+    driver.produce(sink.marker_topic, key=b"just", value=json.dumps({**row, "batch_id": 2}).encode())
+    driver.flush(10)
+    assert reader.wait_settled(1) == [0]
+    assert [m["batch_id"] for m in reader.batches()] == [0, 1]
+    driver.abort_transaction(30)
 
 
 def test_a_batchs_metrics_known_only_after_it_reach_its_marker(broker: Any) -> None:

@@ -44,6 +44,11 @@ def _one(kind: str, value: Any, sink_id: str) -> Any:
         if not sink.has_marker_topic():  # else a wrong address or id would look like an empty sink
             raise ConfigError(f"no marker topic {sink.marker_topic} on the brokers {kafka}: give the brokers "
                               "and --sink-id the query writes with")
+        still = sink.wait_settled()  # a commit whose markers the broker is writing: its batch counts
+        if still:
+            click.echo(f"onceflow repair: a transaction is open on {sink.marker_topic} (partitions {still}): "
+                       "a driver that is still running or was killed inside a commit; its batch is not "
+                       "committed and is read as missing (stop the query first)", err=True)
         return sink
     from onceflow.sinks.http.ledger import is_dsn
 

@@ -201,6 +201,34 @@ class KafkaTopicsSink(SinkBase):
         """
         return self.marker_topic in self._reachable_topics()
 
+    def wait_settled(self, wait_s: float = 15.0) -> list[int]:
+        """Wait until no transaction is open on the marker topic; the partitions still open after ``wait_s``.
+
+        A reader without this sink's producer (``onceflow repair``) has no ``init_transactions`` to
+        settle a commit first: Kafka writes a committed transaction's markers just after the
+        committing driver's ``commit_transaction`` returns, and until then a ``read_committed`` read
+        ends before that batch's marker. A transaction a killed driver left open (its batch never
+        committed) stays open until its ``transaction.timeout.ms``: after ``wait_s`` the markers
+        are read as they are, without that batch, which is what the sink holds.
+        """
+        consumers = {level: self._reader(level) for level in ("read_committed", "read_uncommitted")}
+        try:
+            parts = consumers["read_committed"].list_topics(self.marker_topic, timeout=_TIMEOUT_S)
+            meta = parts.topics.get(self.marker_topic)
+            partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
+            deadline = time.monotonic() + wait_s
+            while True:
+                ends = {level: [kafka_records.watermarks(c, self.marker_topic, _TIMEOUT_S, p)[1]
+                                for p in partitions] for level, c in consumers.items()}
+                still = [p for p, a, b in zip(partitions, ends["read_committed"], ends["read_uncommitted"],
+                                              strict=True) if a < b]
+                if not still or time.monotonic() > deadline:
+                    return still
+                time.sleep(0.2)
+        finally:
+            for c in consumers.values():
+                c.close()
+
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""
         self.ensure_topic(self.marker_topic, 1, MARKER_TOPIC_CONFIG)
@@ -513,9 +541,7 @@ class KafkaTopicsSink(SinkBase):
 
     def _read_markers_once(self, tail: int | None) -> list[dict[str, Any]]:
         """:meth:`_read_markers`, one read."""
-        consumer = self.ck.Consumer(with_logger({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
-                                                 "enable.auto.commit": False,
-                                                 "isolation.level": "read_committed"}))
+        consumer = self._reader("read_committed")
         try:
             try:  # read_committed: the high mark is the last stable offset (open transactions excluded)
                 low, high = kafka_records.watermarks(consumer, self.marker_topic, _TIMEOUT_S)
@@ -530,6 +556,11 @@ class KafkaTopicsSink(SinkBase):
                 high, start = start, max(low, start - tail)
         finally:
             consumer.close()
+
+    def _reader(self, isolation: str) -> Any:
+        """A consumer of the marker topic with ``isolation`` (no offsets committed)."""
+        return self.ck.Consumer(with_logger({**self._conf, "group.id": f"onceflow.{self.sink_id}.reader",
+                                             "enable.auto.commit": False, "isolation.level": isolation}))
 
     def _read_range(self, consumer: Any, start: int, high: int) -> dict[int, dict[str, Any]]:
         """This sink's markers at offsets ``[start, high)`` of the marker topic."""
