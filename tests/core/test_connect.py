@@ -215,7 +215,7 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
         assert again.returncode == 0, out[-4000:]
         markers = _markers(tmp_path)
         # Spark put its pyspark.zip first on the worker's path; the install's start-up line moved it
-        # (no module compiled at the query's start: tests/core/test_pyspark_path.py)
+        # (no module compiled at the query's start: tests/core/test_jvmstart.py)
         worker = (tmp_path / "worker-pyspark").read_text()
         assert ".zip" not in worker and worker.endswith(os.path.join("pyspark", "__init__.py")), worker
         # a client that cannot see the checkpoint nor the database (an empty file system mounted

@@ -86,7 +86,7 @@ def test_a_checkpoint_directory_both_sides_see_is_probed_and_left_clean(spark: A
 
 def test_sparks_python_workers_import_pyspark_from_its_package(spark: Any) -> None:
     # Spark puts its pyspark.zip first on its workers' path (no bytecode: every module compiled
-    # at each start); the install's start-up line moves it (tests/core/test_pyspark_path.py)
+    # at each start); the install's start-up line moves it (tests/core/test_jvmstart.py)
     where = StepsSource.run(spark, _pyspark_file, "asking")  # a Python worker the driver starts
     tasks = spark.range(1, numPartitions=1).mapInArrow(  # an executor's
         lambda batches: (pa.record_batch({"f": [_pyspark_file()]}) for _ in batches), "f STRING").collect()
