@@ -211,23 +211,16 @@ class KafkaTopicsSink(SinkBase):
         committed) stays open until its ``transaction.timeout.ms``: after ``wait_s`` the markers
         are read as they are, without that batch, which is what the sink holds.
         """
-        consumers = {level: self._reader(level) for level in ("read_committed", "read_uncommitted")}
+        committed, raw = self._reader("read_committed"), self._reader("read_uncommitted")
         try:
-            parts = consumers["read_committed"].list_topics(self.marker_topic, timeout=_TIMEOUT_S)
-            meta = parts.topics.get(self.marker_topic)
+            topic = self.marker_topic
+            meta = committed.list_topics(topic, timeout=_TIMEOUT_S).topics.get(topic)
             partitions = sorted(meta.partitions) if meta is not None and meta.error is None else []
-            deadline = time.monotonic() + wait_s
-            while True:
-                ends = {level: [kafka_records.watermarks(c, self.marker_topic, _TIMEOUT_S, p)[1]
-                                for p in partitions] for level, c in consumers.items()}
-                still = [p for p, a, b in zip(partitions, ends["read_committed"], ends["read_uncommitted"],
-                                              strict=True) if a < b]
-                if not still or time.monotonic() > deadline:
-                    return still
-                time.sleep(0.2)
+            _, still = kafka_records.settled_ends(committed, raw, topic, partitions, wait_s, _TIMEOUT_S)
+            return still
         finally:
-            for c in consumers.values():
-                c.close()
+            committed.close()
+            raw.close()
 
     def _start(self) -> Any:
         """The marker topic made sure of; a transactional producer, its ``init_transactions`` done."""

@@ -213,6 +213,38 @@ def watermarks(consumer: Any, topic: str, timeout_s: float = 60.0, partition: in
             time.sleep(0.2)
 
 
+def settled_ends(committed: Any, raw: Any, topic: str, partitions: list[int], wait_s: float,
+                 timeout_s: float = 60.0) -> tuple[dict[int, tuple[int, int]], list[int]]:
+    """Each partition's offsets as ``committed`` sees them, once no transaction is open on it.
+
+    A ``read_committed`` consumer's end of a partition is its last stable offset: it stays before
+    an open transaction's first record, and Kafka writes a committed transaction's markers just
+    after the producer's ``commit_transaction`` returns. So a reader waits until that end equals
+    the partition's end as a ``read_uncommitted`` consumer (``raw``) sees it.
+
+    Args:
+        committed: A ``read_committed`` consumer.
+        raw: A ``read_uncommitted`` consumer.
+        topic: The topic.
+        partitions: Its partitions.
+        wait_s: Longest wait for open transactions (a producer that died inside one leaves it open
+            until its ``transaction.timeout.ms``).
+        timeout_s: Longest read of one partition's offsets (:func:`watermarks`).
+
+    Returns:
+        ``{partition: (first offset, read_committed end)}``, and the partitions still open after
+        ``wait_s`` (none: every end settled).
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        ends = {p: watermarks(committed, topic, timeout_s, p) for p in partitions}
+        full = {p: watermarks(raw, topic, timeout_s, p)[1] for p in partitions}
+        still = sorted(p for p in partitions if ends[p][1] < full[p])
+        if not still or time.monotonic() > deadline:
+            return ends, still
+        time.sleep(0.2)
+
+
 def read_span(consumer: Any, topic: str, start: int, high: int, what: str,
               timeout_s: float = 60.0, partition: int = 0) -> Iterator[Any]:
     """The records at offsets ``[start, high)`` of a partition of ``topic``, read by ``consumer``.

@@ -205,9 +205,8 @@ def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed",
         meta = c.list_topics(topic, timeout=30).topics.get(topic)
         if meta is None or meta.error is not None:
             return []
-        ends = _ends(c, topic, meta.partitions)
-        if raw is not None:
-            ends = _settled_ends(raw, c, topic, ends, deadline, timeout_s)
+        ends = (_ends(c, topic, meta.partitions) if raw is None
+                else _settled_ends(raw, c, topic, sorted(meta.partitions), deadline, timeout_s))
         c.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ends.items()])
         out: list[Any] = []
         todo = {p for p, (lo, hi) in ends.items() if hi > lo}
@@ -230,7 +229,7 @@ def _ends(c: Any, topic: str, partitions: Any) -> dict[int, tuple[int, int]]:
     return {p: watermarks(c, topic, 30.0, p) for p in partitions}
 
 
-def _settled_ends(raw: Any, committed: Any, topic: str, ends: dict[int, tuple[int, int]], deadline: float,
+def _settled_ends(raw: Any, committed: Any, topic: str, partitions: list[int], deadline: float,
                   timeout_s: float) -> dict[int, tuple[int, int]]:
     """The ``read_committed`` ends once each equals the partition's end (no transaction open).
 
@@ -238,19 +237,15 @@ def _settled_ends(raw: Any, committed: Any, topic: str, ends: dict[int, tuple[in
         SourceReadError: A partition's transaction still open at ``deadline`` (a producer that
             died inside one is aborted by its coordinator after its ``transaction.timeout.ms``).
     """
-    while True:
-        full = _ends(raw, topic, ends)
-        open_ = sorted(p for p in ends if ends[p][1] < full[p][1])
-        if not open_:
-            return ends
-        if time.monotonic() > deadline:
-            raise SourceReadError(
-                f"the auditor could not read {topic}: a transaction is still open on partition(s) "
-                f"{open_} after {timeout_s:.0f} s (a producer that died inside one is aborted after its "
-                "transaction.timeout.ms); read again later")
-        time.sleep(0.2)
-        ends = _ends(committed, topic, ends)
+    from onceflow.sinks.kafka_records import settled_ends
 
+    settled, open_ = settled_ends(committed, raw, topic, partitions, deadline - time.monotonic(), 30.0)
+    if open_:
+        raise SourceReadError(
+            f"the auditor could not read {topic}: a transaction is still open on partition(s) "
+            f"{open_} after {timeout_s:.0f} s (a producer that died inside one is aborted after its "
+            "transaction.timeout.ms); read again later")
+    return settled
 
 def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
                  timeout_s: float = 120.0) -> list[tuple[bytes | None, bytes | None]]:
