@@ -428,14 +428,19 @@ def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], che
     stream = (df.writeStream.foreachBatch(writer).outputMode(output_mode)
               .option("checkpointLocation", str(path)))
     stream = stream.trigger(availableNow=True) if once else stream.trigger(processingTime=trigger)
+    start: Callable[[], Any] = stream.start
+    if plans.is_connect(df) and not on_server:  # both see the checkpoint: the server's local files
+        from onceflow import remote
+
+        start = partial(remote.start_local, df.sparkSession, stream.start)
     try:
-        started = stream.start()
+        started = start()
     except Exception as exc:  # e.g. Spark refuses the output mode for this query
         if listener is not None:
             df.sparkSession.streams.removeListener(listener)
         writer.close()
         raise _start_error(exc) from None
-    return OnceQuery(started, writer, sink, listener, restart=stream.start, checkpoint_on_server=on_server)
+    return OnceQuery(started, writer, sink, listener, restart=start, checkpoint_on_server=on_server)
 
 
 def _start_error(exc: Exception) -> Exception:

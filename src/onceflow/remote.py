@@ -16,13 +16,20 @@ data sources onceflow registers are imported there by name. So:
    id store's checks. Where the client sees the server's checkpoint directory
    (:func:`sees_checkpoint`), it reads it itself; else (a path only the server has) the steps
    run on the server's driver (:mod:`onceflow.serverside`).
+4. **A local checkpoint's files** on a server without onceflow's checkpoint file manager: where
+   both sides see the checkpoint (a local file system), :func:`start_local` names Spark's
+   ``FileSystemBasedCheckpointFileManager`` for that query alone — what onceflow's manager picks
+   for a local path — instead of Spark's default, whose renames run ``readlink`` processes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +46,13 @@ PROBES = {
     "org.apache.spark.sql.onceflow.LocalCheckpointFileManager": "NAME",
 }
 """Class -> a static member of it (its companion object's) that :func:`server_has` reflects on."""
+
+SPARKS_LOCAL_FILES = ("org.apache.spark.sql.execution.streaming.checkpointing."
+                      "FileSystemBasedCheckpointFileManager")
+"""Spark's checkpoint file manager through Hadoop's FileSystem API: :func:`start_local` names it."""
+
+_STARTING = threading.Lock()
+"""Held while :func:`start_local` has its setting in a session (one query's start at a time)."""
 
 
 def server_has(spark: Any, class_name: str) -> bool:
@@ -121,6 +135,60 @@ def sees_checkpoint(spark: Any, checkpoint: Path) -> bool:
     return seen
 
 
+def start_local(spark: Any, start: Callable[[], Any], wait_s: float = 10.0) -> Any:
+    """Start a query whose checkpoint both sides see, its files written through Hadoop's FileSystem API.
+
+    When the session names no checkpoint file manager (a server without onceflow's, or a
+    session not made by :func:`onceflow.spark.session`), Spark's default writes each checkpoint
+    file through Hadoop's FileContext API, whose rename on a local file system runs ``readlink``
+    in child processes of the server's JVM. A checkpoint the client sees (:func:`sees_checkpoint`)
+    is on a local file system of the server, where Spark's ``FileSystemBasedCheckpointFileManager``
+    renames with the same atomic ``rename(2)`` (what onceflow's own manager picks for a local
+    path). Spark reads the setting when a query is made, from the session, so it is set for this
+    start alone:
+
+    1. set :data:`SPARKS_LOCAL_FILES` in the session;
+    2. start the query: Spark makes its offset and commit logs and its state stores' settings
+       from a copy of the session taken at ``start``;
+    3. wait until the query is past initializing (its status), when its sources have made
+       their logs from the session itself (at most ``wait_s``; a source made later uses Spark's
+       default, the same files);
+    4. unset the setting (in ``finally``: a refused start leaves the session as it was).
+
+    A session that names a manager (the server's onceflow class, or the user's choice) is left
+    alone. Another query started in this session by other code between 1 and 4 gets the setting
+    too; onceflow's own starts take turns (a lock).
+
+    Args:
+        spark: The client's session.
+        start: Starts the query (``DataStreamWriter.start``) and returns it.
+        wait_s: How long step 3 waits at most.
+
+    Returns:
+        What ``start`` returned.
+    """
+    from onceflow.spark import CHECKPOINT_FILES_KEY
+
+    with _STARTING:
+        if spark.conf.get(CHECKPOINT_FILES_KEY, None):
+            return start()
+        spark.conf.set(CHECKPOINT_FILES_KEY, SPARKS_LOCAL_FILES)
+        try:
+            query = start()
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                try:
+                    said = str(query.status.get("message", ""))
+                except Exception:  # noqa: BLE001 - a query that ended is past initializing
+                    break
+                if not said.startswith("Initializing"):
+                    break
+                time.sleep(0.01)
+        finally:
+            spark.conf.unset(CHECKPOINT_FILES_KEY)
+    return query
+
+
 def remote_session(url: str, shuffle_partitions: int | None = None, conf: dict[str, str] | None = None,
                    id_store: bool | None = None) -> SparkSession:
     """A Spark Connect session with onceflow's session settings, as far as a client can set them.
@@ -167,7 +235,8 @@ def remote_session(url: str, shuffle_partitions: int | None = None, conf: dict[s
         else:
             _log.warning(
                 "the Spark Connect server at %s lacks onceflow's checkpoint file manager: Spark's runs "
-                "(the same files; docs/connect.md)", url)
+                "(the same files; a checkpoint this client sees: Spark's FileSystem-based one for the "
+                "query; docs/connect.md)", url)
     for key, value in wanted.items():
         try:
             spark.conf.set(key, value)
