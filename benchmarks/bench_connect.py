@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,6 +95,7 @@ for run in range(runs):  # run 0 warms the JVM (the client's session or the serv
 
 def run_child(target: str, log: Path, work: Path, files: int, runs: int,
               plain: bool) -> list[dict[str, float]]:
+    shutil.rmtree(work, ignore_errors=True)  # a --workdir used before: its checkpoints would have no work
     work.parent.mkdir(parents=True, exist_ok=True)
     script = work.parent / "child.py"
     script.write_text(CHILD)

@@ -93,12 +93,25 @@ def check_server(spark: Any) -> None:
     except Exception as exc:
         text = str(exc)
         if "onceflow" in text and ("ModuleNotFoundError" in text or "No module named" in text):
+            conf = _setting(spark, "spark.pyspark.python")
+            also = f"; its spark.pyspark.python is {conf}, best the same" if conf else ""
             raise ConfigError("the Spark Connect server's Python cannot import onceflow: the foreachBatch "
-                              "function and onceflow's data sources run there. Install it into the "
-                              "interpreter the server's spark.pyspark.python names (pip install onceflow, "
-                              "the same version as this client; docs/connect.md)") from None
+                              "function and onceflow's data sources run there. Install it (pip install "
+                              "onceflow, the same version as this client) into the interpreter the server "
+                              "runs a client's functions with: the server's environment's PYSPARK_PYTHON "
+                              f"(else PYSPARK_DRIVER_PYTHON, else python3 on its PATH){also}; "
+                              "docs/connect.md") from None
         raise
     _CHECKED.add(session_id)
+
+
+def _setting(spark: Any, key: str) -> str | None:
+    """The server's setting ``key`` as the session reads it (None: unset or not readable)."""
+    try:
+        value = spark.conf.get(key, None)
+    except Exception:  # noqa: BLE001 - a setting a client may not read
+        return None
+    return None if value is None else str(value)
 
 
 def sees_checkpoint(spark: Any, checkpoint: Path) -> bool:

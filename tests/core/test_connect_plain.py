@@ -1,4 +1,4 @@
-"""onceflow through a Spark Connect server without onceflow's jars (Spark's state store and files).
+"""onceflow through Spark Connect servers without onceflow's jars, or without onceflow at all.
 
 A server admin who installs onceflow's Python but not its jars gets Spark's state store for the
 ids and Spark's checkpoint file manager, each said in one line; the query is exactly once all the
@@ -7,6 +7,8 @@ with Spark's ``FileSystemBasedCheckpointFileManager`` (``remote.start_local``) i
 default, whose renames run ``readlink`` in child processes of the server's JVM: the server runs
 with a ``readlink`` on its ``PATH`` that logs each call, so the test sees which manager wrote the
 checkpoint (a query whose session names Spark's default is the control: it does call readlink).
+What a server must have, onceflow in its Python, is checked: a server whose Python lacks it is
+refused at the client's session, the interpreter named.
 
 The pipeline is written for this test: meter readings (some sent twice) deduplicated by id and
 summed per meter into SQLite; the expected sums are computed here from the files.
@@ -155,3 +157,29 @@ def test_a_session_that_names_sparks_default_manager_keeps_it(server: ConnectSer
     called = _readlinks(root, "ck-context")
     assert any("/commits/" in ln for ln in called), called[:20]
     assert any("/sources/" in ln for ln in called), called[:20]
+
+
+def test_a_server_whose_python_lacks_onceflow_is_refused_naming_it(tmp_path: Path) -> None:
+    """The server runs clients' functions with a Python that has PySpark's dependencies but not
+    onceflow (a venv that sees this one's site-packages as a plain path, without its start-up
+    files, where onceflow's install lives): the client's session is refused before any query,
+    saying which interpreter to install into."""
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    (next((bare / "lib").glob("python3*")) / "site-packages" / "deps.pth").write_text(site + "\n")
+    python = str(bare / "bin" / "python")
+    probe = "import pyarrow, pandas, pyspark\ntry:\n    import onceflow\nexcept ImportError:\n    print('NO')"
+    check = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
+    assert check.stdout.strip() == "NO", check.stdout + check.stderr  # the control: deps, no onceflow
+    client = ("import sys\nfrom onceflow.spark import session\n"
+              "try:\n    session(remote=sys.argv[1])\n"
+              "except Exception as exc:\n    print('REFUSED', type(exc).__name__, exc)\n")
+    with ConnectServer(tmp_path / "server", cores=1, env={"PYSPARK_PYTHON": python},
+                       conf={"spark.pyspark.python": python}) as s:
+        done = subprocess.run([sys.executable, "-c", client, s.url], capture_output=True, text=True,
+                              timeout=300, check=False)
+    out = done.stdout + done.stderr
+    assert "REFUSED ConfigError" in out, out[-4000:]
+    assert "cannot import onceflow" in out and "PYSPARK_PYTHON" in out, out[-4000:]
+    assert f"its spark.pyspark.python is {python}" in out, out[-4000:]
