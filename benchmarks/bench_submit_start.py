@@ -2,7 +2,9 @@
 
 Issue 50's target: a spark-submit run starts no slower than ``python app.py``. Three ways:
 ``python app.py``; ``spark-submit app.py`` (``session()`` adds onceflow's jars to the running
-driver); ``spark-submit --jars <onceflow's jars> app.py`` (the way docs/cluster.md shows). The
+driver); ``spark-submit --jars <onceflow's jars> app.py`` (the way docs/cluster.md shows). Both
+spark-submit ways pass the driver's heap and collector that ``session()`` starts its own drivers
+with (``--driver-memory``, ``--driver-java-options -XX:+UseParallelGC``), as docs/cluster.md does. The
 application imports onceflow, gets its session with ``onceflow.spark.session()`` and runs one job
 (``range(10).count()``); it prints the seconds from the moment the launching shell took its
 time stamp (passed as an argument) to the job's end, so each number holds the whole start: the
@@ -64,7 +66,8 @@ def main() -> None:
     from onceflow.scalac import shipped_jars
 
     own = ",".join(str(p) for p in shipped_jars())  # what `onceflow jars path onceflow` prints
-    submit_cmd = [str(submit), "--master", "local[2]", "--driver-memory", args.driver_memory]
+    submit_cmd = [str(submit), "--master", "local[2]", "--driver-memory", args.driver_memory,
+                  "--driver-java-options", "-XX:+UseParallelGC"]  # what session() gives a driver it starts
     ways = {"python app.py": [sys.executable], "spark-submit app.py": submit_cmd,
             "spark-submit --jars app.py": [*submit_cmd, "--jars", own]}
     app = Path(tempfile.mkdtemp(prefix="bench-submit-")) / "app.py"

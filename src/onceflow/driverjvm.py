@@ -76,8 +76,11 @@ def start_settings(conf: dict[str, str], wanted: Mapping[str, str]) -> dict[str,
     out = {k: v for k, v in conf.items() if k not in START_ONLY}
     for key, value in {**wanted, **{k: v for k, v in conf.items() if k in START_ONLY}}.items():
         if key == "spark.driver.memory":
-            heap = _max_heap()
-            if heap >= 0.9 * _bytes(value):  # the JVM reports a little less than -Xmx
+            given = running_conf(key)  # spark-submit's --driver-memory, the JVM's -Xmx
+            if given is not None and _bytes(given) >= _bytes(value):
+                continue
+            heap = _max_heap()  # else what the JVM has, which reports less than its -Xmx (the
+            if heap >= 0.85 * _bytes(value):  # parallel collector leaves out a survivor space: ~11%)
                 continue
             have = f"a {heap / 2**30:.1f} GiB heap"
         else:

@@ -264,9 +264,12 @@ def session(
     checksums = os.environ.get(CHECKSUMS_ENV, "").strip().lower() in ("1", "true", "yes")
     if not checksums and not any(k in conf for k in RAW_LOCAL_FS):
         conf.update(RAW_LOCAL_FS)
-    if not prestarted and not _GC_OPTION.search(conf.get(key, "")):
-        conf[key] = f"{conf.get(key, '')} {THROUGHPUT_GC}".strip()
+    running = ""  # a running JVM's options (spark-submit): a collector named there stands
     if prestarted:
+        running = " ".join(driverjvm.running_conf(k) or "" for k in (key, "spark.driver.defaultJavaOptions"))
+    if not _GC_OPTION.search(f"{conf.get(key, '')} {running} {os.environ.get('JAVA_TOOL_OPTIONS', '')}"):
+        conf[key] = f"{conf.get(key, '')} {THROUGHPUT_GC}".strip()
+    if prestarted:  # what the JVM's start would have had, said (its heap, its options) and left out
         conf = driverjvm.start_settings(conf, memory)
     for key, value in conf.items():
         builder = builder.config(key, value)

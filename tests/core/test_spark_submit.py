@@ -84,11 +84,13 @@ def _table(root: Path) -> dict[str, tuple[int, int]]:
 
 def test_spark_submit_without_flags_loads_the_classes_and_says_the_driver_memory(tmp_path: Path) -> None:
     expected = _orders(tmp_path)
-    out = _submit(tmp_path)
+    out = _submit(tmp_path, env={"ONCEFLOW_DRIVER_JAVA_OPTIONS": ""})  # not the tests' quick start-up options
     assert "ClassNotFoundException" not in out
     assert "PROVIDER org.apache.spark.sql.onceflow.IdStateStoreProvider" in out  # added to the running driver
     assert "CHECKPOINT_FILES org.apache.spark.sql.onceflow.LocalCheckpointFileManager" in out
     assert "pass --driver-memory 4g to spark-submit" in out  # a 1 GiB driver is said, not ignored
+    # and Java's default collector, where onceflow's session would start its driver on the throughput one
+    assert "pass --driver-java-options '-XX:+UseParallelGC' to spark-submit" in out
     # spark-submit put Spark's zips first on the path; onceflow, imported first, imported the
     # installed package instead (the same files, with bytecode)
     imported = next(line for line in out.splitlines() if line.startswith("PYSPARK_FROM")).split()[1:]
@@ -103,8 +105,10 @@ def test_spark_submit_with_the_printed_jars_and_memory_says_nothing(tmp_path: Pa
     printed = subprocess.run([cli, "jars", "path", "onceflow"], capture_output=True, text=True,
                              check=True).stdout.strip()
     assert all(Path(p).is_file() for p in printed.split(","))
-    out = _submit(tmp_path, "--driver-memory", "4g", "--jars", printed)
+    out = _submit(tmp_path, "--driver-memory", "4g", "--driver-java-options", "-XX:+UseParallelGC",
+                  "--jars", printed, env={"ONCEFLOW_DRIVER_JAVA_OPTIONS": ""})
     assert "pass --driver-memory" not in out and "cannot be added now" not in out
+    assert "pass --driver-java-options" not in out
     assert "PROVIDER org.apache.spark.sql.onceflow.IdStateStoreProvider" in out
     assert _table(tmp_path) == expected
 
