@@ -154,6 +154,7 @@ def _kill(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+@pytest.mark.long  # ~1 min; make test runs spark-submit (test_spark_submit.py) and this shape's crashes
 def test_the_readme_pipeline_under_spark_submit_survives_a_crash_and_kill_9(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text(readme_app())
     bin_dir = Path(sys.executable).parent
