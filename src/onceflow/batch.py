@@ -203,11 +203,14 @@ class BatchWriter:
         """What Spark Connect ships to the server's ``foreachBatch`` worker (the function is pickled).
 
         The client's session, the stats thread and the stop flag stay behind; the worker makes
-        its own (:meth:`__setstate__`), and the sink opens its connections where it runs.
+        its own (:meth:`__setstate__`), and the sink opens its connections where it runs. The
+        sink pickles unbound (its arguments alone), so step 1 runs again in the worker even when
+        :meth:`bind_at_start` ran it on the client for a checkpoint that exists.
         """
         state = dict(self.__dict__)
         for name in ("spark", "_pool", "_stop"):
             state.pop(name, None)
+        state["_qid"] = ""
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

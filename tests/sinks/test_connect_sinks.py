@@ -5,15 +5,21 @@ customer, one batch per file, written through a client of a Connect server (a pr
 own) into each sink — its collected path and its task-written path (``collect_below=0``: every
 batch written by Spark's tasks on the server's executors). What each sink holds is read back with
 its own reader (sqlite3, deltalake, a read_committed Kafka consumer, the HTTP service's record)
-and compared with sums computed here. ``make test-long`` (one server and one broker, ~2 minutes).
+and compared with sums computed here. Delta, Kafka and HTTP again with a server SIGKILLed by a
+crash point between the sink's commit and Spark's commit log, the query then resumed on another.
+``make test-long`` (one server and one broker, ~2 minutes; a crashing server per killed test).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -124,34 +130,73 @@ def test_every_sink_through_connect(server: ConnectServer, broker: KafkaServer, 
                                     sink: str, collect_below: int) -> None:
     orders, qty = _inputs(tmp_path)
     name = f"per_customer_{sink}_{'tasks' if collect_below == 0 else 'collected'}"  # a topic per test
-    if sink == "sqlite":
-        _run(server, tmp_path, sink, str(tmp_path / "out.db"), collect_below, name)
-        with sqlite3.connect(tmp_path / "out.db") as db:
-            got = db.execute(f"SELECT sum(orders), sum(qty) FROM {name}").fetchone()
-    elif sink == "delta":
-        from deltalake import DeltaTable
-
-        _run(server, tmp_path, sink, str(tmp_path / "lake"), collect_below, name)
-        t = DeltaTable(str(tmp_path / "lake" / name)).to_pyarrow_table()
-        got = (sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist()))
-    elif sink == "iceberg":
-        from onceflow.sinks.iceberg import IcebergTablesSink
-
-        _run(server, tmp_path, sink, str(tmp_path / "warehouse"), collect_below, name)
-        lake = IcebergTablesSink(f"sqlite:///{tmp_path}/catalog.db", tmp_path / "warehouse")
-        t = lake.catalog.load_table(("onceflow", name)).scan().to_arrow()
-        got = (sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist()))
-    elif sink == "kafka":
-        _run(server, tmp_path, sink, broker.bootstrap, collect_below, name)
-        rows = _kafka_rows(broker.bootstrap, name)
-        got = (sum(r["orders"] for r in rows), sum(r["qty"] for r in rows))
-    else:
-        with ServiceProcess(tmp_path / "effects.db") as service:
-            _run(server, tmp_path, sink, service.effects_url, collect_below, name)
-        effects = [e["payload"] for e in read_effects(tmp_path / "effects.db")]
-        got = (sum(e["orders"] for e in effects), sum(e["qty"] for e in effects))
+    with contextlib.ExitStack() as stack:
+        target = _target(stack, sink, tmp_path, broker)
+        _run(server, tmp_path, sink, target, collect_below, name)
+    got = _sums(sink, tmp_path, broker, name)
     assert got == (orders, qty)
     _check_markers(_markers(sink, tmp_path, broker.bootstrap, collect_below))
+
+
+@pytest.mark.parametrize("sink", ["delta", "kafka", "http"])
+def test_a_server_killed_after_the_sinks_commit_then_another_server_write_each_row_once(
+        server: ConnectServer, broker: KafkaServer, tmp_path: Path, sink: str) -> None:
+    """A crash point SIGKILLs a server's JVM between the sink's commit and Spark's commit log of
+    batch 1 (data, written by Spark's tasks); the client, left retrying, is SIGKILLed too. Another
+    server runs the query again from its checkpoint: batch 1 is not written twice."""
+    orders, qty = _inputs(tmp_path)
+    name = f"per_customer_{sink}_killed"
+    (tmp_path / "client.py").write_text(CLIENT)
+    with contextlib.ExitStack() as stack:
+        target = _target(stack, sink, tmp_path, broker)
+        crash = {"ONCEFLOW_CRASH_AT": "after_sink_commit@1"}
+        with ConnectServer(tmp_path / "crashing", env=crash) as crashing:
+            args = [crashing.url, str(tmp_path), sink, target, "0", name]  # every batch by Spark's tasks
+            client = subprocess.Popen([sys.executable, str(tmp_path / "client.py"), *args],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                      start_new_session=True)
+            deadline = time.monotonic() + 240
+            while crashing.proc is not None and crashing.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            died = crashing.proc is not None and crashing.proc.poll() is not None
+            os.killpg(client.pid, signal.SIGKILL)  # Connect's client retries a lost server for minutes
+            client.wait(timeout=60)
+        assert died, "the crash point left the server running"
+        assert "crash point after_sink_commit at batch 1" in crashing.log.read_text()
+        assert not (tmp_path / "ck" / "commits" / "1").exists()  # the sink has batch 1, Spark not
+        _run(server, tmp_path, sink, target, 0, name)
+    assert _sums(sink, tmp_path, broker, name) == (orders, qty)
+
+
+def _target(stack: contextlib.ExitStack, sink: str, root: Path, broker: KafkaServer) -> str:
+    """Where the client writes (an HTTP sink's service started on ``stack``)."""
+    if sink == "http":
+        return stack.enter_context(ServiceProcess(root / "effects.db")).effects_url
+    return {"sqlite": str(root / "out.db"), "delta": str(root / "lake"), "iceberg": str(root / "warehouse"),
+            "kafka": broker.bootstrap}[sink]
+
+
+def _sums(sink: str, root: Path, broker: KafkaServer, name: str) -> tuple[int, int]:
+    """(orders, qty) summed over what the sink holds, read with its own reader."""
+    if sink == "sqlite":
+        with sqlite3.connect(root / "out.db") as db:
+            return db.execute(f"SELECT sum(orders), sum(qty) FROM {name}").fetchone()
+    if sink == "delta":
+        from deltalake import DeltaTable
+
+        t = DeltaTable(str(root / "lake" / name)).to_pyarrow_table()
+        return sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist())
+    if sink == "iceberg":
+        from onceflow.sinks.iceberg import IcebergTablesSink
+
+        lake = IcebergTablesSink(f"sqlite:///{root}/catalog.db", root / "warehouse")
+        t = lake.catalog.load_table(("onceflow", name)).scan().to_arrow()
+        return sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist())
+    if sink == "kafka":
+        rows = _kafka_rows(broker.bootstrap, name)
+        return sum(r["orders"] for r in rows), sum(r["qty"] for r in rows)
+    effects = [e["payload"] for e in read_effects(root / "effects.db")]
+    return sum(e["orders"] for e in effects), sum(e["qty"] for e in effects)
 
 
 def _markers(sink: str, root: Path, bootstrap: str, collect_below: int) -> list[dict[str, Any]]:
