@@ -191,10 +191,7 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
     crash = {"ONCEFLOW_CRASH_AT": "after_sink_commit@1"}
     with ConnectServer(tmp_path / "server1", env=crash) as server:
         client = _client(server, tmp_path)
-        deadline = time.monotonic() + 240
-        while server.proc is not None and server.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert server.proc is not None and server.proc.poll() is not None, "the crash point left the server"
+        assert server.wait_exit(240), "the crash point left the server"
         os.killpg(client.pid, signal.SIGKILL)  # Connect's client retries a lost server for minutes
         client.wait(timeout=60)
     log = (tmp_path / "server1" / "connect-server.log").read_text()

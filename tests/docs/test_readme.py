@@ -107,9 +107,9 @@ def expected(files: int) -> tuple[set[tuple[str, str, int]], Revenue, set[str]]:
                 once.setdefault(pid, (acct, cents, ts))
     revenue: Revenue = {}
     for acct, cents, ts in once.values():
-        start = ts.replace(minute=ts.minute - ts.minute % 5, second=0)
-        total, count = revenue.get((acct, start.isoformat(sep=" ")), (0, 0))
-        revenue[(acct, start.isoformat(sep=" "))] = (total + cents, count + 1)
+        window = (acct, ts.replace(minute=ts.minute - ts.minute % 5, second=0).isoformat(sep=" "))
+        total, count = revenue.get(window, (0, 0))
+        revenue[window] = (total + cents, count + 1)
     return {(p, a, c) for p, (a, c, _) in once.items()}, revenue, late
 
 
@@ -204,10 +204,7 @@ def test_the_readme_pipeline_over_spark_connect_survives_a_killed_server_and_cli
         write_file(tmp_path, 0)
         wait_for(tmp_path, 1, lambda: app.poll() is None)
         write_file(tmp_path, 1)
-        deadline = time.monotonic() + 240
-        while server.proc is not None and server.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert server.proc is not None and server.proc.poll() is not None, "the crash point left the server"
+        assert server.wait_exit(240), "the crash point left the server"
         _kill(app)  # Connect's client retries a lost server for minutes
     assert "crash point after_sink_commit" in (tmp_path / "server1" / "connect-server.log").read_text()
     with ConnectServer(tmp_path / "server2") as server:

@@ -19,7 +19,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -155,10 +154,7 @@ def test_a_server_killed_after_the_sinks_commit_then_another_server_write_each_r
             client = subprocess.Popen([sys.executable, str(tmp_path / "client.py"), *args],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                       start_new_session=True)
-            deadline = time.monotonic() + 240
-            while crashing.proc is not None and crashing.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            died = crashing.proc is not None and crashing.proc.poll() is not None
+            died = crashing.wait_exit(240)
             os.killpg(client.pid, signal.SIGKILL)  # Connect's client retries a lost server for minutes
             client.wait(timeout=60)
         assert died, "the crash point left the server running"

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -87,12 +86,8 @@ def test_kafka_to_postgres_through_connect_survives_a_server_killed_inside_the_s
         crash = {"ONCEFLOW_CRASH_AT": "inside_sink_txn@1"}
         with ConnectServer(tmp_path / "server1", env=crash) as server:
             client = _client(server, broker.bootstrap, pg_dsn, tmp_path)
-            deadline = time.monotonic() + 240
-            while server.proc is not None and server.proc.poll() is None and time.monotonic() < deadline:
-                if client.poll() is not None:  # the client ended: the crash point never fired
-                    break
-                time.sleep(0.2)
-            alive = server.proc is not None and server.proc.poll() is None
+            # the client ending first means the crash point never fired
+            alive = not server.wait_exit(240, unless=lambda: client.poll() is not None)
             os.killpg(client.pid, signal.SIGKILL)  # Connect's client retries a lost server for minutes
             out = client.communicate(timeout=60)[0]
             assert not alive, f"the crash point did not fire: {out[-3000:]}"

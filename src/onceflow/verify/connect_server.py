@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -125,6 +125,23 @@ class ConnectServer:
         self.kill()
         raise OnceflowError(f"the Spark Connect server did not listen on {self.port} in {timeout_s:.0f} s: "
                             f"{self._tail()}")
+
+    def wait_exit(self, timeout_s: float, unless: Callable[[], bool] | None = None) -> bool:
+        """Wait for the server to end on its own (a crash point in its worker kills its JVM).
+
+        Args:
+            timeout_s: Longest wait.
+            unless: Stop waiting early once this says so (e.g. the client ended: no crash point fired).
+
+        Returns:
+            Whether the server has exited.
+        """
+        deadline = time.monotonic() + timeout_s
+        while self.proc is not None and self.proc.poll() is None and time.monotonic() < deadline:
+            if unless is not None and unless():
+                break
+            time.sleep(0.2)
+        return self.proc is not None and self.proc.poll() is not None
 
     def _listening(self) -> bool:
         try:

@@ -247,6 +247,7 @@ def _settled_ends(raw: Any, committed: Any, topic: str, partitions: list[int], d
             "transaction.timeout.ms); read again later")
     return settled
 
+
 def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
                  timeout_s: float = 120.0) -> list[tuple[bytes | None, bytes | None]]:
     """Every record of ``topic`` as ``(key, value)`` (see :func:`read_messages`)."""
