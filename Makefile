@@ -13,7 +13,7 @@ $(PY):
 		&& apt-get install -y -qq python3-venv && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 
-$(STAMP): $(PY) pyproject.toml setup.py $(wildcard src/onceflow/jvm/*.scala)
+$(STAMP): $(PY) pyproject.toml setup.py $(wildcard src/onceflow/runtime/jvm/*.scala)
 	# the build compiles onceflow's jars with PySpark's Scala compiler (setup.py): Java first, and the
 	# build's PySpark is the environment's (no second copy in an isolated build environment)
 	bash scripts/ensure_java.sh $(PY)
@@ -39,7 +39,7 @@ test: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)
 	bash scripts/ensure_postgres.sh
 	bash scripts/ensure_chromium.sh
-	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector postgres-jdbc
+	$(PY) -m onceflow.runtime.jars fetch kafka-broker kafka-connector postgres-jdbc
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
@@ -48,7 +48,7 @@ test: $(TESTSTAMP)
 test-long: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)
 	bash scripts/ensure_postgres.sh
-	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector postgres-jdbc
+	$(PY) -m onceflow.runtime.jars fetch kafka-broker kafka-connector postgres-jdbc
 	PY=$(PY) bash scripts/test_long.sh
 
 docs: $(TESTSTAMP)
@@ -61,7 +61,7 @@ lint: $(TESTSTAMP)
 bench: $(STAMP)
 	$(PY) -m compileall -q src
 	bash scripts/ensure_java.sh $(PY)
-	$(PY) -m onceflow.jars fetch kafka-broker kafka-connector postgres-jdbc
+	$(PY) -m onceflow.runtime.jars fetch kafka-broker kafka-connector postgres-jdbc
 	$(PY) benchmarks/bench_user_counts.py
 
 clean:

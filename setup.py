@@ -1,7 +1,7 @@
 """Builds onceflow's jars into the wheel (the project's metadata is in pyproject.toml).
 
-``build_py`` first compiles the Scala sources of ``src/onceflow/jvm`` into ``src/onceflow/jvm/lib``
-with the Scala compiler of the PySpark in the build environment (:func:`onceflow.scalac.build_shipped`;
+``build_py`` first compiles the Scala sources of ``src/onceflow/runtime/jvm`` into ``src/onceflow/runtime/jvm/lib``
+with the Scala compiler of the PySpark in the build environment (:func:`onceflow.runtime.scalac.build_shipped`;
 no network), so an installed onceflow starts a session without compiling and
 ``onceflow jars path onceflow`` has jars to print for ``spark-submit --jars``. Without Java or
 PySpark at build time the wheel carries no jars and says so; they are then compiled on first use.
@@ -40,7 +40,7 @@ def ship_jars() -> None:
     package.__path__ = [str(SRC / "onceflow")]
     sys.modules["onceflow"] = package
     try:
-        from onceflow import scalac
+        from onceflow.runtime import scalac
 
         for jar in scalac.build_shipped():
             print(f"onceflow: shipping {jar.relative_to(SRC)}")

@@ -31,7 +31,7 @@ from typing import Any
 
 import onceflow
 from onceflow.examples import payments
-from onceflow.spark import session
+from onceflow.runtime.session import session
 
 
 def drain(spark: Any, source: Path, work: Path, variant: str, files: int) -> float:

@@ -84,7 +84,7 @@ def make_input(folder: Path, rows: int) -> None:
     """``rows`` rows as Parquet under ``folder`` (kept between runs of one size)."""
     if (folder / "_SUCCESS").exists():
         return
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     spark = session(app_name="backlog-input")
     (spark.range(rows, numPartitions=max(2, rows // 1_000_000))
@@ -96,19 +96,19 @@ def make_input(folder: Path, rows: int) -> None:
     spark.stop()
 
 
-STEPS = {"cache and count": ("onceflow.batch", "BatchWriter", "_materialize"),
+STEPS = {"cache and count": ("onceflow.engine.batch", "BatchWriter", "_materialize"),
          "tasks write (sqlite)": ("onceflow.sinks.sqlite.tasks", None, "run"),
          "copy (sqlite)": ("onceflow.sinks.sqlite.sink", "SQLiteTablesSink", "apply_files"),
          "WAL into the database (sqlite)": ("onceflow.sinks.sqlite.sink", "SQLiteTablesSink", "_checkpoint"),
-         "start (write_stream)": ("onceflow.api", None, "write_stream"),
+         "start (write_stream)": ("onceflow.api.stream", None, "write_stream"),
          "tasks stage (postgres)": ("onceflow.sinks.postgres.datasource", None, "stage_frame"),
          "move (postgres)": ("onceflow.sinks.postgres.sink", "PostgresTablesSink", "_move"),
          "tasks write (delta)": ("onceflow.sinks.delta.sink", "DeltaTablesSink", "_task_files"),
          "commit (delta)": ("onceflow.sinks.delta.files", None, "commit"),
-         "tasks produce (kafka)": ("onceflow.sinks.kafka_tasks", None, "run_rows"),
-         "bind (kafka)": ("onceflow.sinks.kafka", "KafkaTopicsSink", "bind"),
-         "checks, decide, topics (kafka)": ("onceflow.sinks.kafka", "KafkaTopicsSink", "_ready"),
-         "mark (kafka)": ("onceflow.sinks.kafka", "KafkaTopicsSink", "_transaction")}
+         "tasks produce (kafka)": ("onceflow.sinks.kafka.tasks", None, "run_rows"),
+         "bind (kafka)": ("onceflow.sinks.kafka.sink", "KafkaTopicsSink", "bind"),
+         "checks, decide, topics (kafka)": ("onceflow.sinks.kafka.sink", "KafkaTopicsSink", "_ready"),
+         "mark (kafka)": ("onceflow.sinks.kafka.sink", "KafkaTopicsSink", "_transaction")}
 """What ``--steps`` times: label -> (module, class or None, function)."""
 
 
@@ -143,7 +143,7 @@ def run(variant: str, source: Path, work: Path, steps: bool = False,
     import onceflow
 
     table_spec = onceflow.Table(**TABLES[table_mode])  # type: ignore[arg-type]
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     spent: dict[str, float] = {}
     if steps:
@@ -151,7 +151,7 @@ def run(variant: str, source: Path, work: Path, steps: bool = False,
 
     conf = {}
     if variant == "spark-jdbc":
-        from onceflow.jars import require, with_jars
+        from onceflow.runtime.jars import require, with_jars
 
         conf = with_jars(conf, require("postgres-jdbc"))
     spark = session(master=master, app_name=f"backlog-{variant}", conf=conf, kafka=variant == "spark-kafka")
@@ -175,7 +175,7 @@ def run(variant: str, source: Path, work: Path, steps: bool = False,
         create_table_with_add_actions(str(work / "plain"), schema, adds, mode="append")
         table = work / "plain"
     elif variant == "spark-jdbc":
-        from onceflow.realtime import jdbc_target
+        from onceflow.api.realtime import jdbc_target
 
         url, user, password = jdbc_target(os.environ["ONCEFLOW_PG_DSN"])
         props = {"user": user or "", "password": password or "", "driver": "org.postgresql.Driver"}
@@ -243,7 +243,7 @@ def run(variant: str, source: Path, work: Path, steps: bool = False,
             conn.execute(f"DROP TABLE {table.name}")  # the next run starts from nothing (no owner either)
             conn.execute(f"DROP TABLE IF EXISTS {table.name}_onceflow_stage")
             if variant != "spark-jdbc":
-                from onceflow.sinks.owners import TABLE
+                from onceflow.sinks._core.owners import TABLE
 
                 conn.execute(f"DELETE FROM {TABLE} WHERE table_name = %s", (table.name,))
     else:

@@ -5,7 +5,7 @@ into ``onceflow.sqlite``) over the same event log with a fresh checkpoint and da
 ``availableNow`` and ``--files`` segments per micro-batch, in a child process of its own (a
 classic session and a Connect client do not share one Python process):
 
-* ``classic``   — ``onceflow.spark.session()`` in the child (``local[2]``, onceflow's jars);
+* ``classic``   — ``onceflow.session()`` in the child (``local[2]``, onceflow's jars);
 * ``connect``   — a client of a Spark Connect server (``local[2]``) that has onceflow's jars
                   (its id state store and checkpoint file manager);
 * ``connect-spark-store`` — a client of a server without them (Spark's state store and
@@ -52,8 +52,8 @@ CHILD = '''
 import json, sqlite3, sys, time
 import onceflow
 from onceflow.examples.user_counts import start, window_deltas
-from onceflow.records import EVENT_DDL
-from onceflow.spark import session
+from onceflow.sources.events import EVENT_DDL
+from onceflow.runtime.session import session
 
 remote, log, work = sys.argv[1], sys.argv[2], sys.argv[3]
 files, runs, plain = int(sys.argv[4]), int(sys.argv[5]), sys.argv[6] == "plain"

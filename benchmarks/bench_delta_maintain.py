@@ -43,9 +43,9 @@ def run(variant: str, root: Path, batches: int, rows: int) -> dict[str, float]:
     from deltalake import DeltaTable
 
     from onceflow import Table
-    from onceflow.sinks.delta import DeltaTablesSink
+    from onceflow.sinks._core.marker import BatchStats
     from onceflow.sinks.delta.maintain import maintain
-    from onceflow.sinks.marker import BatchStats
+    from onceflow.sinks.delta.sink import DeltaTablesSink
 
     every = int(variant.split("-", 1)[1]) if variant.startswith("every-") else None
     sink = DeltaTablesSink(root, sink_id="bench", maintain_every=every, retention_hours=0)

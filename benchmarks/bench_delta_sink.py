@@ -21,9 +21,9 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from onceflow.sinks.base import BatchStats
-from onceflow.sinks.delta import DeltaTablesSink
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks.delta.sink import DeltaTablesSink
 
 
 def batch(rows: int, b: int) -> pa.Table:

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.sink import HttpEffectsSink
-from onceflow.tables import Table
 from onceflow.verify.service import ServiceProcess, read_effects
 
 

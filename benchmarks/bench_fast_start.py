@@ -6,8 +6,8 @@ work a restarted driver does before its first commit. The variants alternate, in
 
 * ``plain`` — the JVM as Spark starts it;
 * ``fast``  — ``-XX:SharedArchiveFile=<trained archive> -XX:TieredStopAtLevel=1
-  -XX:+UseSerialGC`` (:mod:`onceflow.jvmstart`), what ``onceflow verify`` uses by default;
-* ``user``  — ``onceflow.spark.session(fast_start=True)``: the archive alone, Spark's own JIT
+  -XX:+UseSerialGC`` (:mod:`onceflow.runtime.jvmstart`), what ``onceflow verify`` uses by default;
+* ``user``  — ``onceflow.session(fast_start=True)``: the archive alone, Spark's own JIT
   and onceflow's collector (what a user's long-running driver opts into).
 
 Usage: python benchmarks/bench_fast_start.py [--samples 3]
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
+from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sources.log import EventLog
 from onceflow.verify.driver import fast_start_archive
 from onceflow.verify.generator import GeneratorConfig, generate_segments
@@ -33,7 +33,7 @@ from onceflow.verify.generator import GeneratorConfig, generate_segments
 PROBE = """
 import json, os, sys, time
 t0 = time.perf_counter()
-from onceflow.spark import session
+from onceflow.runtime.session import session
 import onceflow
 from onceflow.examples.user_counts import start
 from pathlib import Path

@@ -43,10 +43,10 @@ def main() -> None:
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from onceflow.sinks.base import BatchStats
-    from onceflow.sinks.iceberg import IcebergTablesSink
-    from onceflow.spark import session
-    from onceflow.tables import Table
+    from onceflow.runtime.session import session
+    from onceflow.sinks._core.base import BatchStats
+    from onceflow.sinks._core.tables import Table
+    from onceflow.sinks.iceberg.sink import IcebergTablesSink
 
     source = Path(tempfile.gettempdir()) / f"onceflow-backlog-{args.rows}"
     make_input(source, args.rows)

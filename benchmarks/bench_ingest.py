@@ -45,7 +45,7 @@ from pathlib import Path
 import aiohttp
 import pyarrow as pa
 
-from onceflow.records import EVENT_SCHEMA
+from onceflow.sources.events import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
 
 

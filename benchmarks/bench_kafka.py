@@ -14,7 +14,7 @@ same records for every variant of a round:
                         earliest offsets), ``availableNow`` into ``noop``, with Kafka's consumer
                         defaults (what a Spark user's query has);
 * ``spark-tuned``     — the same with the two consumer settings ``read_kafka`` gives the connector
-                        (``onceflow.sources.kafka_native.CONSUMER_DEFAULTS``): ``src-spark``'s
+                        (``onceflow.sources.kafka.native.CONSUMER_DEFAULTS``): ``src-spark``'s
                         ratio to it is what onceflow adds (the record id, the topic check);
 * ``spark-tuned-id``  — that read plus the ``record_id`` column as ``read_kafka`` computes it
                         (``kafka_native.record_id``): the record id's share apart from the start;
@@ -50,8 +50,8 @@ from typing import Any
 
 import onceflow
 from onceflow.examples.user_counts import KafkaTopic, start
+from onceflow.runtime.session import session
 from onceflow.sources.log import EventLog
-from onceflow.spark import session
 from onceflow.verify.generator import GeneratorConfig, generate_table
 from onceflow.verify.kafka_rig import produce_events
 from onceflow.verify.kafka_server import KafkaServer
@@ -99,7 +99,7 @@ def spark_alone(spark: Any, bootstrap: str, topic: str, ck: Path, tuned: bool = 
     ``tuned``: with the consumer settings ``read_kafka`` gives the connector; ``with_id``: plus
     ``read_kafka``'s ``record_id`` column (coordinates).
     """
-    from onceflow.sources.kafka_native import CONSUMER_DEFAULTS, record_id
+    from onceflow.sources.kafka.native import CONSUMER_DEFAULTS, record_id
 
     started = time.perf_counter()
     df = (spark.readStream.format("kafka").option("kafka.bootstrap.servers", bootstrap)

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from onceflow.verify.kafka_rig import read_records
 from onceflow.verify.kafka_server import KafkaServer
 

@@ -52,9 +52,9 @@ from onceflow.examples.user_counts import (
     window_totals,
     with_window_end,
 )
-from onceflow.records import EVENT_DDL
+from onceflow.runtime.session import session
+from onceflow.sources.events import EVENT_DDL
 from onceflow.sources.log import EventLog
-from onceflow.spark import session
 from onceflow.verify.generator import GeneratorConfig, generate_table
 from onceflow.verify.kafka_server import KafkaServer
 

@@ -36,8 +36,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_sqlite_tables import batch  # noqa: E402
-from onceflow.sinks.base import BatchStats  # noqa: E402
-from onceflow.tables import Table  # noqa: E402
+from onceflow.sinks._core.base import BatchStats  # noqa: E402
+from onceflow.sinks._core.tables import Table  # noqa: E402
 
 KEY = ["account", "window_start"]
 SPECS = {"add": Table(key=KEY, add=["amount_cents", "payments"]),
@@ -92,7 +92,7 @@ def merge_part(rows: int, repeat: int) -> None:
 
 def update_part(n_clicks: int, repeat: int) -> None:
     import onceflow
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
     from tests.core import clicks
 
     spark = session(app_name="bench-merges", conf={"spark.sql.session.timeZone": "UTC"})

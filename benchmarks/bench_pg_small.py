@@ -39,10 +39,10 @@ import pyarrow.parquet as pq
 
 import onceflow
 from onceflow import Table
-from onceflow import batch as batch_mod
+from onceflow.engine import batch as batch_mod
+from onceflow.runtime.session import session
 from onceflow.sinks.postgres import datasource
 from onceflow.sinks.postgres import sink as pg_sink
-from onceflow.spark import session
 
 STEPS: dict[str, list[float]] = defaultdict(list)
 

@@ -34,10 +34,10 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from onceflow.runtime.session import session  # noqa: E402
 from onceflow.sinks.postgres import sql as pg  # noqa: E402
 from onceflow.sinks.postgres import writer as pg_writer
 from onceflow.sinks.postgres.datasource import NAME, register  # noqa: E402
-from onceflow.spark import session  # noqa: E402
 from onceflow.verify.generator import GeneratorConfig, generate_table  # noqa: E402
 
 COLUMNS = ["event_id", "user", "event_time", "system_time", "bytes"]

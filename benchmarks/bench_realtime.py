@@ -42,7 +42,7 @@ from bench_latency import pct
 from confluent_kafka import Consumer, Producer
 
 import onceflow
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from onceflow.verify.kafka_server import KafkaServer
 
 

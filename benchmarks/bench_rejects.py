@@ -132,7 +132,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
     args = ap.parse_args()
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     spark = session(app_name="bench-rejects", conf={"spark.sql.session.timeZone": "UTC"})
     root = Path(tempfile.mkdtemp(prefix="bench-rejects-"))

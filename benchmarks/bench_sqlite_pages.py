@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.tasks import _Scratch
 from onceflow.sinks.sqlite.values import ddl, stored_array
-from onceflow.tables import Table
 
 SIZES = (4096, 16384, 65536)
 

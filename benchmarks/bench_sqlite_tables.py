@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
-from onceflow.tables import Table
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 

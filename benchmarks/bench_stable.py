@@ -30,10 +30,10 @@ from typing import Any
 import pyarrow as pa
 
 import onceflow
-from onceflow.sinks.base import BatchStats
-from onceflow.spark import session
-from onceflow.stable import StableOutputs
-from onceflow.tables import Table
+from onceflow.engine.stable import StableOutputs
+from onceflow.runtime.session import session
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 
 
 class DropSink:

@@ -5,7 +5,7 @@ Issue 50's target: a spark-submit run starts no slower than ``python app.py``. T
 driver); ``spark-submit --jars <onceflow's jars> app.py`` (the way docs/cluster.md shows). Both
 spark-submit ways pass the driver's heap and collector that ``session()`` starts its own drivers
 with (``--driver-memory``, ``--driver-java-options -XX:+UseParallelGC``), as docs/cluster.md does. The
-application imports onceflow, gets its session with ``onceflow.spark.session()`` and runs one job
+application imports onceflow, gets its session with ``onceflow.session()`` and runs one job
 (``range(10).count()``); it prints the seconds from the moment the launching shell took its
 time stamp (passed as an argument) to the job's end, so each number holds the whole start: the
 interpreter, the imports, the launcher's JVM that builds the driver's command line, the driver
@@ -32,7 +32,7 @@ from pathlib import Path
 APP = '''
 import sys, time
 import onceflow
-from onceflow.spark import session
+from onceflow.runtime.session import session
 
 spark = session(master="local[2]", shuffle_partitions=2)
 spark.range(10).count()
@@ -63,7 +63,7 @@ def main() -> None:
     os.environ.setdefault("SPARK_HOME", str(Path(pyspark.__file__).parent))  # as a user's PATH finds it
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     submit = Path(sys.executable).parent / "spark-submit"
-    from onceflow.scalac import shipped_jars
+    from onceflow.runtime.scalac import shipped_jars
 
     own = ",".join(str(p) for p in shipped_jars())  # what `onceflow jars path onceflow` prints
     submit_cmd = [str(submit), "--master", "local[2]", "--driver-memory", args.driver_memory,

@@ -67,7 +67,7 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     import onceflow
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     source = Path(tempfile.gettempdir()) / f"onceflow-two-sinks-{args.rows}-{args.files}"
     want = make_input(source, args.rows, args.files)

@@ -47,9 +47,9 @@ from pyspark.sql import functions as F
 
 import onceflow
 from onceflow.examples.user_counts import events, start, window_deltas
-from onceflow.records import EVENT_DDL
+from onceflow.runtime.session import session
+from onceflow.sources.events import EVENT_DDL
 from onceflow.sources.log import EventLog
-from onceflow.spark import session
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 
 
@@ -177,7 +177,7 @@ def main() -> None:
     ap.add_argument("--variants", default="onceflow,noop,plain",
                     help=f"comma-separated subset of {', '.join(VARIANTS)} (onceflow and noop are required)")
     ap.add_argument("--state-store", choices=["hdfs", "rocksdb", "ids"], default="ids",
-                    help="the dedup state: ids = onceflow's id state store (onceflow.idstore; "
+                    help="the dedup state: ids = onceflow's id state store (onceflow.runtime.idstore; "
                          "session()'s default), hdfs = Spark's HDFS-backed store, rocksdb")
     ap.add_argument("--data", type=Path, default=Path(tempfile.gettempdir()) / "onceflow-bench-log")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",

@@ -24,7 +24,7 @@ from pathlib import Path
 import onceflow
 from onceflow import Table
 from pyspark.sql import functions as F
-from onceflow.spark import session
+from onceflow.runtime.session import session
 
 work = Path(sys.argv[1])
 spark = session(shuffle_partitions=2)

@@ -18,9 +18,9 @@ pytest_plugins = ["onceflow.testing"]  # onceflow_sink, onceflow_verify (as a us
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    from onceflow import idstore, jars
-    from onceflow.jvmstart import JAVA_OPTIONS_ENV
-    from onceflow.spark import session
+    from onceflow.runtime import idstore, jars
+    from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV
+    from onceflow.runtime.session import session
 
     child_options = os.environ.pop(JAVA_OPTIONS_ENV, None)  # the children's, not this long-lived JVM's
     try:
@@ -50,7 +50,7 @@ def fast_child_drivers(tmp_path_factory: pytest.TempPathFactory) -> str | None:
     once per machine (~20 s) and kept in onceflow's cache. The in-process ``spark`` session does
     not use these options: its JVM lives for the whole run, where the full JIT pays.
     """
-    from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
+    from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, use_options
     from onceflow.verify.driver import fast_start_archive
 
     if JAVA_OPTIONS_ENV in os.environ:  # the caller chose the options

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
 from onceflow.sources.log import EventLog
 
 
@@ -47,7 +47,7 @@ def billing_expectation(
         ``({(account, hour_start_ms): (bytes, events)}, {late event_id: missed watermark ms})``
         (the last watermark an event missed: ``late_events`` is upserted by ``event_id``).
     """
-    from onceflow import checkpoint as ckpt
+    from onceflow.checkpoint import logs as ckpt
 
     seen: set[str] = set()
     bill: dict[tuple[str, int], tuple[int, int]] = {}
@@ -151,7 +151,7 @@ def check_amendments(commit: Callable[[int, BatchStats], bool],
         commit: Commits batch ``batch_id`` (one row) with the given stats; whether it wrote.
         batches: The sink's markers, as its ``batches()`` returns them.
     """
-    from onceflow.sinks.marker import Amend
+    from onceflow.sinks._core.marker import Amend
 
     assert commit(0, BatchStats(None, None, 0))
     assert commit(1, BatchStats(10, None, 0, amend=Amend(0, 12, 1, 3, span=12)))
@@ -185,8 +185,8 @@ ICEBERG_CHILD = """
 import sys
 from pathlib import Path
 import onceflow
-from onceflow.spark import session
-from onceflow.tables import Table
+from onceflow.runtime.session import session
+from onceflow.sinks._core.tables import Table
 tmp = Path(sys.argv[1])
 spark = session(app_name="iceberg-crash", shuffle_partitions=2)
 sink = onceflow.iceberg(f"sqlite:///{tmp / 'catalog.db'}", tmp / "warehouse")

@@ -59,27 +59,29 @@ _import_pyspark_from_its_package()
 from onceflow.errors import BatchRejectedError, ConfigError, OnceflowError  # noqa: E402
 
 if TYPE_CHECKING:
-    from onceflow.api import deduplicate, delta, http, iceberg, kafka, postgres, sqlite, write_stream
-    from onceflow.contract import expect
-    from onceflow.query import OnceQuery
-    from onceflow.realtime import write_realtime
-    from onceflow.sources.kafka import read_kafka
+    from onceflow.api.query import OnceQuery
+    from onceflow.api.realtime import write_realtime
+    from onceflow.api.stream import deduplicate, delta, http, iceberg, kafka, postgres, sqlite, write_stream
+    from onceflow.engine.contract import expect
+    from onceflow.runtime.session import session
+    from onceflow.sinks._core.tables import Table
+    from onceflow.sources.kafka.source import read_kafka
     from onceflow.sources.log import EventLog
-    from onceflow.tables import Table
 
 __version__ = "0.1.0"
 
 _WHERE = {**dict.fromkeys(("deduplicate", "delta", "http", "iceberg", "kafka", "postgres", "sqlite",
                            "write_stream"),
-                          "onceflow.api"),
-          "expect": "onceflow.contract", "OnceQuery": "onceflow.query",
-          "write_realtime": "onceflow.realtime", "read_kafka": "onceflow.sources.kafka",
-          "EventLog": "onceflow.sources.log", "Table": "onceflow.tables"}
+                          "onceflow.api.stream"),
+          "expect": "onceflow.engine.contract", "OnceQuery": "onceflow.api.query",
+          "write_realtime": "onceflow.api.realtime", "read_kafka": "onceflow.sources.kafka.source",
+          "EventLog": "onceflow.sources.log", "Table": "onceflow.sinks._core.tables",
+          "session": "onceflow.runtime.session"}
 """Each public name the package imports on first use -> its module."""
 
 __all__ = ["BatchRejectedError", "ConfigError", "EventLog", "OnceQuery", "OnceflowError", "Table",
            "__version__", "deduplicate", "delta", "expect", "http", "iceberg", "kafka", "postgres",
-           "read_kafka", "sqlite", "write_realtime", "write_stream"]
+           "read_kafka", "session", "sqlite", "write_realtime", "write_stream"]
 
 
 def __getattr__(name: str) -> Any:

@@ -60,7 +60,7 @@ def verify_pipeline(pipeline: str, input: str | Path, *, workdir: str | Path, ro
     """Run the pipeline under injected faults and judge its tables (``onceflow verify --pipeline``).
 
     Args:
-        pipeline: ``PATH.py:FUNCTION`` (:mod:`onceflow.pipelines`).
+        pipeline: ``PATH.py:FUNCTION`` (:mod:`onceflow.api.pipelines`).
         input: Directory of sample files the pipeline reads (with ``sink="realtime"``: the
             JSON-lines records verify produces to the Kafka topic the pipeline reads).
         workdir: Where the run's checkpoint, sink and reports go (``report.html`` there).

@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow.examples import charges
+from onceflow.runtime.session import session
 from onceflow.sinks.http.sink import HttpEffectsSink
-from onceflow.spark import session
 from onceflow.verify.sinks import NaiveHttpSink
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from tests.core import clicks
 
 if __name__ == "__main__":

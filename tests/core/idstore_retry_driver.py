@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from onceflow import idstore
-from onceflow.spark import session
+from onceflow.runtime import idstore
+from onceflow.runtime.session import session
 from tests.core.test_idstore import run
 
 if __name__ == "__main__":

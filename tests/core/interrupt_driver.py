@@ -10,7 +10,7 @@ import sys
 import time
 
 import onceflow
-from onceflow.spark import session
+from onceflow.runtime.session import session
 
 if __name__ == "__main__":
     source, db, checkpoint = sys.argv[1:4]

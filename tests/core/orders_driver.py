@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import onceflow
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from tests.core import orders
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from onceflow.examples import payments
+from onceflow.runtime.session import session
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
-from onceflow.spark import session
 
 if __name__ == "__main__":
     source, db, ck, mode, backend = sys.argv[1:6]
@@ -33,7 +33,7 @@ if __name__ == "__main__":
 
         sink = onceflow.postgres(None, protocol=backend.removeprefix("postgres-"))
     elif backend.startswith("delta"):
-        from onceflow.sinks.delta import DeltaTablesSink
+        from onceflow.sinks.delta.sink import DeltaTablesSink
 
         # DB is the root directory of the Delta tables
         sink = DeltaTablesSink(Path(db), collect_below=0 if backend == "delta-tasks" else 100_000)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import onceflow
-from onceflow.checkpoint import committed_batches
+from onceflow.checkpoint.logs import committed_batches
 from onceflow.examples import payments
 from tests.core.payments_oracle import actual, expected
 
@@ -148,7 +148,7 @@ def test_a_json_source_with_a_derived_event_time_is_counted_from_sparks_plan(utc
 
 
 def test_late_rows_are_kept_and_the_checkpoint_explains_every_marker(utc: Any, tmp_path: Path) -> None:
-    from onceflow import checkpoint as ck
+    from onceflow.checkpoint import logs as ck
 
     (tmp_path / "in").mkdir()
     t = payments.START

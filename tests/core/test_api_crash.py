@@ -45,7 +45,7 @@ def _markers(db: Path, dsn: str | None = None) -> list[int]:
     sql = ("SELECT DISTINCT batch_id FROM onceflow_batches "
            "WHERE sink_id IN ('default', 'default.revenue') ORDER BY batch_id")
     if db.name == "delta":  # the Delta sink's root
-        from onceflow.sinks.delta import DeltaTablesSink
+        from onceflow.sinks.delta.sink import DeltaTablesSink
 
         return [int(m["batch_id"]) for m in DeltaTablesSink(db).batches()]
     if dsn is not None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow import checkpoint as ckpt
+from onceflow.checkpoint import logs as ckpt
 
 
 def _offsets(root: Path, batch: int, wm: int, log_offset: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import onceflow
-from onceflow.logcheck import CheckpointDamagedError, damage
+from onceflow.checkpoint.logcheck import CheckpointDamagedError, damage
 from tests.core import transfers
 
 pytestmark = pytest.mark.spark

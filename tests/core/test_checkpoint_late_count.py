@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onceflow import checkpoint as ckpt
-from onceflow.records import EVENT_SCHEMA
-from onceflow.sinks.base import BatchStats
+from onceflow.checkpoint import logs as ckpt
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sources.events import EVENT_SCHEMA
 
 
 def _batch_stats(batch: ckpt.BatchInput) -> BatchStats:

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from onceflow import checkpoint as ckpt
+from onceflow.checkpoint import logs as ckpt
 from onceflow.verify.driver import ProcessGroup, wait_until
 from tests.core import clicks
 

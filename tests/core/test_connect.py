@@ -35,7 +35,7 @@ CLIENT = '''
 import sys, time
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from pyspark.sql import functions as F
 
 url, root, trigger, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])

@@ -37,7 +37,7 @@ CLIENT = '''
 import sys
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from pyspark.sql import functions as F
 
 url, root, name, manager = sys.argv[1:5]
@@ -172,7 +172,7 @@ def test_a_server_whose_python_lacks_onceflow_is_refused_naming_it(tmp_path: Pat
     probe = "import pyarrow, pandas, pyspark\ntry:\n    import onceflow\nexcept ImportError:\n    print('NO')"
     check = subprocess.run([python, "-c", probe], capture_output=True, text=True, check=False)
     assert check.stdout.strip() == "NO", check.stdout + check.stderr  # the control: deps, no onceflow
-    client = ("import sys\nfrom onceflow.spark import session\n"
+    client = ("import sys\nfrom onceflow.runtime.session import session\n"
               "try:\n    session(remote=sys.argv[1])\n"
               "except Exception as exc:\n    print('REFUSED', type(exc).__name__, exc)\n")
     with ConnectServer(tmp_path / "server", cores=1, env={"PYSPARK_PYTHON": python},

@@ -1,6 +1,6 @@
 import pytest
 
-from onceflow.durations import parse_duration
+from onceflow.api.durations import parse_duration
 from onceflow.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""onceflow's id state store against Spark's own store, in one live session (onceflow.idstore).
+"""onceflow's id state store against Spark's own store, in one live session (onceflow.runtime.idstore).
 
 The session (conftest) has the id store's jar on its classpath; each query here chooses its
 state store with ``spark.sql.streaming.stateStore.providerClass``, which Spark reads when a
@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import onceflow
-from onceflow import idstore
-from onceflow.records import EVENT_DDL
+from onceflow.runtime import idstore
+from onceflow.sources.events import EVENT_DDL
 from onceflow.sources.log import EventLog
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 from tests.helpers import same_sorted
@@ -264,7 +264,7 @@ def test_the_environment_turns_the_default_off_or_is_refused(monkeypatch: pytest
 
 def test_the_installed_package_carries_the_jars_built(tmp_path: Path) -> None:
     """``pip install`` compiled the jars (setup.py): a session needs no compile and no cache."""
-    from onceflow import scalac
+    from onceflow.runtime import scalac
 
     env = dict(os.environ, ONCEFLOW_CACHE_DIR=str(tmp_path / "cache"))
     code = "from onceflow import scalac; print(','.join(map(str, scalac.shipped_jars())))"
@@ -466,7 +466,7 @@ def test_one_source_text_serves_each_spark_version() -> None:
     elsewhere, so the compiler's line numbers hold); the id store's source carries both of 4.1's and
     4.2+'s ``getStore`` (make test-long compiles and runs it on PySpark 4.1 and 4.2:
     scripts/spark_versions.sh)."""
-    from onceflow import scalac
+    from onceflow.runtime import scalac
 
     text = "a\nnew() // spark>=4.3\nold() // spark<4.3\nb\n"
     assert scalac.for_spark(text, "4.3.0") == "a\nnew() // spark>=4.3\n\nb\n"

@@ -1,4 +1,4 @@
-"""scripts/ensure_java.sh and onceflow.java.find_java: which Java they pick, install, refuse.
+"""scripts/ensure_java.sh and onceflow.runtime.java.find_java: which Java they pick, install, refuse.
 
 The script runs for real (bash) with a PATH holding only the tools it needs plus fake
 ``java`` executables that print a given version, a fake ``apt-get`` and a fake venv Python
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.errors import JavaNotFoundError
-from onceflow.java import find_java, java_major, spark_ready_home
+from onceflow.runtime.java import find_java, java_major, spark_ready_home
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ensure_java.sh"
 TOOLS = ("bash", "awk", "cat")

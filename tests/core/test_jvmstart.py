@@ -20,7 +20,7 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-from onceflow.jvmstart import JAVA_OPTIONS_ENV, QUICK_JIT, dump_options, publish, use_options
+from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, QUICK_JIT, dump_options, publish, use_options
 from onceflow.verify.driver import fast_start_archive
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ ASK = "import pyspark, py4j; print(pyspark.__file__); print(py4j.__file__)"
 _PROBE = """
 import sys
 from pathlib import Path
-from onceflow.spark import session
+from onceflow.runtime.session import session
 s = session()
 pid = s.sparkContext._gateway.proc.pid
 maps = Path(f"/proc/{pid}/maps").read_text()

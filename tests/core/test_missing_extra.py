@@ -54,3 +54,35 @@ def test_delta_sink_without_its_directory_says_so(tmp_path: Path) -> None:
     assert res.returncode in (1, 2)
     assert "--sink delta writes Delta tables: pass --delta DIR" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+def _shadowed(tmp_path: Path, module: str) -> dict[str, str]:
+    """An environment where importing ``module`` fails as if it were not installed."""
+    fake = tmp_path / "site" / module
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(f'raise ModuleNotFoundError("No module named {module}", '
+                                      f'name="{module}")\n')
+    return {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+
+
+def test_no_aiohttp_names_the_http_extra(tmp_path: Path) -> None:
+    code = ("import onceflow\n"
+            "try:\n"
+            f"    onceflow.http('http://127.0.0.1:9/x', ledger={str(tmp_path / 'l.db')!r})\n"
+            "except onceflow.ConfigError as exc:\n"
+            "    print(exc)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=_shadowed(tmp_path, "aiohttp"), timeout=120)
+    assert "pip install 'onceflow[http]'" in res.stdout, res.stdout + res.stderr
+    ok = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout == "", ok.stdout + ok.stderr  # the control: installed, made
+
+
+@pytest.mark.parametrize("module", ["rbloom", "aiohttp"])
+def test_no_ingest_dependency_names_the_ingest_extra(tmp_path: Path, module: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "onceflow.cli.main", "ingest", "serve", "--log",
+                          str(tmp_path / "log"), "--port", "0"],
+                         capture_output=True, text=True, env=_shadowed(tmp_path, module), timeout=120)
+    assert res.returncode in (1, 2)
+    assert "pip install 'onceflow[ingest]'" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import onceflow
-from onceflow import ranges
+from onceflow.checkpoint import ranges
 from tests.core import transfers
 
 pytestmark = pytest.mark.spark

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from onceflow.progress import amend_from
-from onceflow.sinks.marker import Amend
+from onceflow.engine.progress import amend_from
+from onceflow.sinks._core.marker import Amend
 
 
 def _report(batch: int, sources: list[dict[str, Any]], ops: list[dict[str, Any]],

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from onceflow import jvmstart, ranges
+from onceflow.checkpoint import ranges
 from onceflow.errors import BatchRejectedError, PostgresError
-from onceflow.retry import retrying, transient
+from onceflow.runtime import jvmstart
+from onceflow.sinks._core.retry import retrying, transient
 
 META = {"batchWatermarkMs": 5, "batchTimestampMs": 7, "conf": {"spark.sql.shuffle.partitions": "2"}}
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from onceflow import checkpoint as ckpt
+from onceflow.checkpoint import logs as ckpt
 from onceflow.verify.driver import ProcessGroup, wait_until
 from tests.core import orders
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from onceflow.cli.main import cli
-from onceflow.rejects import COLUMNS, stop_message
-from onceflow.sinks.marker import BatchStats
+from onceflow.engine.rejects import COLUMNS, stop_message
+from onceflow.sinks._core.marker import BatchStats
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 
@@ -27,7 +27,7 @@ OLD = ("CREATE TABLE onceflow_batches(sink_id TEXT NOT NULL, batch_id INTEGER NO
 def test_an_older_marker_table_gets_rejected_rows_and_keeps_its_rows(tmp_path: Path) -> None:
     import pyarrow as pa
 
-    from onceflow.tables import Table
+    from onceflow.sinks._core.tables import Table
 
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)

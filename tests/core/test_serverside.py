@@ -1,4 +1,4 @@
-"""Steps run where Spark plans a Python data source's read (:mod:`onceflow.serverside`).
+"""Steps run where Spark plans a Python data source's read (:mod:`onceflow.engine.serverside`).
 
 On a classic session that is a Python worker the driver starts — another process, as on a
 Spark Connect server's driver host (the Connect route: ``tests/core/test_connect.py``'s client
@@ -16,9 +16,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from onceflow.api.query import restore_point
+from onceflow.engine.serverside import StepsSource
 from onceflow.errors import BadSegmentError, CheckpointMismatchError, OnceflowError
-from onceflow.query import restore_point
-from onceflow.serverside import StepsSource
 
 pytestmark = pytest.mark.spark
 
@@ -62,7 +62,7 @@ def test_what_the_steps_raise_and_log_comes_back_as_it_was(spark: Any,
 
 
 def test_a_restore_under_way_is_read_where_the_steps_run(spark: Any, tmp_path: Path) -> None:
-    from onceflow import repair
+    from onceflow.checkpoint import repair
 
     for log, ids in (("offsets", [0, 1, 2]), ("commits", [0, 1])):
         (tmp_path / log).mkdir()
@@ -75,7 +75,7 @@ def test_a_restore_under_way_is_read_where_the_steps_run(spark: Any, tmp_path: P
 
 
 def test_a_checkpoint_directory_both_sides_see_is_probed_and_left_clean(spark: Any, tmp_path: Path) -> None:
-    from onceflow.remote import sees_checkpoint
+    from onceflow.runtime.connect import sees_checkpoint
 
     new = tmp_path / "new" / "ck"
     assert sees_checkpoint(spark, new)  # the driver lists the client's probe file

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from onceflow.runtime.session import CHECKSUMS_ENV
 from onceflow.sources.log import EventLog
-from onceflow.spark import CHECKSUMS_ENV
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 from onceflow.verify.verdict import read_counts
 from tests.helpers import distinct_counts
@@ -33,7 +33,7 @@ def test_shuffle_partitions_match_the_cores(spark: Any) -> None:
 
 
 def test_local_files_go_through_the_raw_local_file_system(spark: Any) -> None:
-    from onceflow.spark import RAW_LOCAL_FS
+    from onceflow.runtime.session import RAW_LOCAL_FS
 
     hadoop = spark.sparkContext._jsc.hadoopConfiguration()
     for key, value in RAW_LOCAL_FS.items():
@@ -90,7 +90,7 @@ def _manager(spark: Any, path: str) -> tuple[str, str]:
 
 
 def test_local_checkpoints_are_written_through_the_file_system_api(spark: Any, tmp_path: Path) -> None:
-    from onceflow.spark import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
+    from onceflow.runtime.jvmparts import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
 
     assert spark.conf.get(CHECKPOINT_FILES_KEY) == CHECKPOINT_FILES_CLASS
     assert _manager(spark, str(tmp_path)) == (CHECKPOINT_FILES_CLASS, FS_BASED_MANAGER)
@@ -107,7 +107,7 @@ def test_a_checkpoint_resumes_across_sparks_and_onceflows_file_managers(spark: A
     """
     from onceflow import sqlite
     from onceflow.examples.user_counts import start as start_example
-    from onceflow.spark import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
+    from onceflow.runtime.jvmparts import CHECKPOINT_FILES_CLASS, CHECKPOINT_FILES_KEY
 
     log = EventLog(tmp_path / "log")
     ck = tmp_path / "ck"

@@ -25,7 +25,7 @@ APP = '''
 import sys
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from pyspark.sql import functions as F
 
 root = sys.argv[1]
@@ -119,7 +119,7 @@ def test_a_read_only_cache_without_shipped_jars_falls_back_to_sparks_classes(tmp
     cache.write_text("a file where the cache directory should be: nothing can be written under it")
     code = ("import sys; from pathlib import Path; from onceflow import scalac; "
             "scalac.SHIPPED_DIR = Path(sys.argv[1]); "
-            "from onceflow.spark import session; s = session(master='local[1]'); "
+            "from onceflow.runtime.session import session; s = session(master='local[1]'); "
             "print('PROVIDER', s.conf.get('spark.sql.streaming.stateStore.providerClass', None)); "
             "print('ROWS', s.range(5).count())")
     env = {**os.environ, "ONCEFLOW_CACHE_DIR": str(cache / "onceflow")}

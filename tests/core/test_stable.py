@@ -7,8 +7,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from onceflow.engine.stable import DIR, StableOutputs
 from onceflow.errors import ConfigError
-from onceflow.stable import DIR, StableOutputs
 
 
 def _t(v: int) -> pa.Table:

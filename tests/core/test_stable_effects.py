@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from onceflow import checkpoint as ckpt
+from onceflow.checkpoint import logs as ckpt
 from onceflow.faults import CRASH_ENV
 from onceflow.sinks.http.ledger import SQLiteLedger
 from onceflow.sources.log import EventLog

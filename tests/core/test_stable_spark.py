@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 import onceflow
+from onceflow.engine.stable import DIR, StableOutputs
 from onceflow.examples import payments
-from onceflow.stable import DIR, StableOutputs
 from tests.core.payments_oracle import actual, expected
 
 pytestmark = pytest.mark.spark

@@ -90,7 +90,7 @@ def test_the_output_columns_are_learnt_without_a_shuffle(spark: Any, tmp_path: P
     """write_stream runs per_batch on an empty frame at start: Spark must see it is empty (no shuffle)."""
     from pyspark.sql import functions as F
 
-    from onceflow.startup import output_schemas
+    from onceflow.engine.startup import output_schemas
 
     (tmp_path / "in").mkdir()
     pq.write_table(pa.table({"page": ["a"], "ms": pa.array([5], pa.int64())}), tmp_path / "in" / "f.parquet")
@@ -152,7 +152,7 @@ def test_a_query_killed_before_its_first_batch_was_logged_starts_again(spark: An
 
 def test_unfinished_log_files_are_removed_only_while_no_batch_is_committed(tmp_path: Path) -> None:
     """The states SIGKILLs left (offsets/ empty or holding 0; commits/ a temporary file only)."""
-    from onceflow.startup import clear_unfinished_start
+    from onceflow.engine.startup import clear_unfinished_start
 
     tmp = ".0.296b5c57-6ba5-40e9-832e-8ccdce04559b.tmp"
     for offsets in ([], ["0"]):  # a restarted real-time query drops an uncommitted offsets/0, then checks

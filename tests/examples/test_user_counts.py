@@ -154,7 +154,7 @@ def test_cli_reports_bad_segment(tmp_path: Path, kind: str) -> None:
 
 @pytest.mark.long  # make test is near its 30 minutes (29:24 measured)
 def test_retain_batches_controls_checkpoint_history(tmp_path: Path) -> None:
-    from onceflow import checkpoint as ckpt
+    from onceflow.checkpoint import logs as ckpt
 
     _fill(tmp_path / "log", events=6_000, seed=1, segment_size=1_000)
     for retain, name in ((2, "short"), (1_000, "long")):

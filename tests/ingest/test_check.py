@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.records import EVENT_SCHEMA
+from onceflow.sources.events import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
 from onceflow.verify.ingest_rig import check_log
 

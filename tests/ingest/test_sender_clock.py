@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.errors import ConfigError
-from onceflow.records import SenderClock
+from onceflow.ingest.clock import SenderClock
 
 
 class JumpyClock:
@@ -42,7 +42,7 @@ def test_restart_continues_above_everything_handed_out(tmp_path: Path) -> None:
 
 def test_fsyncs_once_per_reservation_not_per_timestamp(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import onceflow.records as records
+    import onceflow.ingest.clock as records
 
     calls = []
     real = records.os.fsync

@@ -14,7 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.verify.sinks import SinkOptions, make_sink, marker_id
@@ -126,7 +126,7 @@ def main(argv: list[str]) -> None:
     kind, location, batch = argv[0], argv[1], int(argv[2])
     backend = Backend(kind, location)
     if backend.spark_side:
-        from onceflow.spark import session
+        from onceflow.runtime.session import session
 
         session(app_name="contract-child", conf={"spark.task.maxFailures": "1"})
     sink = backend.make()

@@ -12,9 +12,9 @@ import sys
 
 import pyarrow as pa
 
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.sink import HttpEffectsSink
-from onceflow.tables import Table
 from onceflow.verify.sinks import NaiveHttpSink
 
 SPECS = {"charges": Table(key=["account", "hour"], mode="append")}  # one effect per key, ever

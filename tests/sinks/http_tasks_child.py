@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.sink import HttpEffectsSink
-from onceflow.tables import Table
 
 SPECS = {"charges": Table(key=["account", "hour"], mode="append"), "counts": Table(key="account", add="n")}
 ROWS = 3000
@@ -33,7 +33,7 @@ def frames(spark: Any, batch: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     url, ledger, master = argv[0], argv[1], argv[2]
     spark = session(master, app_name="http-tasks-child", shuffle_partitions=2)

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from onceflow.verify.sinks import NaiveKafkaSink
 
 SCHEMA = "id STRING, warehouse STRING, qty LONG, ts TIMESTAMP"

@@ -31,7 +31,7 @@ def scans(raw: Any) -> Any:
 
 if __name__ == "__main__":
     import onceflow
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     bootstrap, topic, dsn, ck = sys.argv[1:5]
     rejects = sys.argv[5] if len(sys.argv) > 5 else None

@@ -38,7 +38,7 @@ CLIENT = '''
 import sys
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from pyspark.sql import functions as F
 
 url, root, sink_name, target, collect_below, name = sys.argv[1:7]
@@ -183,7 +183,7 @@ def _sums(sink: str, root: Path, broker: KafkaServer, name: str) -> tuple[int, i
         t = DeltaTable(str(root / "lake" / name)).to_pyarrow_table()
         return sum(t["orders"].to_pylist()), sum(t["qty"].to_pylist())
     if sink == "iceberg":
-        from onceflow.sinks.iceberg import IcebergTablesSink
+        from onceflow.sinks.iceberg.sink import IcebergTablesSink
 
         lake = IcebergTablesSink(f"sqlite:///{root}/catalog.db", root / "warehouse")
         t = lake.catalog.load_table(("onceflow", name)).scan().to_arrow()

@@ -1,4 +1,4 @@
-"""The sink contract (``onceflow.sinks.base``), one suite run against every backend.
+"""The sink contract (``onceflow.sinks._core.base``), one suite run against every backend.
 
 The generic sinks with Example 5-1's tables, fed as its ``per_batch`` feeds them: SQLite,
 PostgreSQL with the driver-side transaction, and PostgreSQL written by Spark's executors with

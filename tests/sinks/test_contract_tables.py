@@ -18,8 +18,8 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigError
-from onceflow.sinks.base import BatchStats
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.verify.sinks import NaiveDeltaSink, NaivePostgresSink, NaiveSQLiteSink
 from tests.helpers import check_amendments
 
@@ -103,7 +103,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if request.param == "delta":
         from deltalake import DeltaTable
 
-        from onceflow.sinks.delta import DeltaTablesSink
+        from onceflow.sinks.delta.sink import DeltaTablesSink
 
         def dq(sql: str) -> list[tuple[Any, ...]]:  # "SELECT a, b FROM t" only
             cols, table = sql.removeprefix("SELECT ").split(" FROM ")

@@ -34,7 +34,7 @@ libraries:
 FLOW = '''from pyspark import pipelines as dp
 from pyspark.sql import SparkSession
 
-from onceflow.sinks.sqlite.source import register
+from onceflow.sinks.sqlite.datasource import register
 
 spark = SparkSession.active()
 register(spark)  # onceflow_sqlite, a Python data source: its writers run on the server

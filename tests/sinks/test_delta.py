@@ -10,9 +10,9 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from onceflow.errors import CheckpointMismatchError
-from onceflow.sinks.base import BatchStats
-from onceflow.sinks.delta import DeltaTablesSink
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks.delta.sink import DeltaTablesSink
 
 STATS = BatchStats(3, 0, 0)
 

@@ -1,6 +1,6 @@
 """The Delta sink's task-written path against its collected path, and ``onceflow_delta`` on its own.
 
-Every table mode through both paths of :class:`onceflow.sinks.delta.DeltaTablesSink` — the
+Every table mode through both paths of :class:`onceflow.sinks.delta.sink.DeltaTablesSink` — the
 batch collected and committed from Arrow (``collect_below`` above its rows), and written as
 Parquet files by Spark's tasks, committed by the driver (``collect_below=0``) — over batches
 with repeated keys across batches, nulls in merged columns, a replay and an empty batch. The
@@ -21,9 +21,9 @@ import pytest
 from deltalake import DeltaTable
 
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.sinks.base import BatchStats, Settle
-from onceflow.sinks.delta import DeltaTablesSink
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats, Settle
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks.delta.sink import DeltaTablesSink
 from tests.helpers import table_frames
 
 pytestmark = [pytest.mark.spark]
@@ -95,7 +95,7 @@ def test_values_that_do_not_fit_an_existing_table_are_refused(spark: Any, tmp_pa
 
 def test_the_format_on_its_own_in_a_streaming_query(spark: Any, tmp_path: Path) -> None:
     """``writeStream.format("onceflow_delta")``: Spark's batch ids, one commit per batch."""
-    from onceflow.sinks.delta.source import register
+    from onceflow.sinks.delta.datasource import register
 
     register(spark)
     src = tmp_path / "in"
@@ -118,7 +118,7 @@ def test_write_stream_picks_the_path_by_the_batch_input_rows(spark: Any, tmp_pat
     import re
 
     import onceflow
-    from onceflow.batch import BYTES_PER_ROW
+    from onceflow.engine.batch import BYTES_PER_ROW
 
     src = tmp_path / "in"
     src.mkdir()

@@ -18,9 +18,9 @@ import pytest
 from deltalake import DeltaTable
 
 from onceflow import Table
-from onceflow.sinks.delta import DeltaTablesSink
+from onceflow.sinks._core.marker import BatchStats
 from onceflow.sinks.delta.maintain import maintain
-from onceflow.sinks.marker import BatchStats
+from onceflow.sinks.delta.sink import DeltaTablesSink
 from tests.helpers import killed_then_restarted
 
 SPECS = {"events": Table(), "totals": Table(key="k", add=["n"])}
@@ -124,7 +124,7 @@ import sys
 from pathlib import Path
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from pyspark.sql import functions as F
 
 tmp = Path(sys.argv[1])

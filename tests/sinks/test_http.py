@@ -164,7 +164,7 @@ def test_refused_and_undeliverable_effects_fail_the_batch_and_are_sent_again(tmp
 
 def test_bad_configuration_is_refused(tmp_path: Path) -> None:
     from onceflow.errors import ConfigError
-    from onceflow.tables import Table
+    from onceflow.sinks._core.tables import Table
 
     with pytest.raises(ConfigError, match="must start with http"):
         HttpEffectsSink("localhost:8080", tmp_path / "l.db")
@@ -207,7 +207,7 @@ def test_an_unknown_outcome_is_not_called_not_applied(tmp_path: Path) -> None:
 
 def test_an_upsert_table_sends_a_later_batchs_new_value_for_a_known_key(tmp_path: Path,
                                                                        service: ServiceProcess) -> None:
-    from onceflow.tables import Table
+    from onceflow.sinks._core.tables import Table
 
     sink = HttpEffectsSink(service.effects_url, tmp_path / "ledger.db")
     sink.bind("q1")

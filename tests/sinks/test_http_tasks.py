@@ -22,9 +22,9 @@ import pytest
 
 from onceflow.errors import BatchRejectedError
 from onceflow.faults import CRASH_ENV
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.sink import HttpEffectsSink
-from onceflow.tables import Table
 from onceflow.verify.service import ServiceProcess, read_effects
 from tests.helpers import check_amendments
 from tests.sinks.http_tasks_child import ROWS, rows

@@ -18,9 +18,9 @@ import pytest
 
 import onceflow
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
-from onceflow.sinks.base import BatchStats
-from onceflow.sinks.iceberg import IcebergTablesSink
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks.iceberg.sink import IcebergTablesSink
 from tests.helpers import ICEBERG_CHILD, duckdb_iceberg_rows, killed_then_restarted
 
 pytestmark = pytest.mark.spark

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from onceflow import Table
-from onceflow.sinks.kafka_records import encode, fragments, objects, row_json
+from onceflow.sinks.kafka.records import encode, fragments, objects, row_json
 
 PLAIN = ['a', 'Z', '0', ' ', 'é', '€', '😀', '/', '{', ',', ':']
 EXTRA = [[], ['\\'], ['"'], ['\\', '"'], ['\n', '\t', '\x00', '\x1f'], ['"', '\\', '\n', '\x00']]

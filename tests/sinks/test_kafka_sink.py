@@ -25,10 +25,10 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from onceflow.errors import OnceflowError, SourceReadError
-from onceflow.sinks.kafka import KafkaTopicsSink
-from onceflow.sinks.kafka_records import row_json
-from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks.kafka.records import row_json
+from onceflow.sinks.kafka.sink import KafkaTopicsSink
 from onceflow.verify.driver import ProcessGroup, wait_until
 from onceflow.verify.kafka_rig import read_markers, read_messages, read_records
 from onceflow.verify.kafka_server import KafkaServer
@@ -369,7 +369,7 @@ def test_a_broker_restart_mid_stream_loses_and_repeats_nothing(broker: Any, tmp_
 
 def test_topic_names_may_hold_dots_and_dashes_table_names_may_not() -> None:
     from onceflow.errors import ConfigError
-    from onceflow.tables import check_specs
+    from onceflow.sinks._core.tables import check_specs
 
     assert list(check_specs({"orders-out.v1": Table()}, topics=True)) == ["orders-out.v1"]
     with pytest.raises(ConfigError, match="table name 'orders-out.v1'"):

@@ -26,10 +26,11 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from onceflow.errors import BatchRejectedError, OnceflowError
-from onceflow.sinks import kafka_tasks as kt
-from onceflow.sinks.base import BatchStats
-from onceflow.sinks.kafka import KafkaTopicsSink
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks.kafka import datasource as kds
+from onceflow.sinks.kafka import tasks as kt
+from onceflow.sinks.kafka.sink import KafkaTopicsSink
 from onceflow.verify.kafka_rig import read_markers, read_messages, read_records
 from onceflow.verify.kafka_server import KafkaServer
 from tests.sinks.test_kafka_sink import _driver, _expected, _judge, _markers, _write_files
@@ -123,7 +124,7 @@ def test_the_tasks_produce_each_row_once_and_a_replay_nothing(spark: Any, broker
     counts = {n: f.count() for n, f in frames1.items()}
     spec = kt.TaskSpec({"bootstrap.servers": broker.bootstrap}, "tasks-a", sink.tasks_topic, 1, "q1",
                        mark=False)
-    kt.write_frame(kt.records_frame(frames1, specs, kt.task_count(sum(counts.values()))), spec)
+    kds.write_frame(kt.records_frame(frames1, specs, kt.task_count(sum(counts.values()))), spec)
     assert sink.commit_frames(1, frames1, specs, BatchStats(2000, 0, 0), 2000)  # every task finds its own
     _check(broker.bootstrap, "a_", [b0, b1])
     assert [m["batch_id"] for m in read_markers(broker.bootstrap, "tasks-a")] == [0, 1]
@@ -144,7 +145,7 @@ def test_a_partition_unlike_its_committed_attempt_is_refused(spark: Any, broker:
                        mark=False)
     sink.ensure_topic("b_events", 1)
     sink.ensure_topic(sink.tasks_topic, kt.TASK_PARTITIONS, kt.TASKS_TOPIC_CONFIG)
-    kt.write_frame(kt.records_frame(first, specs, 1), spec)  # the tasks of an attempt that died
+    kds.write_frame(kt.records_frame(first, specs, 1), spec)  # the tasks of an attempt that died
     changed = [(r[0], r[1] + "!" if r[0] == 7 else r[1], *r[2:]) for r in rows]  # a clock, a lookup...
     with pytest.raises(OnceflowError, match="committed this partition with other records"):
         sink.commit_frames(0, {"b_events": spark.createDataFrame(changed, SCHEMA)}, specs,
@@ -156,7 +157,7 @@ def test_a_partition_unlike_its_committed_attempt_is_refused(spark: Any, broker:
 
 def test_an_uncached_frame_is_encoded_by_the_tasks_that_produce_it(spark: Any, broker: KafkaServer) -> None:
     """One append table not cached (``settle``): tasks by the input rows, each record once, a replay none."""
-    from onceflow.sinks.base import Settle
+    from onceflow.sinks._core.base import Settle
 
     specs = {"u_events": Table()}
     sink = KafkaTopicsSink(broker.bootstrap, sink_id="tasks-u", partitions=3, collect_below=0)
@@ -220,7 +221,7 @@ def test_the_format_on_its_own_produces_each_batch_once(spark: Any, broker: Kafk
         made.result(30)
 
     def run() -> None:
-        spark.dataSource.register(kt.KafkaDataSource)
+        spark.dataSource.register(kds.KafkaDataSource)
         (spark.readStream.schema("topic STRING, key BINARY, value BINARY").option("maxFilesPerTrigger", 1)
          .parquet(str(folder)).writeStream.format(kt.NAME).option("bootstrap", broker.bootstrap)
          .option("sink_id", "fmt").option("checkpointLocation", str(ck)).trigger(availableNow=True)

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import ConfigError
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.sink import HttpEffectsSink
 from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
-from onceflow.tables import Table
 
 SCHEMA = {"orders": pa.schema([("id", pa.int64()), ("n", pa.int64())])}
 
@@ -26,7 +26,7 @@ def _sinks(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[A
         return (SQLiteTablesSink(tmp_path / "app.db", sink_id="first"),
                 SQLiteTablesSink(tmp_path / "app.db", sink_id="second"), ["--db", str(tmp_path / "app.db")])
     if kind == "delta":
-        from onceflow.sinks.delta import DeltaTablesSink
+        from onceflow.sinks.delta.sink import DeltaTablesSink
 
         root = tmp_path / "lake"
         return (DeltaTablesSink(root, sink_id="first"), DeltaTablesSink(root, sink_id="second"),
@@ -36,7 +36,7 @@ def _sinks(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> tuple[A
         return (HttpEffectsSink("http://127.0.0.1:9/e", ledger, sink_id="first"),
                 HttpEffectsSink("http://127.0.0.1:9/e", ledger, sink_id="second"), ["--ledger", str(ledger)])
     if kind == "kafka":
-        from onceflow.sinks.kafka import KafkaTopicsSink
+        from onceflow.sinks.kafka.sink import KafkaTopicsSink
 
         bootstrap = request.getfixturevalue("kafka_broker").bootstrap
         return (KafkaTopicsSink(bootstrap, sink_id="first"), KafkaTopicsSink(bootstrap, sink_id="second"),
@@ -91,8 +91,8 @@ def test_a_second_sink_id_is_refused_unless_both_share_then_a_hand_over(
 
 
 def test_a_delta_table_written_before_the_registry_is_credited_to_its_writer(tmp_path: Path) -> None:
-    from onceflow.sinks.base import BatchStats
-    from onceflow.sinks.delta import DeltaTablesSink
+    from onceflow.sinks._core.base import BatchStats
+    from onceflow.sinks.delta.sink import DeltaTablesSink
 
     old = DeltaTablesSink(tmp_path / "lake", sink_id="old")
     old.bind("q1")
@@ -120,7 +120,7 @@ def test_two_queries_with_other_sink_ids_on_one_table(spark: Any, tmp_path: Path
 
 def _race(bootstrap: str, table: str) -> tuple[list[Any], dict[int, str]]:
     """Two Kafka sinks of other sink ids claiming ``table`` at the same moment: each one's outcome."""
-    from onceflow.sinks.kafka import KafkaTopicsSink
+    from onceflow.sinks.kafka.sink import KafkaTopicsSink
 
     sinks = [KafkaTopicsSink(bootstrap, sink_id=f"{table}-{i}") for i in range(2)]
     outcome: dict[int, str] = {}
@@ -144,7 +144,7 @@ def _race(bootstrap: str, table: str) -> tuple[list[Any], dict[int, str]]:
 
 def test_two_kafka_sink_ids_starting_at_once_one_is_refused(kafka_broker: Any) -> None:
     """Kafka cannot lock the registry: of claims written at the same moment, the first in the topic wins."""
-    from onceflow.sinks.kafka_owners import Registry
+    from onceflow.sinks.kafka.owners import Registry
 
     for round_ in range(4):
         table = f"race{round_}"
@@ -161,7 +161,7 @@ def test_two_kafka_sink_ids_starting_at_once_one_is_refused(kafka_broker: Any) -
 
 def test_a_kafka_claim_written_after_another_is_withdrawn(kafka_broker: Any) -> None:
     """Step 3 alone: this query's step 1 read the registry before the other's claim landed."""
-    from onceflow.sinks.kafka_owners import Registry
+    from onceflow.sinks.kafka.owners import Registry
 
     conf = {"bootstrap.servers": kafka_broker.bootstrap}
     Registry(conf).claim("early", {"late_race": Table(key="id")})

@@ -12,11 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from onceflow import tables
 from onceflow.errors import BatchRejectedError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core import tables
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table, check_frame
 from onceflow.sinks.postgres.sink import PostgresFramesSink
-from onceflow.tables import Table, check_frame
 
 SPECS = {"totals": Table(key=["account", "day"], add=["amount"])}
 STATS = BatchStats(3, 0, 0)

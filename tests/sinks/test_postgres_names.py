@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import ConfigError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
 from onceflow.sinks.postgres.sql import NAME_BYTES, derived_name
-from onceflow.tables import Table
 
 STATS = BatchStats(2, 0, 0)
 
@@ -63,8 +63,8 @@ def test_two_long_tables_of_one_batch_get_their_own_temporary_tables(pg_dsn: str
 
 
 def test_delta_and_kafka_name_limits_are_named(tmp_path: Path) -> None:
-    from onceflow.sinks.delta import DeltaTablesSink
-    from onceflow.sinks.kafka import KafkaTopicsSink
+    from onceflow.sinks.delta.sink import DeltaTablesSink
+    from onceflow.sinks.kafka.sink import KafkaTopicsSink
 
     with pytest.raises(ConfigError, match="is 300 bytes; a Delta table is a directory"):
         DeltaTablesSink(tmp_path / "lake").check({"d" * 300: Table()}, {})

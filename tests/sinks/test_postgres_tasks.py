@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from onceflow.errors import BatchRejectedError, PostgresError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres.sink import PostgresTablesSink
-from onceflow.tables import Table
 from tests.helpers import table_frames
 
 pytestmark = [pytest.mark.spark]

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import BatchRejectedError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres.sink import PostgresTablesSink
-from onceflow.tables import Table
 
 STATS = BatchStats(2, 0, 0)
 I64_MAX = 2**63 - 1

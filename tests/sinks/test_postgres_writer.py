@@ -14,11 +14,11 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from onceflow.errors import ConfigError, PostgresError
-from onceflow.records import EVENT_DDL
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres import writer as pg_writer
 from onceflow.sinks.postgres.datasource import NAME, register
 from onceflow.sinks.postgres.writer import TargetSpec
+from onceflow.sources.events import EVENT_DDL
 from onceflow.sources.log import EventLog
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 from tests.pg_server import TempPostgres

@@ -28,8 +28,8 @@ import pytest
 from confluent_kafka import Producer
 
 import onceflow
+from onceflow.api.realtime import jdbc_target
 from onceflow.errors import ConfigError
-from onceflow.realtime import jdbc_target
 from onceflow.verify.driver import ProcessGroup, wait_until
 from onceflow.verify.kafka_server import KafkaServer
 from tests.sinks.realtime_driver import scans
@@ -271,9 +271,9 @@ def test_more_kafka_partitions_than_task_slots_is_refused(spark: Any, broker: An
     with pytest.raises(ConfigError, match=rf"reads {slots + 1} Kafka partitions but the session has {slots} "
                                           rf"task slots.*never read.*local\[{slots + 1}\]"):
         onceflow.write_realtime(stream("wide"), "scans", "scan", tmp_path / "ck", dsn=pg_dsn)
-    assert onceflow.realtime.kafka_partitions(stream(f"wide,{TOPIC}")) == slots + 3
+    assert onceflow.api.realtime.kafka_partitions(stream(f"wide,{TOPIC}")) == slots + 3
     for other in (spark.readStream.format("rate").load(), spark.readStream.text(str(tmp_path))):
-        assert onceflow.realtime.kafka_partitions(other) is None  # no Kafka source: nothing to count
+        assert onceflow.api.realtime.kafka_partitions(other) is None  # no Kafka source: nothing to count
     # as many partitions as slots passes this check (and stops at the next: this session lacks the jars)
     with pytest.raises(ConfigError, match=r"session\(realtime=True\)"):
         onceflow.write_realtime(stream(TOPIC), "scans", "scan", tmp_path / "ck", dsn=pg_dsn)

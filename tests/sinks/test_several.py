@@ -24,9 +24,9 @@ import pytest
 
 import onceflow
 from onceflow.errors import ConfigError, OutOfStepError
-from onceflow.sinks.base import BatchStats
-from onceflow.sinks.several import SeveralSinks
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.several import SeveralSinks
+from onceflow.sinks._core.tables import Table
 from tests.core import transfers
 from tests.helpers import killed_then_restarted
 
@@ -126,8 +126,9 @@ def test_a_driver_killed_between_the_sinks_commits_leaves_both_exact(tmp_path: P
     for part, first in enumerate((0, 400, 700)):
         _readings(src, part, first, 300 if part else 400)
     script = "\n".join([
-        "import sys", "from pathlib import Path", "import onceflow", "from onceflow.spark import session",
-        "from onceflow.tables import Table", "tmp = Path(sys.argv[1])",
+        "import sys", "from pathlib import Path", "import onceflow",
+        "from onceflow.runtime.session import session",
+        "from onceflow.sinks._core.tables import Table", "tmp = Path(sys.argv[1])",
         "spark = session(app_name='several-crash', shuffle_partitions=2)", PIPELINE,
         f"stream = spark.readStream.schema({SCHEMA!r}).option('maxFilesPerTrigger', 1)",
         "stream = stream.parquet(str(tmp / 'in'))",

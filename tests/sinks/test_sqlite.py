@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
-from onceflow.tables import Table
 from onceflow.verify.sinks import NaiveSQLiteSink
 
 STATS = BatchStats(10, 1, 0, duplicates=7)
@@ -143,7 +143,7 @@ def test_table_specs_are_checked_when_made(kw: dict, message: str) -> None:
 
 
 def test_a_staged_batch_keeps_its_specs_and_every_metric() -> None:
-    from onceflow.sinks.marker import Amend
+    from onceflow.sinks._core.marker import Amend
     from onceflow.sinks.sqlite.db import decode_staged, encode_staged
 
     specs = {"stats": Table(key="page", add="clicks", max="worst", min="best"), "raw": Table()}

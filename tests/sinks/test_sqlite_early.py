@@ -17,12 +17,12 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import ConfigError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.early import EarlyCopy, FilesGone
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.sinks.sqlite.tasks import _Scratch, scratch_name
 from onceflow.sinks.sqlite.values import stored_array
-from onceflow.tables import Table
 
 SCHEMA = pa.schema([("id", pa.int64()), ("k", pa.string())])
 

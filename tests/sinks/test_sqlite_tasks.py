@@ -22,11 +22,11 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import BatchRejectedError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 from onceflow.sinks.sqlite.tasks import stage_root
-from onceflow.tables import Table
 from tests.helpers import table_frames
 
 pytestmark = [pytest.mark.spark]
@@ -172,7 +172,7 @@ def test_a_key_twice_is_refused_before_any_task_runs(spark: Any, tmp_path: Path)
 
 
 def test_the_format_on_its_own_writes_each_batch_once(spark: Any, tmp_path: Path) -> None:
-    from onceflow.sinks.sqlite.source import register
+    from onceflow.sinks.sqlite.datasource import register
 
     register(spark)
     src = tmp_path / "in"
@@ -196,7 +196,7 @@ def test_the_format_on_its_own_writes_each_batch_once(spark: Any, tmp_path: Path
 
 def test_the_format_on_its_own_refuses_a_key_twice(spark: Any, tmp_path: Path) -> None:
     from onceflow.errors import from_spark
-    from onceflow.sinks.sqlite.source import register
+    from onceflow.sinks.sqlite.datasource import register
 
     register(spark)
     db = tmp_path / "app.db"
@@ -227,7 +227,7 @@ class Watched(SQLiteTablesSink):
 
 def test_a_large_batch_is_copied_while_its_slower_task_still_writes(spark: Any, tmp_path: Path) -> None:
     """A real job of two tasks, one slowed by its input: the fast one's file is in before the job ends."""
-    from onceflow.sinks.base import Settle
+    from onceflow.sinks._core.base import Settle
 
 
     def slow(batches: Any) -> Any:
@@ -275,7 +275,7 @@ def _slow_batches(pause: float) -> Any:
 def test_a_long_task_completes_files_the_driver_copies_while_it_runs(
         spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One task of three Arrow batches, a file bound below one batch: three files, the first copied early."""
-    from onceflow.sinks.base import Settle
+    from onceflow.sinks._core.base import Settle
 
     monkeypatch.setattr(tasks, "CHUNK_BYTES", 1024)  # read by the driver as it makes the task's spec
 
@@ -339,7 +339,7 @@ def test_a_dead_attempts_file_copied_early_is_rolled_back_and_removed_files_writ
     it after the rollback: the batch's tasks run once more (a second Spark job), without the
     early copy. Attached (Python 3.10) files stay: T4 copies them, one job.
     """
-    from onceflow.sinks.base import Settle
+    from onceflow.sinks._core.base import Settle
 
     monkeypatch.setattr(tasks, "CHUNK_BYTES", 1024)
     jobs: list[str] = []
@@ -407,7 +407,7 @@ def test_more_tasks_than_sqlite_attaches_keep_their_partitions(spark: Any, tmp_p
 def test_the_format_refuses_a_key_in_two_of_many_tasks(spark: Any, tmp_path: Path) -> None:
     """Twelve tasks (more than SQLite attaches), one key in two of them: refused naming it; else all rows."""
     from onceflow.errors import from_spark
-    from onceflow.sinks.sqlite.source import register
+    from onceflow.sinks.sqlite.datasource import register
 
     register(spark)
     db = tmp_path / "app.db"
@@ -429,7 +429,7 @@ def test_the_format_refuses_a_key_in_two_of_many_tasks(spark: Any, tmp_path: Pat
 
 def test_the_tasks_get_batches_bounded_by_rows_and_a_bound_the_user_set(spark: Any) -> None:
     """7,000 rows of 10 KB (70 MB, over Spark's 64 MiB default): one Arrow batch but for a bound set."""
-    from onceflow.sinks.formats import ARROW_MAX_BYTES, run_tasks
+    from onceflow.sinks._core.tasks import ARROW_MAX_BYTES, run_tasks
 
     def sizes(batches: Any) -> list[int]:
         return [b.num_rows for b in batches]

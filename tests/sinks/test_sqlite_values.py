@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
-from onceflow.tables import Table
 from tests.sinks.test_sqlite import q
 
 STATS = BatchStats(2, 0, 0)

@@ -1,7 +1,7 @@
 """A large one-table batch written by Spark's tasks without a cache, under SIGKILLs (Delta, SQLite, PG).
 
 The batch is computed once, by the sink's own write; its marker's numbers are settled after the
-tasks ran (:data:`onceflow.sinks.base.Settle`). Each life of :mod:`tests.sinks.uncached_driver` runs
+tasks ran (:data:`onceflow.sinks._core.base.Settle`). Each life of :mod:`tests.sinks.uncached_driver` runs
 in its own process group: killed inside the sink's commit (after the tasks' write, nothing
 committed), after the commit (before Spark's commit log: the replay must write nothing), and with
 every task's first attempt killed after its file (Spark's retry writes it again: one counts). The

@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from onceflow.errors import BatchRejectedError
-from onceflow.sinks.base import BatchStats
-from onceflow.tables import Table
+from onceflow.sinks._core.base import BatchStats
+from onceflow.sinks._core.tables import Table
 
 UTC = dt.timezone.utc
 I64 = (-(2**63), 2**63 - 1)
@@ -195,7 +195,7 @@ def test_postgres(rows: pa.Table, pg: str) -> None:
 def test_delta(rows: pa.Table, tmp_path: Path) -> None:
     from deltalake import DeltaTable
 
-    from onceflow.sinks.delta import DeltaTablesSink
+    from onceflow.sinks.delta.sink import DeltaTablesSink
 
     root = tmp_path / f"lake{next(_names)}"
     sink = DeltaTablesSink(root)
@@ -240,7 +240,7 @@ def broker() -> Iterator[Any]:
 @profile(15)
 @given(rows=batches())
 def test_kafka(rows: pa.Table, broker: Any) -> None:
-    from onceflow.sinks.kafka import KafkaTopicsSink
+    from onceflow.sinks.kafka.sink import KafkaTopicsSink
     from onceflow.verify.kafka_rig import read_records
 
     name = f"v{next(_names)}"

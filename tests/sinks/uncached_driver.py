@@ -5,7 +5,7 @@ and adds ``w = v + 1`` (a ``per_batch`` of its own, so the batch's rows and the 
 and appends them to table ``moves`` of ``onceflow.delta(OUT)``, ``onceflow.sqlite(OUT)`` or (SINK
 ``postgres``, OUT unused) ``onceflow.postgres()`` on ``$ONCEFLOW_PG_DSN``, with
 ``collect_below=0``: every batch is large, has one table and no key, so it is written by Spark's
-tasks without a cache (:attr:`onceflow.sinks.base.Sink.writes_uncached`). ``local[2,2]``: a task
+tasks without a cache (:attr:`onceflow.sinks._core.base.Sink.writes_uncached`). ``local[2,2]``: a task
 killed by a crash point is tried again.
 """
 
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import onceflow
-from onceflow.spark import session
+from onceflow.runtime.session import session
 
 SCHEMA = "id LONG, account STRING, v LONG, at TIMESTAMP"
 

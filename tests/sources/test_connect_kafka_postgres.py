@@ -29,7 +29,7 @@ CLIENT = '''
 import sys
 import onceflow
 from onceflow import Table
-from onceflow.spark import session
+from onceflow.runtime.session import session
 from pyspark.sql import functions as F
 
 url, bootstrap, dsn, root = sys.argv[1:5]

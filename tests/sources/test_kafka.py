@@ -11,10 +11,10 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from onceflow import checkpoint as ckpt
+from onceflow.checkpoint import logs as ckpt
 from onceflow.errors import ConfigError, SourceDataLossError, from_spark
-from onceflow.sources.kafka import KafkaOptions, _limit, read_kafka, skipped_offsets
-from onceflow.sources.kafka_read import OffsetRange, ReadSpec, read_range
+from onceflow.sources.kafka.read import OffsetRange, ReadSpec, read_range
+from onceflow.sources.kafka.source import KafkaOptions, _limit, read_kafka, skipped_offsets
 
 pytestmark = pytest.mark.spark
 
@@ -205,7 +205,7 @@ def test_starting_offsets_latest_and_per_partition(spark: Any, broker: Any, tmp_
 
 def test_start_errors_arrive_as_the_onceflow_error(spark: Any, broker: Any, tmp_path: Path) -> None:
     import onceflow
-    from onceflow.sources.kafka import register
+    from onceflow.sources.kafka.source import register
 
     hint = r"'max_offset_per_trigger' \(did you mean 'max_offsets_per_trigger'\?\)"
     with pytest.raises(ConfigError, match=hint):

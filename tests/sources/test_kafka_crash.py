@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
-from onceflow import checkpoint as ckpt
+from onceflow.checkpoint import logs as ckpt
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.verify.driver import ProcessGroup, committed_batches, wait_until
 from onceflow.verify.generator import GeneratorConfig, generate_table

@@ -18,11 +18,11 @@ import pytest
 from confluent_kafka import Producer
 
 import onceflow
-from onceflow import checkpoint as ckpt
-from onceflow import ranges
+from onceflow.checkpoint import logs as ckpt
+from onceflow.checkpoint import ranges
 from onceflow.errors import ConfigError
-from onceflow.sources.kafka import logged_offsets
-from onceflow.sources.kafka_native import initial_offsets
+from onceflow.sources.kafka.native import initial_offsets
+from onceflow.sources.kafka.source import logged_offsets
 
 pytestmark = pytest.mark.spark
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.errors import OnceflowError
-from onceflow.kafka_log import NAME, with_logger
+from onceflow.sources.kafka.client_log import NAME, with_logger
 from onceflow.verify.kafka_server import KafkaServer
 
 

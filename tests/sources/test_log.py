@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.errors import BadSegmentError
-from onceflow.records import EVENT_SCHEMA
+from onceflow.sources.events import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
 from onceflow.verify.generator import GeneratorConfig, generate_table
 

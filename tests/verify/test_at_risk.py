@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from onceflow import faults
+from onceflow.checkpoint.ranges import InputRange
 from onceflow.faults import CRASH_ENV, DRIVER_PID_ENV, CrashPoint
-from onceflow.ranges import InputRange
 from onceflow.verify.chaos import VerifyResult
 from onceflow.verify.faulting import RoundRecord, at_risk, crash_batches
 from onceflow.verify.verdict import Verdict

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow import idstore
+from onceflow.runtime import idstore
 from onceflow.sinks.sqlite.db import read_batches
 from onceflow.sources.log import EventLog
 from onceflow.verify.driver import Driver, committed_batches, wait_until
@@ -51,7 +51,7 @@ def _feeder(log_dir: Path, cfg: GeneratorConfig, pace_s: float) -> threading.Thr
 @pytest.mark.parametrize("store", ["ids", pytest.param("spark", marks=pytest.mark.long)])
 def test_sigkill_three_times_and_at_the_commit_gap_gives_exact_tables(
         tmp_path: Path, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``ids``: the drivers keep the dedup state in onceflow's id store (onceflow.idstore)."""
+    """``ids``: the drivers keep the dedup state in onceflow's id store (onceflow.runtime.idstore)."""
     monkeypatch.setenv(idstore.ENV, "1" if store == "ids" else "0")  # the drivers inherit it
     seed = int(time.time()) % 10_000
     rng = random.Random(seed)

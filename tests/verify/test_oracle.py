@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from onceflow.records import EVENT_SCHEMA
-from onceflow.sinks.base import BatchStats
+from onceflow.sinks._core.base import BatchStats
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
+from onceflow.sources.events import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
 from onceflow.verify.oracle import expect
 from onceflow.verify.verdict import judge_sqlite

@@ -11,7 +11,7 @@ import decimal
 
 import pyarrow as pa
 
-from onceflow.tables import Table
+from onceflow.sinks._core.tables import Table
 from onceflow.verify.pipeline_oracle import Captured, Deduplication
 from onceflow.verify.pipeline_verdict import Folded, canon, compare_table, fold, unmarked
 

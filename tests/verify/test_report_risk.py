@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from onceflow import checkpoint as ckpt
+from onceflow.checkpoint import logs as ckpt
 from onceflow.verify import spark_log
 from onceflow.verify.report import STARTUP_PX
 

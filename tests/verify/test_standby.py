@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.jvmstart import JAVA_OPTIONS_ENV, archive_path, use_options
+from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, archive_path, use_options
 from onceflow.sources.log import EventLog
 from onceflow.verify.driver import Driver, Standby, wait_until
 from onceflow.verify.generator import GeneratorConfig, generate_segments

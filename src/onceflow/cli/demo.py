@@ -26,8 +26,8 @@ def demo(workdir: Path, events: int, users: int, minutes: float, duplicates: flo
          seed: int) -> None:
     """Generate a stream with retries and late data, count it exactly once, and check it."""
     from onceflow.cli.run import PipelineConfig, run_pipeline
+    from onceflow.runtime.session import session
     from onceflow.sources.log import EventLog
-    from onceflow.spark import session
     from onceflow.verify.generator import GeneratorConfig, generate_segments
     from onceflow.verify.recompute import diff_counts, expected_counts
     from onceflow.verify.sinks import SinkOptions, make_sink

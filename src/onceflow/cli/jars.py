@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from onceflow import jars as jar_sets
+from onceflow.runtime import jars as jar_sets
 
 _HELP = ("Java jars onceflow can run with, fetched from Maven Central and checked by SHA-256.\n\n"
          "\b\n"  # click: the table below is not rewrapped
-         "kafka-connector  Spark's own Kafka connector, for onceflow.spark.session(kafka=True)\n"
+         "kafka-connector  Spark's own Kafka connector, for onceflow.session(kafka=True)\n"
          "kafka-broker     a single-node Kafka broker (KRaft), for tests, demos and verify\n"
          "postgres-jdbc    PostgreSQL's JDBC driver, for onceflow.write_realtime\n"
          "onceflow         onceflow's own jars (id state store, checkpoint file manager), built into\n"
@@ -48,7 +48,7 @@ def path(name: str) -> None:
     built with; for another Spark version they are compiled now into the cache (a few seconds).
     """
     if name == "onceflow":
-        from onceflow import scalac
+        from onceflow.runtime import scalac
 
         click.echo(",".join(str(p) for p in scalac.shipped_jars()))
         return

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from onceflow.durations import parse_duration
+from onceflow.api.durations import parse_duration
 from onceflow.errors import ConfigError, nearest
 
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
+from onceflow.engine.rejects import COLUMNS
 from onceflow.errors import ConfigError
-from onceflow.rejects import COLUMNS
 
 
 def _read(db: Path | None, dsn: str | None, delta: Path | None, table: str,
@@ -59,7 +59,7 @@ def _read(db: Path | None, dsn: str | None, delta: Path | None, table: str,
 
 def _iceberg_rows(uri: str, warehouse: Path, namespace: str, table: str) -> list[dict[str, Any]]:
     """The rows of Iceberg table ``namespace.table`` in the catalog at ``uri`` (read, nothing created)."""
-    from onceflow.sinks.iceberg import IcebergTablesSink
+    from onceflow.sinks.iceberg.sink import IcebergTablesSink
 
     file = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else None
     if file is not None and not Path(file).exists():

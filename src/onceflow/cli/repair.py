@@ -26,7 +26,7 @@ def _sink(db: Path | None, dsn: str | None, delta: Path | None, ledger: str | No
     parts = [_one(kind, value, sink_id) for kind, value in given.items()]
     if len(parts) == 1:
         return parts[0]
-    from onceflow.sinks.several import SeveralSinks
+    from onceflow.sinks._core.several import SeveralSinks
 
     return SeveralSinks({f"sink{i}": p for i, p in enumerate(parts)})
 
@@ -38,7 +38,7 @@ def _one(kind: str, value: Any, sink_id: str) -> Any:
     if iceberg is not None:
         return _iceberg(iceberg, sink_id)
     if kafka is not None:
-        from onceflow.sinks.kafka import KafkaTopicsSink
+        from onceflow.sinks.kafka.sink import KafkaTopicsSink
 
         sink = KafkaTopicsSink(kafka, sink_id=sink_id)  # reads its marker topic; produces nothing
         if not sink.has_marker_topic():  # else a wrong address or id would look like an empty sink
@@ -61,7 +61,7 @@ def _one(kind: str, value: Any, sink_id: str) -> Any:
 
         return SQLiteTablesSink(db, sink_id=sink_id, staged=False)
     if delta is not None:
-        from onceflow.sinks.delta import DeltaTablesSink
+        from onceflow.sinks.delta.sink import DeltaTablesSink
 
         return DeltaTablesSink(delta, sink_id=sink_id)
     if ledger is not None:
@@ -78,7 +78,7 @@ def _iceberg(options: dict[str, Any], sink_id: str) -> Any:
         ConfigError: No ``--warehouse``, or the namespace was never bound to this sink id (a wrong
             catalog, namespace or sink id would look like an empty sink).
     """
-    from onceflow.sinks.iceberg import IcebergTablesSink
+    from onceflow.sinks.iceberg.sink import IcebergTablesSink
 
     if options["warehouse"] is None:
         raise ConfigError("--iceberg needs --warehouse DIR (the sink's warehouse, as in onceflow.iceberg)")
@@ -141,7 +141,7 @@ def repair(checkpoint: Path, db: Path | None, dsn: str | None, delta: Path | Non
     same input and the sink skips them. Where it cannot (a source's data gone, state Spark no
     longer keeps), it says why and changes nothing. Stop the query first (docs: Recovery).
     """
-    from onceflow.repair import Repair
+    from onceflow.checkpoint.repair import Repair
 
     if not (checkpoint / "metadata").exists():
         raise ConfigError(f"{checkpoint} is not a Spark checkpoint of a started query (no metadata file)")

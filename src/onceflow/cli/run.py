@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
-from onceflow import idstore
 from onceflow.cli.options import Duration, SinkKind, secret_dsn
 from onceflow.errors import BadSegmentError, ConfigError, OnceflowError, from_spark
 from onceflow.examples.user_counts import KafkaTopic
+from onceflow.runtime import idstore
 from onceflow.sources.log import EventLog
 from onceflow.verify.sinks import (
     REALTIME,
@@ -255,7 +255,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
         raise click.BadParameter(f"{pipeline!r}: use {', '.join(PIPELINES)} or PATH.py:FUNCTION",
                                  param_hint="--pipeline")
     conf = _connector_conf(kafka_connector)
-    if id_store is not None:  # read by every session this command creates (onceflow.spark.session)
+    if id_store is not None:  # read by every session this command creates (onceflow.session)
         os.environ[idstore.ENV] = "1" if id_store else "0"
     if retain_batches is not None:
         conf["spark.sql.streaming.minBatchesToRetain"] = str(retain_batches)
@@ -298,7 +298,7 @@ def run(log_dir: Path | None, kafka: str | None, topic: str | None, max_offsets_
 
 def _session(master: str | None, conf: dict[str, str], remote: str | None, checkpoint: Path) -> Any:
     """The run's session: classic, or Spark Connect (``--remote``; ``local``: a server of its own)."""
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     if remote is None:
         return session(master=master, conf=conf)
@@ -318,7 +318,7 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where
                        sink_kind: str | None, once: bool, master: str | None, conf: dict[str, str],
                        standby: Path | None, remote: str | None) -> None:
     """``--pipeline PATH.py:FUNCTION``: the user's function builds the query over ``--input``."""
-    from onceflow import pipelines
+    from onceflow.api import pipelines
 
     if input_dir is None:
         raise click.UsageError(f"--pipeline {spec} needs --input DIR (the directory the pipeline reads)")
@@ -360,9 +360,9 @@ def _run_user_pipeline(spec: str, input_dir: str | None, checkpoint: Path, where
 def _run_realtime(fn: Any, where: str | Path, checkpoint: Path, pg_dsn: str | None, once: bool,
                   master: str | None, conf: dict[str, str], standby: Path | None) -> None:
     """``--sink realtime``: the user's function gets the connection string and starts a real-time query."""
-    from onceflow import pipelines
+    from onceflow.api import pipelines
+    from onceflow.runtime.session import session
     from onceflow.sinks.postgres import sql as pg
-    from onceflow.spark import session
 
     if once:
         raise click.UsageError("--sink realtime runs until stopped: Spark's Real-Time Mode has no --once")
@@ -380,7 +380,7 @@ def _run_realtime(fn: Any, where: str | Path, checkpoint: Path, pg_dsn: str | No
 
 def _connector_conf(connector: str) -> dict[str, str]:
     """``spark.jars`` with Spark's Kafka connector when ``--kafka-connector`` asks (or auto finds it)."""
-    from onceflow import jars
+    from onceflow.runtime import jars
 
     if connector == "onceflow" or (connector == "auto" and jars.paths(jars.CONNECTOR) is None):
         return {}

@@ -14,8 +14,8 @@ from onceflow.errors import ConfigError
 def _delta_rows(root: Path, hand_over: str | None,
                 to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
     """:func:`_rows` for the Delta tables under ``root`` (their registry file)."""
-    from onceflow.sinks import owners
-    from onceflow.sinks.delta import DeltaTablesSink
+    from onceflow.sinks._core import owners
+    from onceflow.sinks.delta.sink import DeltaTablesSink
 
     if not root.is_dir():
         raise ConfigError(f"no Delta tables at {root}: give the root the query writes to")
@@ -32,8 +32,8 @@ def _delta_rows(root: Path, hand_over: str | None,
 def _kafka_rows(bootstrap: str, hand_over: str | None,
                 to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
     """:func:`_rows` for the topics of a Kafka cluster (its registry topic)."""
-    from onceflow.sinks.kafka import KafkaTopicsSink
-    from onceflow.sinks.kafka_owners import Registry
+    from onceflow.sinks.kafka.owners import Registry
+    from onceflow.sinks.kafka.sink import KafkaTopicsSink
 
     KafkaTopicsSink(bootstrap).has_marker_topic()  # an unreachable cluster is named, not waited on
     registry = Registry({"bootstrap.servers": bootstrap})
@@ -44,8 +44,8 @@ def _kafka_rows(bootstrap: str, hand_over: str | None,
 def _rows(db: Path | None, dsn: str | None, ledger: str | None, hand_over: str | None,
           to: str | None) -> tuple[list[tuple[str, str, bool, int]], list[str] | None]:
     """The registry's rows (after a hand-over, if asked) and the sink ids that held the table before."""
-    from onceflow.sinks import owners
     from onceflow.sinks.http.ledger import is_dsn
+    from onceflow.sinks.sqlite import db as sqlite_db
 
     if ledger is not None and is_dsn(ledger):  # a PostgreSQL ledger: the registry of that database
         dsn, ledger = ledger, None
@@ -55,8 +55,8 @@ def _rows(db: Path | None, dsn: str | None, ledger: str | None, hand_over: str |
             raise ConfigError(f"no database at {path}: give the file the query writes to")
         conn = sqlite3.connect(str(path), isolation_level=None)
         try:
-            before = owners.sqlite_hand_over(conn, hand_over, str(to)) if hand_over else None
-            return owners.sqlite_owners(conn), before
+            before = sqlite_db.hand_over_table(conn, hand_over, str(to)) if hand_over else None
+            return sqlite_db.table_owners(conn), before
         finally:
             conn.close()
     from onceflow.sinks.postgres import sql as pg

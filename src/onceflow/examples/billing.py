@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import onceflow
 from onceflow import Table
-from onceflow.records import EVENT_DDL
+from onceflow.sources.events import EVENT_DDL
 from onceflow.sources.log import EventLog
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ import pyarrow.compute as pc
 
 import onceflow
 from onceflow import Table
-from onceflow.records import EVENT_DDL
+from onceflow.sources.events import EVENT_DDL
 from onceflow.sources.log import EventLog
 
 if TYPE_CHECKING:
@@ -132,7 +132,7 @@ def start(spark: SparkSession, log_dir: str | Path, sink: Any, checkpoint: str |
 
 def main(argv: list[str] | None = None) -> None:
     """Command line (see the module)."""
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     ap = argparse.ArgumentParser(prog="python -m onceflow.examples.charges",
                                  description=__doc__.splitlines()[0])

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
         files = generate(args.out, args.payments, seed=args.seed, first=args.first)
         print(f"wrote {len(files)} files to {args.out}")
         return
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     spark = session(app_name="payments")
     start(spark, args.input, args.db, args.checkpoint, once=args.once,

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 import onceflow
 from onceflow import Table
-from onceflow.records import EVENT_DDL, WINDOW_MS
+from onceflow.sources.events import EVENT_DDL, WINDOW_MS
 from onceflow.sources.log import EventLog
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def window_deltas(events: DataFrame) -> DataFrame:
     """Per-(user, 1-minute window) counts of a batch of events.
 
     One DataFrame operation (each one analyses the batch's whole plan again: a second one, the
-    window's end, cost ~10 ms per batch); :func:`with_window_end` adds the end on the driver.
+    window's end, costs time in every batch); :func:`with_window_end` adds the end on the driver.
 
     Args:
         events: Events with ``user`` and ``event_time``.
@@ -146,7 +146,7 @@ def kafka_events(spark: SparkSession, source: KafkaTopic, within: str | float = 
     raw = onceflow.read_kafka(spark, source.bootstrap, subscribe=source.topic, id_header="event_id",
                               max_offsets_per_trigger=source.max_offsets_per_trigger,
                               connector=source.connector)
-    # json_tuple: the two fields as text in one pass, ~2x faster than from_json measured (BENCHMARKS.md)
+    # json_tuple: the two fields as text in one pass, faster than from_json (BENCHMARKS.md)
     fields = raw.select("record_id", F.json_tuple(F.col("value").cast("string"), "user", "event_time_us"))
     events = fields.select(F.col("record_id").alias("event_id"), F.col("c0").alias("user"),
                            F.timestamp_micros(F.col("c1").cast("long")).alias("event_time"))

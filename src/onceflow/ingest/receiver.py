@@ -65,7 +65,7 @@ from onceflow.faults import CrashPoint, maybe_crash
 from onceflow.ingest.catalog import CatalogConfig, DedupCatalog
 from onceflow.ingest.catalog.catalog import DUPLICATE, NEW, TOO_OLD
 from onceflow.ingest.catalog.store import CatalogStore
-from onceflow.records import EVENT_SCHEMA
+from onceflow.sources.events import EVENT_SCHEMA
 from onceflow.sources.log import EventLog
 
 MIN_FREE_BYTES = 1 << 20

@@ -3,7 +3,7 @@
 Protocol:
 
 1. :meth:`Sender.send` stamps each event with the sender's system time
-   (:class:`onceflow.records.SenderClock`, strictly increasing, also across restarts) and
+   (:class:`onceflow.ingest.clock.SenderClock`, strictly increasing, also across restarts) and
    stores it in the outbox (SQLite, ``synchronous=FULL``) before returning. From here on a
    crash of the sender loses nothing: the outbox is re-read on restart.
 2. :meth:`Sender.flush` posts the outbox's events in batches, oldest first, with the stamp
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from onceflow.errors import ConfigError, SenderRefusedError
+from onceflow.ingest.clock import SenderClock
 from onceflow.ingest.events import SENDER_RE
-from onceflow.records import SenderClock
 
 RETRY_STATUSES = {0, 408, 429, 500, 502, 503, 504, 507}
 """Answers after which a batch is retried as it is (0: no answer at all)."""

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from aiohttp import web
 
 from onceflow.errors import ConfigError, StorageError
 from onceflow.ingest.auth import TokenFile, peer_common_name
@@ -47,6 +46,12 @@ from onceflow.ingest.catalog import Status
 from onceflow.ingest.catalog.catalog import DUPLICATE, NEW, TOO_OLD
 from onceflow.ingest.events import MAX_LISTED, EventBatchError, Limits, echo, parse_batch, scoped_ids
 from onceflow.ingest.receiver import Receiver
+
+try:
+    from aiohttp import web
+except ImportError:
+    raise ConfigError("the ingest service needs aiohttp, which is not installed: "
+                      "pip install 'onceflow[ingest]'") from None
 
 _NAMES = np.array([Status.NEW.value, Status.DUPLICATE.value, Status.TOO_OLD.value])
 

@@ -40,7 +40,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow.errors import BadSegmentError
-from onceflow.records import EVENT_SCHEMA, fsync_path, schema_problems
+from onceflow.runtime.files import fsync_path
+from onceflow.sources.events import EVENT_SCHEMA, schema_problems
 
 SEGMENT_RE = re.compile(r"^seg-(\d{12})\.parquet$")
 TOKEN_KEY = b"onceflow.ingest_token"
@@ -70,7 +71,7 @@ class EventLog:
 
     Args:
         directory: The log directory; created on the first append.
-        schema: The schema every segment must have: :data:`onceflow.records.EVENT_SCHEMA`
+        schema: The schema every segment must have: :data:`onceflow.sources.events.EVENT_SCHEMA`
             (Example 5-1's events) by default, any Arrow schema declared here, or None to take
             it from the first segment (a log of your own records). A segment or a table to
             append with another schema is refused (:class:`BadSegmentError`).

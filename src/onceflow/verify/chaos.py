@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.errors import ConfigError, PostgresError
-from onceflow.jvmstart import JAVA_OPTIONS_ENV, use_options
+from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, use_options
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
 from onceflow.verify import inputs, pipeline_kafka, sample, spark_log
@@ -109,8 +109,8 @@ class VerifyConfig:
         segment_size: Rows per segment.
         round_timeout_s: Longest a round may wait for its fault to happen.
         fast_start: Start drivers from a class-data archive with the quick JIT
-            (:mod:`onceflow.jvmstart`): ~3x faster restarts, the same commits.
-        pipeline: The user's pipeline, ``PATH.py:FUNCTION`` (:mod:`onceflow.pipelines`), instead
+            (:mod:`onceflow.runtime.jvmstart`): ~3x faster restarts, the same commits.
+        pipeline: The user's pipeline, ``PATH.py:FUNCTION`` (:mod:`onceflow.api.pipelines`), instead
             of Example 5-1; judged by :mod:`onceflow.verify.pipeline_oracle`.
         input_dir: With ``pipeline``: the directory of sample files fed in rounds
             (:mod:`onceflow.verify.sample`).
@@ -176,7 +176,7 @@ class VerifyConfig:
 
     def _check_pipeline(self) -> None:
         """``--pipeline``: its own input, a sink with one marker per batch, no generated input faults."""
-        from onceflow import pipelines
+        from onceflow.api import pipelines
 
         pipelines.load(str(self.pipeline))  # a bad spec or module fails here, before any round
         if self.input_dir is None:

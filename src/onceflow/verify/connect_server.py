@@ -9,7 +9,7 @@ daemonizes it. This starts ``org.apache.spark.sql.connect.service.SparkConnectSe
     # prints: remote sc://127.0.0.1:15002   (runs until interrupted)
 
 The server runs onceflow's Python (``spark.pyspark.python`` is this interpreter) with the settings
-:func:`onceflow.spark.session` gives a driver it starts (:func:`onceflow.spark.server_conf`) and,
+:func:`onceflow.session` gives a driver it starts (:func:`onceflow.runtime.session.server_conf`) and,
 unless ``onceflow_jars=False``, onceflow's jars on its class path (``--jars``: the id state store
 and the local checkpoint file manager), as a server admin would install them (docs/connect.md).
 ``ONCEFLOW_DRIVER_PID`` in its environment is its own process id, so a crash point armed in its
@@ -80,7 +80,7 @@ class ConnectServer:
         import pyspark
 
         submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-        from onceflow.spark import server_conf
+        from onceflow.runtime.session import server_conf
 
         conf = {**server_conf(self.cores, self.onceflow_jars),
                 "spark.connect.grpc.binding.port": str(self.port),
@@ -90,7 +90,7 @@ class ConnectServer:
         cmd = [str(submit), "--class", SERVER_CLASS, "--master", f"local[{self.cores}]",
                "--driver-memory", "2g"]
         if self.onceflow_jars:
-            from onceflow import scalac
+            from onceflow.runtime import scalac
 
             cmd += ["--jars", ",".join(str(p) for p in scalac.shipped_jars())]
         for key, value in conf.items():

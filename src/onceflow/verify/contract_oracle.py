@@ -2,7 +2,7 @@
 
 :func:`onceflow.expect` and ``write_stream(rejects=...)`` send every bad record, exactly once, to
 the rejects table with its source coordinates and the rule it broke. The oracle judges that
-table without onceflow's contract code (:mod:`onceflow.contract`, :mod:`onceflow.rejects`): it
+table without onceflow's contract code (:mod:`onceflow.engine.contract`, :mod:`onceflow.engine.rejects`): it
 reads the batch's records itself, with their coordinates, and applies the rules as
 ``docs/rejects.md`` states them, in their order (the first that applies is the record's rule):
 

@@ -296,12 +296,12 @@ def fast_start_archive(scratch: Path, say: Callable[[str], None] = print) -> Pat
         say: Progress output.
 
     Returns:
-        The archive (see :func:`onceflow.jvmstart.archive_path`), or None when training
+        The archive (see :func:`onceflow.runtime.jvmstart.archive_path`), or None when training
         failed to produce one (drivers then start the normal way).
     """
     import shutil
 
-    from onceflow.jvmstart import JAVA_OPTIONS_ENV, archive_path, dump_options, publish
+    from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, archive_path, dump_options, publish
     from onceflow.sources.log import EventLog
     from onceflow.verify.generator import GeneratorConfig, generate_segments
 

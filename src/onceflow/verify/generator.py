@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from onceflow.errors import ConfigError
-from onceflow.records import EVENT_SCHEMA
+from onceflow.sources.events import EVENT_SCHEMA
 
 DEFAULT_START = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

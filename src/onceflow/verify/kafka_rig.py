@@ -224,7 +224,7 @@ def read_messages(bootstrap: str, topic: str, isolation: str = "read_committed",
 
 def _ends(c: Any, topic: str, partitions: Any) -> dict[int, tuple[int, int]]:
     """Each partition's first offset and end, as ``c``'s isolation level sees them."""
-    from onceflow.sinks.kafka_records import watermarks
+    from onceflow.sinks.kafka.records import watermarks
 
     return {p: watermarks(c, topic, 30.0, p) for p in partitions}
 
@@ -237,7 +237,7 @@ def _settled_ends(raw: Any, committed: Any, topic: str, partitions: list[int], d
         SourceReadError: A partition's transaction still open at ``deadline`` (a producer that
             died inside one is aborted by its coordinator after its ``transaction.timeout.ms``).
     """
-    from onceflow.sinks.kafka_records import settled_ends
+    from onceflow.sinks.kafka.records import settled_ends
 
     settled, open_ = settled_ends(committed, raw, topic, partitions, deadline - time.monotonic(), 30.0)
     if open_:
@@ -257,7 +257,7 @@ def read_records(bootstrap: str, topic: str, isolation: str = "read_committed",
 def read_markers(bootstrap: str, sink_id: str) -> list[dict[str, Any]]:
     """The Kafka sink's committed markers (records of ``onceflow_batches.<sink_id>``), by batch id."""
     found: dict[int, dict[str, Any]] = {}
-    from onceflow.sinks.kafka import MARKER_TOPIC
+    from onceflow.sinks.kafka.sink import MARKER_TOPIC
 
     for owner, value in read_records(bootstrap, MARKER_TOPIC.replace("{sink_id}", sink_id)):
         if owner == sink_id.encode():

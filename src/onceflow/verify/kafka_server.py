@@ -1,7 +1,7 @@
 """A real single-node Kafka broker (KRaft mode) on loopback, for tests, demos and verify.
 
 The broker is Apache Kafka's own server (``kafka.Kafka``) from the pinned ``kafka-broker`` jars
-(:mod:`onceflow.jars`; fetched on first use, or ahead with ``onceflow jars fetch kafka-broker``),
+(:mod:`onceflow.runtime.jars`; fetched on first use, or ahead with ``onceflow jars fetch kafka-broker``),
 one JVM acting as broker and controller, its data in a directory of its own. Unlike
 librdkafka's mock cluster it runs transactions for real: a ``read_committed`` consumer never
 sees an aborted record, and a producer with a ``transactional.id`` fences the one before it.
@@ -33,9 +33,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from onceflow import jars
 from onceflow.errors import OnceflowError
-from onceflow.java import find_java
+from onceflow.runtime import jars
+from onceflow.runtime.java import find_java
 
 READY_TIMEOUT_S = 60.0
 

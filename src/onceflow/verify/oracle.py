@@ -2,7 +2,7 @@
 
 It never reads the pipeline's memory or metrics, and never uses what the pipeline uses: Spark's
 checkpoint is read by the auditor's own reader (:mod:`onceflow.verify.spark_log`, not
-:mod:`onceflow.checkpoint`) and the late rule below is its own. For every batch in Spark's commit log,
+:mod:`onceflow.checkpoint.logs`) and the late rule below is its own. For every batch in Spark's commit log,
 in batch order, it reads the batch's input files (``sources/0``; for Kafka, the records of the
 offset ranges in ``offsets/N``, read by the auditor's own consumer) and the late watermark
 (``offsets/N-1``), then applies the pipeline's rules:
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from onceflow.errors import CheckpointReadError
-from onceflow.records import WINDOW_MS
+from onceflow.sources.events import WINDOW_MS
 from onceflow.verify import spark_log
 
 

@@ -1,7 +1,7 @@
 """The oracle of a user's pipeline: its tables rebuilt from Spark's checkpoint, not from onceflow.
 
 ``onceflow verify --pipeline PATH.py:FUNCTION`` proves the user's own query. The oracle never
-uses what onceflow uses to write (the sinks, the batch writer, :mod:`onceflow.checkpoint`): a bug
+uses what onceflow uses to write (the sinks, the batch writer, :mod:`onceflow.checkpoint.logs`): a bug
 there would pass unseen. It may run the user's code, which is what is being proven.
 
 Procedure, for each batch N in Spark's commit log, in order (:class:`PipelineOracle`):
@@ -50,10 +50,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow import pipelines, plans
-from onceflow.durations import parse_duration
+from onceflow.api import pipelines
+from onceflow.api.durations import parse_duration
 from onceflow.errors import ConfigError
-from onceflow.tables import Table
+from onceflow.runtime import plans
+from onceflow.sinks._core.tables import Table
 from onceflow.verify import kafka_rig, pipeline_kafka, spark_log
 from onceflow.verify.contract_oracle import ContractOracle
 
@@ -345,11 +346,11 @@ def oracle_session() -> Iterator[Any]:
     """A SparkSession for an oracle; stopped after, unless the process had one already.
 
     ``verify_pipeline`` runs the oracle in the caller's process: a test's or a notebook's session
-    is the one :func:`onceflow.spark.session` returns, and it must outlive the oracle.
+    is the one :func:`onceflow.session` returns, and it must outlive the oracle.
     """
     from pyspark import SparkContext
 
-    from onceflow.spark import session
+    from onceflow.runtime.session import session
 
     had = SparkContext._active_spark_context is not None
     spark = session()
@@ -377,7 +378,8 @@ def replaced(modules: Sequence[Any], **functions: Callable[..., Any]) -> Iterato
 def installed(oracle: PipelineOracle) -> Iterator[None]:
     """The oracle's ``deduplicate``, ``expect`` and ``write_stream`` in place of onceflow's while inside."""
     import onceflow
-    from onceflow import api, contract
+    from onceflow.api import stream as api
+    from onceflow.engine import contract
 
     with replaced((onceflow, api), deduplicate=oracle.deduplicate, write_stream=oracle.write_stream), \
             replaced((onceflow, contract), expect=oracle.expect):

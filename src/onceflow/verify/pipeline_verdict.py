@@ -29,7 +29,7 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
-from onceflow.tables import Table
+from onceflow.sinks._core.tables import Table
 from onceflow.verify.contract_oracle import local_record
 from onceflow.verify.pipeline_oracle import Captured, PipelineOracle, late_ids
 from onceflow.verify.recompute import CountDiff

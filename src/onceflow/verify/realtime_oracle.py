@@ -45,9 +45,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from onceflow import pipelines
+from onceflow.api import pipelines
 from onceflow.errors import ConfigError
-from onceflow.tables import Table
+from onceflow.sinks._core.tables import Table
 from onceflow.verify import kafka_rig, pipeline_kafka
 from onceflow.verify.pipeline_oracle import BatchSession, replaced
 from onceflow.verify.pipeline_verdict import Folded, Reader, canon, compare_table
@@ -135,7 +135,7 @@ class RealtimeOracle:
 def _installed(calls: list[Written]) -> Iterator[None]:
     """The oracle's ``write_realtime`` in place of onceflow's while inside (step 2)."""
     import onceflow
-    from onceflow import realtime
+    from onceflow.api import realtime
 
     def write_realtime(df: Any, table: str, key: str | Sequence[str], checkpoint: Any = None,
                        **kw: Any) -> Written:

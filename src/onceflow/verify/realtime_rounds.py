@@ -269,7 +269,7 @@ def run_realtime(workdir: Path, pipeline: str, records: Path, rounds: int, fault
         ConfigError: A fault it cannot inject, a pipeline that does not load, no PostgreSQL
             connection string.
     """
-    from onceflow import pipelines
+    from onceflow.api import pipelines
     from onceflow.sinks.postgres import sql as pg
     from onceflow.verify.chaos import VerifyResult
 

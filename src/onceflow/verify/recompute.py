@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from pyspark.sql import functions as F
 
-from onceflow import checkpoint as ckpt
-from onceflow.records import EVENT_DDL
+from onceflow.checkpoint import logs as ckpt
+from onceflow.sources.events import EVENT_DDL
 from onceflow.sources.log import EventLog
 
 if TYPE_CHECKING:

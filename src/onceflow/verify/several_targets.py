@@ -1,6 +1,6 @@
 """The sinks of one verify run whose pipeline writes several (``--sink sqlite+iceberg``).
 
-A pipeline of several sinks (:mod:`onceflow.sinks.several`) gets ``{family: sink}`` as its
+A pipeline of several sinks (:mod:`onceflow.sinks._core.several`) gets ``{family: sink}`` as its
 ``sink`` argument and routes each table to one of them. Verify runs it like any pipeline: each
 part is a :class:`onceflow.verify.targets.SinkTarget` in the same work directory (their files do
 not overlap: one of each family), and this class answers for all of them:

@@ -25,15 +25,15 @@ import pyarrow as pa
 
 from onceflow.errors import ConfigError, nearest
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks.base import BatchStats, SinkBase, TablesSink
-from onceflow.sinks.delta import DeltaTablesSink
+from onceflow.sinks._core.base import BatchStats, SinkBase, TablesSink
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks.delta.sink import DeltaTablesSink
 from onceflow.sinks.http.sink import HttpEffectsSink
-from onceflow.sinks.iceberg import IcebergTablesSink
+from onceflow.sinks.iceberg.sink import IcebergTablesSink
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
 from onceflow.sinks.postgres.sink import PostgresFramesSink, PostgresTablesSink
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
-from onceflow.tables import Table
 
 __all__ = ["REALTIME", "REALTIME_STARTED", "SINKS", "USER_SINKS", "USER_SINK_ID", "LossySQLiteSink",
            "family", "location_flag", "make_sinks", "parts",
@@ -129,13 +129,13 @@ class NaiveKafkaSink(SinkBase):
     """No transaction: each record is produced on its own."""
 
     keeps_markers = False
-    """Nothing to check a checkpoint against (:func:`onceflow.repair.check_order` skips it)."""
+    """Nothing to check a checkpoint against (:func:`onceflow.checkpoint.repair.check_order` skips it)."""
     tables_are_topics = True
 
     def __init__(self, bootstrap: str, sink_id: str = "default") -> None:
         from confluent_kafka import Producer
 
-        from onceflow.sinks.kafka import KafkaTopicsSink
+        from onceflow.sinks.kafka.sink import KafkaTopicsSink
 
         self.sink_id = sink_id
         self._topics = KafkaTopicsSink(bootstrap, sink_id=sink_id)  # only to create missing topics
@@ -154,7 +154,7 @@ class NaiveKafkaSink(SinkBase):
     def commit_tables(self, batch_id: int, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table],
                       stats: BatchStats, rows_out: int) -> bool:
         """Produce every record of the batch, whatever an earlier attempt did."""
-        from onceflow.sinks.kafka_records import encode
+        from onceflow.sinks.kafka.records import encode
 
         maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         for name, rows in outputs.items():
@@ -244,7 +244,7 @@ def make_sink(kind: str, where: SinkOptions, sink_id: str = EXAMPLE_SINK_ID) -> 
             raise ConfigError(f"--sink {kind} produces to Kafka: pass --out-kafka HOST:PORT (the brokers)")
         if kind == "kafka-naive":
             return NaiveKafkaSink(where.kafka, sink_id=sink_id)
-        from onceflow.sinks.kafka import KafkaTopicsSink
+        from onceflow.sinks.kafka.sink import KafkaTopicsSink
 
         every = kind == "kafka-tasks"  # every batch produced by Spark's tasks
         return KafkaTopicsSink(where.kafka, sink_id=sink_id, collect_below=0 if every else 100_000)

@@ -1,6 +1,6 @@
 """The auditor's own reader of Spark's checkpoint: batch ids, watermarks, a file source's files.
 
-The oracle must not reuse what the pipeline uses (:mod:`onceflow.checkpoint`, the sinks): a
+The oracle must not reuse what the pipeline uses (:mod:`onceflow.checkpoint.logs`, the sinks): a
 bug there would then pass unseen. This module reads the few files it needs the way Spark
 documents and writes them on a local file system, and nothing else:
 

@@ -64,7 +64,7 @@ def delta_batches(root: Path, sink_id: str) -> list[dict[str, Any]]:
 
     A table whose first commit is still being written counts as having none yet.
     """
-    from onceflow.sinks.delta import DeltaTablesSink
+    from onceflow.sinks.delta.sink import DeltaTablesSink
 
     for _ in range(5):
         try:
@@ -120,7 +120,7 @@ class SinkTarget:
         self.broker: Any = None
         self.workdir = workdir
         if kind in KAFKA_SINKS:
-            from onceflow.sinks.kafka import _require
+            from onceflow.sinks.kafka.sink import _require
 
             _require()  # no confluent-kafka: a ConfigError naming the extra
             self._base_dsn = ""
@@ -129,7 +129,7 @@ class SinkTarget:
         elif kind in EFFECT_SINKS and kind not in PG_LEDGER_SINKS:
             self.db = workdir / "ledger.db"
         elif kind in DELTA_SINKS:
-            from onceflow.sinks.delta import DeltaTablesSink
+            from onceflow.sinks.delta.sink import DeltaTablesSink
 
             self.db = workdir / "delta"  # the tables' root directory
             DeltaTablesSink(self.db, sink_id=SINK_ID)  # no deltalake: a ConfigError naming the extra

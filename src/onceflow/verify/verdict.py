@@ -170,7 +170,7 @@ def judge_delta(root: str | Path, expectation: Expectation, sink_id: str = "user
     """
     from deltalake import DeltaTable
 
-    from onceflow.sinks.delta import DeltaTablesSink
+    from onceflow.sinks.delta.sink import DeltaTablesSink
 
     def last_of(name: str) -> int | None:
         path = Path(root) / name

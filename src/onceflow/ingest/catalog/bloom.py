@@ -5,9 +5,8 @@ per bucket of sender system time (Dataflow: 10-minute buckets), so dropping a bu
 the GC watermark drops its filter whole. A fresh id is checked against the filter of every
 live bucket (``gc_delay / bucket + 1`` of them, 7 with Dataflow's 10 minutes and an hour).
 
-The filters are ``rbloom.Bloom`` (Rust). Measured here on 1M ids at 1% FPR:
-rbloom adds 18.7M ids/s and answers 12.6M lookups/s; a numpy bit array with xxhash double
-hashing (our own) 1.45M and 2.16M/s, both 1.20 bytes per id and FPR 0.0101. rbloom hashes with
+The filters are ``rbloom.Bloom`` (Rust): several times faster than a numpy bit array with xxhash
+double hashing at the same size and false-positive rate (BENCHMARKS.md, "Ingest"). rbloom hashes with
 Python's ``hash()``, which differs between processes; that is fine because filters are never
 persisted: they are rebuilt from the store (lazily, see the catalog).
 """
@@ -17,9 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from rbloom import Bloom
-
 from onceflow.errors import ConfigError
+
+try:
+    from rbloom import Bloom
+except ImportError:
+    raise ConfigError("the ingest service's catalog needs rbloom, which is not installed: "
+                      "pip install 'onceflow[ingest]'") from None
 
 
 def bloom_bits(expected: int, fpr: float) -> int:

@@ -1,7 +1,7 @@
 """The dedup catalog: seen record ids in a key/value store, fronted by rolling Bloom filters.
 
 Every record carries a stable ``event_id`` and its sender's system time (from
-:class:`onceflow.records.SenderClock`; a retry carries the original's time). The catalog
+:class:`onceflow.ingest.clock.SenderClock`; a retry carries the original's time). The catalog
 decides per record:
 
 * ``NEW`` — never seen: recorded (store + Bloom) and passed on;
@@ -32,7 +32,7 @@ bounded by ``(gc_delay + max_clock_skew) / bucket + 1``.
 Bloom filters: one per bucket, sized from the expected rate and the target false-positive
 rate divided by the number of live buckets (a fresh id is checked against all of them, so
 the chance that any says "maybe" stays within the target: with one hour and 10-minute
-buckets, 7 filters at 0.14% each for 1%, 1.7 bytes per id instead of 1.2).
+buckets, 7 filters at 1/7 of the target each).
 Lazy: nothing is read at start-up; a bucket's filter is built (from that bucket's
 table) once ``bloom_threshold`` records were checked against the bucket in this process.
 Until every live bucket has its filter, and whenever a filter says "maybe", the store is

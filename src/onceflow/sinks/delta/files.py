@@ -30,9 +30,9 @@ commit attempt of N draws a token (``token``), and:
 The files of an attempt that died before its commit are in no commit: readers never see them,
 and Delta's ``VACUUM`` removes them after its retention (as it does for any failed writer).
 
-The sink runs step 1 through :func:`onceflow.sinks.formats.run_tasks` (no data source) and steps
+The sink runs step 1 through :func:`onceflow.sinks._core.tasks.run_tasks` (no data source) and steps
 2-4 itself — for a frame that is not cached, with the batch's numbers, which it knows only once
-the tasks have run the batch's plan (:data:`onceflow.sinks.base.Settle`).
+the tasks have run the batch's plan (:data:`onceflow.sinks._core.base.Settle`).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ import pyarrow as pa
 
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
-from onceflow.sinks.formats import kept_messages, running_task
+from onceflow.sinks._core.tasks import kept_messages, running_task
 
 _log = logging.getLogger("onceflow.retry")
 RETRIES = 5

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onceflow.errors import OnceflowError
+from onceflow.errors import ConfigError, OnceflowError
+from onceflow.sinks.delta._log import require, writers
 
 _log = logging.getLogger("onceflow.delta")
 
@@ -81,8 +82,6 @@ def tables_under(root: Path) -> list[str]:
 
 def app_transactions(table: Any) -> dict[str, int]:
     """Step 1: ``app id -> last batch`` of every onceflow sink that committed to ``table``."""
-    from onceflow.sinks.delta.sink import writers
-
     found = {f"onceflow:{s}": table.transaction_version(f"onceflow:{s}") for s in sorted(writers(table))}
     return {app: int(v) for app, v in found.items() if v is not None}
 
@@ -110,10 +109,7 @@ def maintain(root: str | Path, tables: list[str] | None = None, *, compact: bool
         ConfigError: deltalake is missing, a table is not under ``root``, or a negative retention.
         OnceflowError: A marker went backwards (step 4), or compaction kept losing to concurrent commits.
     """
-    from onceflow.errors import ConfigError
-    from onceflow.sinks.delta.sink import _require
-
-    dl = _require()
+    dl = require()
     where = Path(root)
     names = tables_under(where) if tables is None else list(tables)
     missing = [n for n in names if not (where / n / "_delta_log").is_dir()]

@@ -26,15 +26,15 @@ Commit protocol of :meth:`DeltaTablesSink.commit_tables` for batch N:
 6. **Return** True if any table was written.
 
 A batch whose input has ``collect_below`` rows or more (counted before it runs, by
-:func:`onceflow.write_stream`: the sink is a :class:`onceflow.sinks.base.CollectingSink`) and
+:func:`onceflow.write_stream`: the sink is a :class:`onceflow.sinks._core.base.CollectingSink`) and
 whose tables hold as many (a backlog after downtime) never passes through the driver:
 :meth:`DeltaTablesSink.commit_frames` checks the DataFrames with Spark
-(:func:`onceflow.tables.check_frame`), skips every table that has N already (step 2, before
+(:func:`onceflow.sinks._core.tables.check_frame`), skips every table that has N already (step 2, before
 any task runs), and has Spark's tasks write the rest — each table's files committed by the
 driver with the marker in one Delta commit (:mod:`onceflow.sinks.delta.files`, steps 1-4 there);
 the crash points are the same. Smaller batches are collected and take the steps above (one
 Spark job, no files to list). A large batch of one table without a key reaches the sink not
-cached (:attr:`onceflow.sinks.base.Sink.writes_uncached`): its tasks write it in the batch's
+cached (:attr:`onceflow.sinks._core.base.Sink.writes_uncached`): its tasks write it in the batch's
 only Spark job (Spark's own Parquet writer where the columns have the table's types:
 :mod:`onceflow.sinks.delta.spark_files`), and the sink commits the files with the
 marker, whose numbers (the rows the tasks wrote) it learns only then; its crash point
@@ -61,38 +61,17 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks import marker, owners
-from onceflow.sinks.base import Settle, SinkBase, collected
+from onceflow.sinks._core import marker, owners
+from onceflow.sinks._core.base import Settle, SinkBase, collected
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table, check_existing, check_frame, check_outputs, expected_columns
 from onceflow.sinks.delta import files, spark_files
-from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
+from onceflow.sinks.delta._log import onceflow_commits, require, writers
 
 RETRIES = files.RETRIES
 """Commits tried per table when a concurrent writer wins (step 3): the task-written path's number."""
 
 _log = logging.getLogger("onceflow.retry")
-
-
-def _require() -> Any:
-    try:
-        import deltalake
-    except ImportError:
-        raise ConfigError("the Delta Lake sink needs deltalake, which is not installed: "
-                          "pip install 'onceflow[delta]'") from None
-    return deltalake
-
-
-def onceflow_commits(table: Any) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
-    """A Delta table's commits that carry onceflow's metadata: ``(metadata, history entry)``, newest first."""
-    for entry in table.history():
-        raw = entry.get("onceflow")
-        if raw:
-            yield json.loads(raw), entry
-
-
-def writers(table: Any) -> list[str]:
-    """The sink ids whose commits are in a Delta table's history (newest first)."""
-    return list(dict.fromkeys(str(m["sink_id"]) for m, _ in onceflow_commits(table) if m.get("sink_id")))
 
 
 class DeltaTablesSink(SinkBase):
@@ -115,7 +94,7 @@ class DeltaTablesSink(SinkBase):
 
     def __init__(self, root: str | Path, sink_id: str = "default", collect_below: int = 100_000,
                  maintain_every: int | None = None, retention_hours: float = 7 * 24) -> None:
-        self.dl = _require()
+        self.dl = require()
         self.collect_below = collect_below
         if maintain_every is not None and maintain_every < 1:
             raise ConfigError(f"maintain_every must be >= 1 batch (or None), got {maintain_every}")
@@ -194,7 +173,7 @@ class DeltaTablesSink(SinkBase):
                             "commits won")
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Check the Delta tables that exist; claim them for this sink id (:mod:`onceflow.sinks.owners`).
+        """Check the Delta tables that exist; claim them (:mod:`onceflow.sinks._core.owners`).
 
         The registry is ``<root>/_onceflow/tables.json``, changed under an exclusive lock of
         ``<root>/_onceflow/tables.lock``; a table that exists and is not in it yet is first
@@ -352,9 +331,9 @@ class DeltaTablesSink(SinkBase):
 
         Spark's own Parquet writer writes an append whose columns have the table's types
         (:mod:`onceflow.sinks.delta.spark_files` says when); otherwise :func:`files.write_task`
-        in each task, through :func:`onceflow.sinks.formats.run_tasks`.
+        in each task, through :func:`onceflow.sinks._core.tasks.run_tasks`.
         """
-        from onceflow.sinks.delta.source import write_files
+        from onceflow.sinks.delta.datasource import write_files
 
         order = spark_files.columns(frame, table) if spec.mode == "append" else None
         if order is not None:
@@ -364,7 +343,7 @@ class DeltaTablesSink(SinkBase):
     @staticmethod
     def _schema(table: Any | None, frame: Any) -> pa.Schema:
         """The table's Arrow schema (:meth:`_table`); the frame's if a commit of this batch creates it."""
-        from onceflow.tables import arrow_schema
+        from onceflow.sinks._core.tables import arrow_schema
 
         return files.arrow_schema(table) or arrow_schema(frame.schema)
 
@@ -401,7 +380,7 @@ class DeltaTablesSink(SinkBase):
         """One dict per batch id found in the tables' commit metadata (by batch id).
 
         A batch's metrics known only from the batch after (Spark Connect) come from that
-        batch's metadata (:func:`onceflow.sinks.marker.with_amendments`).
+        batch's metadata (:func:`onceflow.sinks._core.marker.with_amendments`).
         """
         found: dict[int, dict[str, Any]] = {}
         tables = sorted(p for p in self.root.iterdir() if (p / "_delta_log").is_dir()) \

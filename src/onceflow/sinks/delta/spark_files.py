@@ -183,7 +183,7 @@ def task_fault(batch_id: int) -> faults.CrashPoint | None:
 def dying(point: faults.CrashPoint, batch_id: int) -> Any:
     """The identity over a task's Arrow batches whose first attempt dies at ``point`` (see the module)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from onceflow.sinks.formats import running_task
+        from onceflow.sinks._core.tasks import running_task
 
         attempt = running_task().attempt
         for batch in batches:

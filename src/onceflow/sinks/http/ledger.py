@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from onceflow.sinks import marker, owners
-from onceflow.sinks.marker import BatchStats
+from onceflow.sinks._core import marker
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite import db as sqlite_db
-from onceflow.tables import Table
 
 _EFFECTS = """
 CREATE TABLE IF NOT EXISTS onceflow_effects(
@@ -141,7 +141,7 @@ class Ledger(abc.ABC):
 
     @abc.abstractmethod
     def claim(self, specs: Mapping[str, Table], tool: str) -> None:
-        """Claim the tables for this sink id (:mod:`onceflow.sinks.owners`)."""
+        """Claim the tables for this sink id (:mod:`onceflow.sinks._core.owners`)."""
 
     @abc.abstractmethod
     def _tx(self) -> contextlib.AbstractContextManager[None]:
@@ -301,8 +301,8 @@ class SQLiteLedger(Ledger):
         sqlite_db.bind_query(self.conn, self.path, self.sink_id, query_id)
 
     def claim(self, specs: Mapping[str, Table], tool: str) -> None:
-        """See :func:`onceflow.sinks.owners.sqlite_claim`."""
-        owners.sqlite_claim(self.conn, self.where, self.sink_id, specs, tool)
+        """See :func:`onceflow.sinks.sqlite.db.claim_tables`."""
+        sqlite_db.claim_tables(self.conn, self.where, self.sink_id, specs, tool)
 
     @contextlib.contextmanager
     def _tx(self) -> Iterator[None]:

@@ -2,7 +2,8 @@
 
 Each row of each table becomes one ``POST`` of the row as JSON, with an ``Idempotency-Key``
 derived from the row's key columns (never random: the same logical effect always has the same
-key — ``<sink_id>/<table>/<key values, URL-quoted>``, see :func:`effect_key`). The table's mode
+key — ``<sink_id>/<table>/<key values, URL-quoted>``, see
+:func:`onceflow.sinks.http.calls.effect_key`). The table's mode
 says what a key names:
 
 * ``append`` (with ``key=``): one effect per key, ever — a key a later batch has again is not
@@ -17,12 +18,12 @@ says what a key names:
 exponential backoff (tenacity).
 
 Commit protocol of :meth:`HttpEffectsSink.commit_tables` for batch N. Against the shared steps
-of :mod:`onceflow.sinks.base`: 1 is *check*; 2 is *decide*, and records the keys before any call
+of :mod:`onceflow.sinks._core.base`: 1 is *check*; 2 is *decide*, and records the keys before any call
 (a service cannot join the ledger's transaction); 3-5 are *write* (the calls) and their
 confirmations; 6 is *mark* and *commit*; 7 is *return*.
 
 1. Crash point ``before_sink_write``. Every table needs a key; keys must be non-null and unique
-   within the batch (:func:`onceflow.tables.check_batch`). Nothing is sent.
+   within the batch (:func:`onceflow.sinks._core.tables.check_batch`). Nothing is sent.
 2. Ledger transaction: if N's marker exists, return False (a replay: every effect of N was
    dealt with). Else record every key the ledger does not know as ``started`` with its
    payload's hash. Keys the ledger knows: ``confirmed`` ones are not sent again; ``started``
@@ -76,77 +77,26 @@ every attempt of a batch computes — reads back — the same rows.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import sys
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pyarrow as pa
 
-from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError, UnstableOutputError
+from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks.base import BatchStats, SinkBase
-from onceflow.sinks.http.ledger import Effect, Ledger, Plan, is_dsn, open_ledger, read_batches, where
-from onceflow.tables import Table, check_frame, check_json, check_json_frame, check_outputs
+from onceflow.sinks._core.base import BatchStats, SinkBase
+from onceflow.sinks._core.tables import Table, check_frame, check_json, check_json_frame, check_outputs
+from onceflow.sinks.http.calls import Caller, effects_of, unstable
+from onceflow.sinks.http.ledger import Effect, read_batches
 
 _log = logging.getLogger(__name__)
 
 
-def effect_key(sink_id: str, table: str, values: list[Any]) -> str:
-    """The idempotency key of the effect of a row: ``<sink_id>/<table>/<key values>``.
-
-    Args:
-        sink_id: The sink's id.
-        table: The table (as named in ``tables=``).
-        values: The row's key column values, in the spec's key order.
-    """
-    return "/".join([quote(sink_id, safe=""), quote(table, safe=""),
-                     *(quote(str(v), safe="") for v in values)])
-
-
-def _json(value: Any) -> str:
-    if hasattr(value, "isoformat"):
-        return str(value.isoformat())
-    if isinstance(value, bytes):  # UTF-8 text (step 1 refused other bytes)
-        return value.decode("utf-8")
-    return str(value)
-
-
-def effects_of(sink_id: str, table: str, spec: Table, rows: pa.Table, batch_id: int) -> list[Effect]:
-    """One table's effects: key from the key columns (and batch, for ``merge``); payload = the row."""
-    out = []
-    tail = [batch_id] if spec.mode in ("merge", "upsert") else []
-    for row in rows.to_pylist():
-        key = effect_key(sink_id, table, [*(row[k] for k in spec.key), *tail])
-        out.append(Effect(key, json.dumps(row, sort_keys=True, separators=(",", ":"), default=_json)))
-    return out
-
-
-@dataclass
-class _Answer:
-    key: str
-    outcome: str  # ok | refused | undelivered | ambiguous
-    status: int
-    calls: int
-    replayed: bool = False
-    detail: str = ""
-    maybe_applied: bool = False  # a call of the key may have reached the service and been applied
-
-
-class _Retry(Exception):
-    """A call to try again (tenacity's retry predicate)."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status, self.detail = status, detail
-
-
-class HttpEffectsSink(SinkBase):
+class HttpEffectsSink(Caller, SinkBase):
     """Effects on an HTTP service, each exactly once (or at most once), by idempotency key and ledger.
 
     Args:
@@ -176,20 +126,10 @@ class HttpEffectsSink(SinkBase):
                  concurrency: int = 16, retries: int = 5, timeout_s: float = 10.0, backoff_s: float = 0.05,
                  confirm_every_s: float = 0.2, headers: Mapping[str, str] | None = None,
                  collect_below: int = 100_000) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"url must start with http:// or https://, got {url!r}")
-        if concurrency < 1 or retries < 1 or timeout_s <= 0:
-            raise ConfigError("concurrency and retries must be >= 1 and timeout_s > 0")
-        self.url, self.sink_id, self.idempotent = url, sink_id, idempotent
-        self.concurrency, self.retries, self.timeout_s = concurrency, retries, timeout_s
-        self.backoff_s, self.confirm_every_s = backoff_s, confirm_every_s
+        super().__init__(url, ledger, sink_id=sink_id, idempotent=idempotent, concurrency=concurrency,
+                         retries=retries, timeout_s=timeout_s, backoff_s=backoff_s,
+                         confirm_every_s=confirm_every_s, headers=headers)
         self.collect_below = collect_below
-        self.headers = dict(headers or {})
-        self.ledger_ref: str | Path = str(ledger) if is_dsn(ledger) else Path(ledger)
-        """The ledger as given: a SQLite file's path or a PostgreSQL URL."""
-        self.ledger_where = where(ledger)
-        """The ledger as messages name it (no password)."""
-        self._ledger: Ledger | None = None
 
     def __repr__(self) -> str:
         return f"onceflow.http({self.url!r}, ledger={self.ledger_where!r}, sink_id={self.sink_id!r})"
@@ -197,13 +137,6 @@ class HttpEffectsSink(SinkBase):
     def repair_options(self) -> str:
         """``--ledger PATH --sink-id ID`` (a PostgreSQL ledger's URL without its password)."""
         return f"--ledger {self.ledger_where} --sink-id {self.sink_id}"
-
-    @property
-    def ledger(self) -> Ledger:
-        """The ledger (opened on first use)."""
-        if self._ledger is None:
-            self._ledger = open_ledger(self.ledger_ref, self.sink_id)
-        return self._ledger
 
     def bind(self, query_id: str) -> None:
         """Tie the ledger's sink id to the checkpoint (idempotent)."""
@@ -255,8 +188,8 @@ class HttpEffectsSink(SinkBase):
         Under ``collect_below`` rows: collected, steps 1-7 of the module. Otherwise steps T1-T4:
 
         1. **Check** (T1). Crash point ``before_sink_write``. Every table has a key; Spark checks
-           the frames for a null or repeated key (:func:`onceflow.tables.check_frame`) and a
-           value JSON cannot hold (:func:`onceflow.tables.check_json_frame`). Nothing is sent.
+           the frames for a null or repeated key (:func:`onceflow.sinks._core.tables.check_frame`) and a
+           value JSON cannot hold (:func:`onceflow.sinks._core.tables.check_json_frame`). Nothing is sent.
         2. **Decide** (T2): the batch's marker in the ledger — a replay: False.
         3. **Call** (T3). Spark computes every row's effect (key and payload, as
            :func:`effects_of`) and each task takes its share through steps 2-5 against the
@@ -274,7 +207,7 @@ class HttpEffectsSink(SinkBase):
             EffectsFailedError: Effects refused or not delivered (the batch is not committed).
             UnstableOutputError: This attempt computed other payloads than an earlier one.
         """
-        from onceflow.sinks.base import collected
+        from onceflow.sinks._core.base import collected
         from onceflow.sinks.http import tasks
 
         self._keys({n: specs[n] for n in frames if n in specs})
@@ -304,33 +237,6 @@ class HttpEffectsSink(SinkBase):
         maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
 
-    def tally(self, batch_id: int, plan: Plan,
-              answers: list[_Answer]) -> tuple[dict[str, int], str, list[tuple[str, int, int]]]:
-        """Step 5's accounting: the counts, the failure (empty: none), the keys left ``started``.
-
-        Keys refused, or that provably never reached the service, are forgotten (sent as new
-        keys next time). Unconfirmed keys are reported on stderr: reconcile them.
-        """
-        counts = plan.counts
-        counts["calls"] = sum(a.calls for a in answers)
-        counts["applied"] = sum(a.outcome == "ok" and not a.replayed for a in answers)
-        counts["replayed"] = sum(a.outcome == "ok" and a.replayed for a in answers)
-        counts["confirmed"] = sum(a.outcome == "ok" for a in answers)
-        failed = [a for a in answers if a.outcome in ("refused", "undelivered")]
-        self.ledger.forget(a.key for a in failed  # provably not applied: sent as new keys next time
-                           if a.outcome == "refused" or not a.maybe_applied)
-        if failed:
-            return counts, _failure(batch_id, failed, len(answers), counts["confirmed"]), []
-        left = [(a.key, a.status, a.calls) for a in answers if a.outcome == "ambiguous"]
-        counts["unconfirmed"] = len(left) + counts["held"]
-        if counts["unconfirmed"]:
-            print(f"onceflow: warning: batch {batch_id}: {counts['unconfirmed']} effects may or may not have "
-                  "been applied (the service does not honour idempotency keys and answered ambiguously, "
-                  "or an earlier attempt crashed after calling); they are never called again — reconcile "
-                  f"them: SELECT * FROM onceflow_effects WHERE state = 'started' in {self.ledger_where}",
-                  file=sys.stderr)
-        return counts, "", left
-
     def _effects(self, batch_id: int, outputs: Mapping[str, pa.Table],
                  specs: Mapping[str, Table]) -> list[Effect]:
         """Step 1: the batch's rows checked, as effects (crash point ``before_sink_write`` first).
@@ -346,118 +252,6 @@ class HttpEffectsSink(SinkBase):
             check_json(f"table {name!r}", specs[name], rows, rows.column_names)
         return [e for name, rows in outputs.items()
                 for e in effects_of(self.sink_id, name, specs[name], rows, batch_id)]
-
-    async def send_all(self, effects: list[Effect], confirmed: Any, record: bool = True) -> list[_Answer]:
-        """Step 3: every call, bounded; ``confirmed((key, status, calls))`` for each 2xx answer.
-
-        With ``record``, confirmations are also written to the ledger while the calls run.
-        """
-        import aiohttp
-
-        if not effects:
-            return []
-        sem = asyncio.Semaphore(self.concurrency)
-        timeout = aiohttp.ClientTimeout(total=self.timeout_s)
-        batch: list[tuple[str, int, int]] = []
-        stop = asyncio.Event()
-
-        async def flusher() -> None:  # confirmations reach the ledger while calls run
-            while not stop.is_set():
-                try:
-                    await asyncio.wait_for(stop.wait(), self.confirm_every_s)
-                except asyncio.TimeoutError:
-                    pass
-                if stop.is_set():  # the rest is recorded by step 5, after the effects_sent point
-                    break
-                if batch and record:
-                    done = batch[:]
-                    del batch[:len(done)]
-                    await asyncio.to_thread(self.ledger.confirm, done)  # the calls go on meanwhile
-
-        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as session:
-            task = asyncio.create_task(flusher())
-
-            async def one(e: Effect) -> _Answer:
-                async with sem:
-                    answer = await self._call(session, e)
-                if answer.outcome == "ok":
-                    batch.append((answer.key, answer.status, answer.calls))
-                return answer
-
-            try:
-                answers = await asyncio.gather(*(one(e) for e in effects))
-            finally:
-                stop.set()
-                await task
-        for item in batch:  # not flushed yet: step 5 records them
-            confirmed(item)
-        return list(answers)
-
-    async def _call(self, session: Any, e: Effect) -> _Answer:
-        """One key: call until a 2xx answer, a refusal, or the retry policy gives up.
-
-        The first call runs without the retry machinery (most calls succeed at once); a
-        retryable failure continues under tenacity with exponential backoff.
-        """
-        from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
-
-        headers = {"Idempotency-Key": e.key, "Content-Type": "application/json"}
-        state = {"calls": 0, "ambiguous": False}
-        try:
-            return await self._attempt(session, e, headers, state)
-        except _Retry as first:
-            last = first
-        if self.retries > 1:
-            try:
-                async for attempt in AsyncRetrying(stop=stop_after_attempt(self.retries - 1), reraise=True,
-                                                   wait=wait_exponential(multiplier=self.backoff_s, max=2.0),
-                                                   retry=retry_if_exception_type(_Retry)):
-                    with attempt:
-                        return await self._attempt(session, e, headers, state)
-            except _Retry as exc:
-                last = exc
-        calls = state["calls"]
-        detail = last.detail
-        if state["ambiguous"] and not detail.startswith("ambiguous"):
-            detail = f"ambiguous: {detail}"
-        return _Answer(e.key, "undelivered", last.status, int(calls), detail=f"{detail} after {calls} calls",
-                       maybe_applied=bool(state["ambiguous"]))
-
-    async def _attempt(self, session: Any, e: Effect, headers: dict[str, str],
-                       state: dict[str, Any]) -> _Answer:
-        """One call of a key; raises :class:`_Retry` when the policy allows another."""
-        import aiohttp
-
-        state["calls"] += 1
-        calls = int(state["calls"])
-        try:
-            async with session.post(self.url, data=e.payload, headers=headers, allow_redirects=False) as resp:
-                status = resp.status
-                body = await resp.read()
-                location = resp.headers.get("Location", "")
-        except aiohttp.ClientConnectorError as exc:  # never reached the service
-            raise _Retry(0, f"no connection: {exc}") from None
-        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
-            state["ambiguous"] = True
-            if not self.idempotent:
-                return _Answer(e.key, "ambiguous", 0, calls, detail=f"ambiguous: {exc!r}")
-            raise _Retry(0, f"ambiguous: {exc!r}") from None
-        if 200 <= status < 300:
-            return _Answer(e.key, "ok", status, calls, _replayed(body))
-        if 300 <= status < 400:  # a client would repeat a POST as a GET: never followed
-            return _Answer(e.key, "refused", status, calls,
-                           detail=f"refused: HTTP {status} redirect to {location or '(no Location)'} — "
-                                  "onceflow never follows a redirect of an effect; set url= to where the "
-                                  "service takes the POST")
-        if status in (429, 503):
-            raise _Retry(status, f"HTTP {status} (not applied)")
-        if status >= 500:
-            state["ambiguous"] = True
-            if not self.idempotent:
-                return _Answer(e.key, "ambiguous", status, calls, detail=f"ambiguous: HTTP {status}")
-            raise _Retry(status, f"ambiguous: HTTP {status}")
-        return _Answer(e.key, "refused", status, calls,
-                       detail=f"refused: HTTP {status} {body[:200].decode(errors='replace')}")
 
     def unconfirmed(self) -> list[dict[str, Any]]:
         """Keys started and never confirmed (see the module): reconcile them with the service."""
@@ -482,7 +276,7 @@ class HttpEffectsSink(SinkBase):
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
         """Open the ledger; every table needs a key; claim the tables for this sink id in the ledger.
 
-        (See :meth:`onceflow.sinks.base.Sink.check` and :mod:`onceflow.sinks.owners`: two sink ids
+        (See :meth:`onceflow.sinks._core.base.Sink.check` and :mod:`onceflow.sinks._core.owners`: two sink ids
         on one table would each send every effect under their own keys.)
         """
         self._keys(specs)
@@ -494,41 +288,3 @@ class HttpEffectsSink(SinkBase):
 
     def flush(self) -> None:
         """Nothing to wait for: a batch's effects are done when ``commit_tables`` returns."""
-
-    def close(self) -> None:
-        """Close the ledger (idempotent)."""
-        if self._ledger is not None:
-            self._ledger.close()
-            self._ledger = None
-
-
-def unstable(batch_id: int, changed: list[str]) -> UnstableOutputError:
-    """The error of keys an earlier attempt of the batch recorded with another payload."""
-    return UnstableOutputError(
-        f"batch {batch_id}: effect {changed[0]} (and {len(changed) - 1} more) has another payload than when "
-        "an earlier attempt of the batch recorded it — per_batch is not deterministic; use "
-        "onceflow.write_stream(..., stable=True) so every attempt writes the first attempt's rows. Nothing "
-        "of this attempt was sent.")
-
-
-def _failure(batch_id: int, failed: list[_Answer], answered: int, confirmed: int) -> str:
-    """Step 5's message: refused, never delivered, and unknown outcomes told apart, each with an example."""
-    kinds = {"refused by the service": [a for a in failed if a.outcome == "refused"],
-             "never reached the service (not applied)": [a for a in failed if a.outcome != "refused"
-                                                          and not a.maybe_applied],
-             "have an unknown outcome (timeouts or 5xx answers: the service may have applied them)":
-                 [a for a in failed if a.outcome != "refused" and a.maybe_applied]}
-    told = "; ".join(f"{len(group)} {kind} (e.g. {group[0].key}: {group[0].detail})"
-                     for kind, group in kinds.items() if group)
-    return (f"batch {batch_id}: {len(failed)} of {answered} effects were not confirmed: {told}. The batch is "
-            f"not committed — the {confirmed} confirmed effects will not be sent again when the query "
-            "restarts; the others will, each with its same Idempotency-Key")
-
-
-def _replayed(body: bytes) -> bool:
-    """Whether a 2xx answer says the key was applied before (``{"replayed": true}``)."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        return False
-    return bool(isinstance(parsed, dict) and parsed.get("replayed"))

@@ -32,20 +32,18 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
 from onceflow import faults
 from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
-from onceflow.sinks.formats import BatchCommits, FormatWriter, StreamCommits, WriteFormat, running_task
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks._core.tasks import BatchCommits, FormatWriter, StreamCommits, WriteFormat, running_task
+from onceflow.sinks.http.calls import Caller, effects_of, unstable
 from onceflow.sinks.http.ledger import METRICS, Effect
-from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table
-
-if TYPE_CHECKING:
-    from onceflow.sinks.http.sink import HttpEffectsSink
 
 NAME = "onceflow_http"
 
@@ -100,22 +98,18 @@ class HttpTaskSpec:
         return {**out, "batch_id": str(self.batch_id), "stats": json.dumps(self.stats),
                 "rows_out": str(self.rows_out), "started": repr(self.started)}
 
-    def open(self) -> HttpEffectsSink:
-        """The sink these settings describe (its ledger opens on first use, where this runs)."""
-        from onceflow.sinks.http.sink import HttpEffectsSink
-
+    def open(self) -> Caller:
+        """The caller these settings describe (its ledger opens on first use, where this runs)."""
         s = self.sink
         tuning = {k: s[k] for k in ("concurrency", "retries", "timeout_s", "backoff_s", "confirm_every_s")
                   if k in s}
-        return HttpEffectsSink(s["url"], s["ledger"], sink_id=s["sink_id"], idempotent=s["idempotent"],
-                               headers=s["headers"], **tuning)
+        return Caller(s["url"], s["ledger"], sink_id=s["sink_id"], idempotent=s["idempotent"],
+                      headers=s["headers"], **tuning)
 
 
 def encoder(sink_id: str, name: str, spec: Table,
             batch_id: int) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """A ``mapInArrow`` function: a table's rows as effects (:func:`onceflow.sinks.http.sink.effects_of`)."""
-    from onceflow.sinks.http.sink import effects_of
-
+    """A ``mapInArrow`` function: a table's rows as effects (:func:`onceflow.sinks.http.calls.effects_of`)."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:
             if batch.num_rows:
@@ -157,25 +151,23 @@ def send_task(spec: HttpTaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str
     batch_id = spec.batch_id if spec.batch_id >= 0 else task.batch_id
     effects = [Effect(k, p) for b in batches for k, p in zip(b.column("key").to_pylist(),
                                                              b.column("payload").to_pylist(), strict=True)]
-    sink = spec.open()
+    caller = spec.open()
     try:
-        plan = sink.ledger.start(batch_id, effects, resend_started=sink.idempotent)  # 2
+        plan = caller.ledger.start(batch_id, effects, resend_started=caller.idempotent)  # 2
         if plan is None:
             return dict.fromkeys(METRICS, 0)
         if plan.changed:
-            from onceflow.sinks.http.sink import unstable
-
             raise unstable(batch_id, plan.changed)
         pending: list[tuple[str, int, int]] = []
-        answers = asyncio.run(sink.send_all(plan.send, pending.append))  # 3
+        answers = asyncio.run(caller.send_all(plan.send, pending.append))  # 3
         faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # unconfirmed
-        sink.ledger.confirm(pending)  # 4
-        counts, failure, left = sink.tally(batch_id, plan, answers)  # 5
+        caller.ledger.confirm(pending)  # 4
+        counts, failure, left = caller.tally(batch_id, plan, answers)  # 5
         if failure:
             raise EffectsFailedError(failure)
-        sink.ledger.note(left)
+        caller.ledger.note(left)
     finally:
-        sink.close()
+        caller.close()
     faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     return counts
 
@@ -193,17 +185,17 @@ def finish(spec: HttpTaskSpec, batch_id: int, messages: Iterable[Any]) -> None:
                                 "batch runs again")
         for k in METRICS:
             counts[k] += int(m[k])
-    sink = spec.open()
+    caller = spec.open()
     try:
         stats = BatchStats.from_dict(spec.stats) if spec.stats else BatchStats(None, None, 0)
-        sink.ledger.finish(batch_id, counts, time.time() - spec.started if spec.started else 0.0, [], stats,
+        caller.ledger.finish(batch_id, counts, time.time() - spec.started if spec.started else 0.0, [], stats,
                            spec.rows_out or counts["effects"])
     finally:
-        sink.close()
+        caller.close()
 
 
 class HttpWriter(FormatWriter):
-    """The format's write of a batch (:mod:`onceflow.sinks.formats`): calls in the tasks, then the marker."""
+    """The format's write of a batch (:mod:`onceflow.sinks._core.tasks`): calls in tasks, then the marker."""
 
     def __init__(self, spec: HttpTaskSpec) -> None:
         self.spec = spec
@@ -250,6 +242,6 @@ def run(frame: Any, spec: HttpTaskSpec) -> None:
     """The effects called by Spark's tasks for the sink, then :func:`finish` on the driver.
 
     What the format's write and commit do, without the data source
-    (:meth:`onceflow.sinks.formats.FormatWriter.run`).
+    (:meth:`onceflow.sinks._core.tasks.FormatWriter.run`).
     """
     HttpWriter(spec).run(frame, spec.batch_id)

@@ -1,5 +1,6 @@
-"""The Apache Iceberg sink (see :mod:`onceflow.sinks.iceberg.sink`)."""
+"""Apache Iceberg tables through a pyiceberg catalog, each micro-batch exactly once per table.
 
-from onceflow.sinks.iceberg.sink import IcebergTablesSink
-
-__all__ = ["IcebergTablesSink"]
+:class:`onceflow.sinks.iceberg.sink.IcebergTablesSink` (``onceflow.iceberg(...)``): the sink and
+its commit protocol; :mod:`onceflow.sinks.iceberg.merge` (keyed tables). The package imports
+nothing.
+"""

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.errors import ConfigError
-from onceflow.tables import Table, spark_name
+from onceflow.sinks._core.tables import Table, spark_name
 
 PRUNED = {"integer", "long", "string", "date"}
 """Key types whose batch bounds pick files (others touch every data file: their Python form from

@@ -16,7 +16,7 @@ Commit protocol of :meth:`IcebergTablesSink.commit_frames` for batch N (every ba
 its size: no row passes through the driver):
 
 1. **Check.** Crash point ``before_sink_write``. Each frame against its spec
-   (:func:`onceflow.tables.check_frame`: nothing written on a refusal) and its columns' types
+   (:func:`onceflow.sinks._core.tables.check_frame`: nothing written on a refusal) and its columns' types
    against the table's. May run any number of times.
 2. **Decide**, per table in the order of ``tables=``: load the table (created empty, from the
    batch's columns, if missing). If its ``onceflow.<sink_id>.batch`` is N or more, it has the
@@ -68,13 +68,13 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks import marker
-from onceflow.sinks.base import Settle, SinkBase
+from onceflow.sinks._core import marker
+from onceflow.sinks._core.base import Settle, SinkBase
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table, check_existing, check_frame, expected_columns, spark_name
 from onceflow.sinks.delta import spark_files
 from onceflow.sinks.delta.spark_files import REBASE, WRITE_OPTIONS
 from onceflow.sinks.iceberg import merge
-from onceflow.sinks.marker import BatchStats
-from onceflow.tables import Table, check_existing, check_frame, expected_columns, spark_name
 
 RETRIES = 10
 """Commits tried per table when a concurrent commit wins (step 4)."""
@@ -335,7 +335,7 @@ class IcebergTablesSink(SinkBase):
         Raises:
             ConfigError: Naming the table, the column and both types.
         """
-        from onceflow.tables import arrow_schema
+        from onceflow.sinks._core.tables import arrow_schema
 
         have = merge.table_types(table)
         for field in arrow_schema(frame.schema):
@@ -363,7 +363,7 @@ class IcebergTablesSink(SinkBase):
 
     def _create(self, name: str, frame: Any) -> Any:
         """An empty table of the frame's columns, all optional (step 2, first batch)."""
-        from onceflow.tables import arrow_schema
+        from onceflow.sinks._core.tables import arrow_schema
 
         schema = arrow_schema(frame.schema)
         schema = pa.schema([f.with_nullable(True) for f in schema])

@@ -29,7 +29,7 @@ from typing import Any
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter
 
 from onceflow.errors import ConfigError
-from onceflow.sinks.formats import BatchCommits, FormatWriter, StreamCommits, WriteFormat, save_frame
+from onceflow.sinks._core.tasks import BatchCommits, FormatWriter, StreamCommits, WriteFormat, save_frame
 from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres import writer as pg_writer
 from onceflow.sinks.postgres.writer import TargetSpec
@@ -38,7 +38,7 @@ NAME = "onceflow_postgres"
 
 
 class PgWriter(FormatWriter):
-    """The format's write of a batch (:mod:`onceflow.sinks.formats`), prepared on creation (on the driver)."""
+    """The format's write of a batch (:mod:`onceflow.sinks._core.tasks`), prepared on creation (driver)."""
 
     def __init__(self, spec: TargetSpec) -> None:
         self.spec = spec
@@ -120,7 +120,7 @@ def stage_frame(frame: Any, **options: Any) -> None:
 
     What :func:`write_frame` does with ``protocol="stage"`` — the tables made sure of and an
     earlier attempt's leftovers recovered, the tasks staged, the kept attempts recorded, a
-    failed write's leftovers dropped — run through :meth:`onceflow.sinks.formats.FormatWriter.run`.
+    failed write's leftovers dropped — run through :meth:`onceflow.sinks._core.tasks.FormatWriter.run`.
     """
     spec = TargetSpec.from_options(options, frame.schema)
     PgWriter(spec).run(frame, spec.batch_id)

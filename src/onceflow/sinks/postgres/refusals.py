@@ -16,10 +16,10 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.errors import BatchRejectedError
+from onceflow.sinks._core.tables import Table, row_name
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres.writer import TargetSpec
-from onceflow.tables import Table, row_name
 
 INTEGER_TYPES = ("smallint", "integer", "bigint")
 """PostgreSQL's integer column types: an ``add`` sum of them can leave bigint."""
@@ -99,7 +99,7 @@ def refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
     from psycopg import sql
     from pyspark.sql import functions as F
 
-    from onceflow.tables import arrow_schema
+    from onceflow.sinks._core.tables import arrow_schema
 
     cols = integer_adds(spec, arrow_types(arrow_schema(frame.schema), spec.add))
     if not cols:

@@ -27,7 +27,7 @@ A batch whose input has ``collect_below`` rows or more (a backlog; :func:`oncefl
 decides before the batch runs) never passes through the driver, in the same one transaction
 (:meth:`PostgresTablesSink.commit_frames`):
 
-T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.tables.check_frame`:
+T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.sinks._core.tables.check_frame`:
     a missing column, a null key, a key twice).
 T2. If the marker exists, return False (a replay runs no task). Tables that do not exist are
     created as step 3 would (each in a transaction of its own: an empty table).
@@ -40,8 +40,8 @@ T4. One transaction, the sink's lock: if the marker exists, delete what N staged
     the key). Insert the marker; delete the staged rows. Crash point ``inside_sink_txn``.
 T5. Commit. Crash point ``after_sink_commit`` (and ``ambiguous_commit``); return True.
 
-One table without a key may come uncached (``settle``, :attr:`onceflow.sinks.base.Sink.writes_uncached`):
-T3 is the batch's only Spark job; T4 settles the marker's numbers from the rows it moved.
+One table without a key may come uncached (``settle``, ``Sink.writes_uncached``): T3 is the batch's
+only Spark job; T4 settles the marker's numbers from the rows it moved.
 """
 
 from __future__ import annotations
@@ -54,14 +54,14 @@ import pyarrow as pa
 
 from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint, maybe_crash
-from onceflow.sinks import marker
-from onceflow.sinks.base import Settle, SinkBase, collected
-from onceflow.sinks.marker import BatchStats
+from onceflow.sinks._core import marker
+from onceflow.sinks._core.base import Settle, SinkBase, collected
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table, check_existing, check_frame, check_outputs
 from onceflow.sinks.postgres import refusals, stage
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
 from onceflow.sinks.postgres.writer import TargetSpec
-from onceflow.tables import Table, check_existing, check_frame, check_outputs
 
 _MARKER = marker.insert_sql("%s", suffix="ON CONFLICT (sink_id, batch_id) DO NOTHING")
 
@@ -138,7 +138,7 @@ class PostgresTablesSink(SinkBase):
         check_existing("PostgreSQL", name, spec, cols, *found)
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Connect; check the tables that exist; claim them (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        """Connect; check the tables that exist; claim them (:meth:`onceflow.sinks._core.base.Sink.check`)."""
         pg.check_names(specs, schemas)
         pg.check_tables(self.conn, specs, schemas)
         pg.claim_tables(self.conn, pg.redact(self.dsn), self.sink_id, specs, "--dsn DSN")
@@ -200,8 +200,8 @@ class PostgresTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             PostgresError: The server failed the transaction (nothing written).
         """
+        from onceflow.sinks._core.tables import arrow_schema
         from onceflow.sinks.postgres.datasource import stage_frame
-        from onceflow.tables import arrow_schema
 
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before
@@ -396,7 +396,7 @@ class PostgresFramesSink(SinkBase):
         return not replay
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Connect; check the tables that exist (see :meth:`onceflow.sinks.base.Sink.check`)."""
+        """Connect; check the tables that exist (see :meth:`onceflow.sinks._core.base.Sink.check`)."""
         pg.check_names(specs, schemas, self.sink_id)
         with pg.session(self.dsn) as conn:
             pg.check_tables(conn, specs, schemas)

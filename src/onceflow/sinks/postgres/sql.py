@@ -25,9 +25,9 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, PostgresError
-from onceflow.sinks import marker, owners
+from onceflow.sinks._core import marker, owners
+from onceflow.sinks._core.tables import Table, check_existing, expected_columns
 from onceflow.sinks.postgres.conn import DSN_ENV, connect, redact, resolve_dsn, scrub
-from onceflow.tables import Table, check_existing, expected_columns
 
 __all__ = ["DSN_ENV", "PostgresError", "connect", "redact", "resolve_dsn", "scrub"]
 
@@ -145,10 +145,10 @@ def check_names(specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema],
 
 
 def claim_tables(conn: Any, where: str, sink_id: str, specs: Mapping[str, Table], tool: str) -> None:
-    """:func:`onceflow.sinks.owners.claim` in PostgreSQL: one transaction, exclusive by an advisory lock.
+    """:func:`onceflow.sinks._core.owners.claim` in PostgreSQL: one transaction, under an advisory lock.
 
     Raises:
-        ConfigError: Another sink id writes a table (:func:`onceflow.sinks.owners.refusal`).
+        ConfigError: Another sink id writes a table (:func:`onceflow.sinks._core.owners.refusal`).
     """
     ensure_meta(conn)
     with conn.transaction():
@@ -170,7 +170,7 @@ def list_owners(conn: Any) -> list[tuple[str, str, bool, int]]:
 
 
 def hand_over(conn: Any, table: str, to: str) -> list[str]:
-    """Give ``table`` to sink id ``to`` (:mod:`onceflow.sinks.owners`); the sink ids that held it."""
+    """Give ``table`` to sink id ``to`` (:mod:`onceflow.sinks._core.owners`); the sink ids that held it."""
     ensure_meta(conn)
     with conn.transaction():
         conn.execute("SELECT pg_advisory_xact_lock(hashtext('onceflow_tables'))")
@@ -261,7 +261,7 @@ def insert_marker(conn: Any, sink_id: str, batch_id: int, metrics: dict[str, int
         conn: A connection inside the batch's transaction.
         sink_id: The sink.
         batch_id: The micro-batch.
-        metrics: Values for :data:`onceflow.sinks.marker.METRICS` (missing ones are NULL).
+        metrics: Values for :data:`onceflow.sinks._core.marker.METRICS` (missing ones are NULL).
     """
     values = [metrics.get(c) for c in marker.METRICS]
     places = ", ".join(["%s"] * (3 + len(values)))
@@ -294,7 +294,7 @@ def check_tables(conn: Any, specs: Mapping[str, Table], schemas: Mapping[str, pa
     """The start-up check of a PostgreSQL sink: every table that exists fits its spec and columns.
 
     Raises:
-        ConfigError: See :func:`onceflow.tables.check_existing` (names: :func:`check_names`, before).
+        ConfigError: See :func:`onceflow.sinks._core.tables.check_existing` (names: :func:`check_names`).
     """
     for name, spec in specs.items():
         found = existing_table(conn, name)

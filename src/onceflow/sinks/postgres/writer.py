@@ -3,7 +3,7 @@
 Large outputs never pass through the driver: every Spark task writes its own
 partition, and the driver only decides which task attempts make up a batch.
 Two protocols, selected by the ``protocol`` option. Against the shared steps of
-:mod:`onceflow.sinks.base`: *check* ran before, on the driver
+:mod:`onceflow.sinks._core.base`: *check* ran before, on the driver
 (:class:`onceflow.sinks.postgres.sink.PostgresFramesSink`); step 1 below is the executors' part
 of *write*; 2 is *decide*; 3 checks what the tasks wrote; 4 finishes *write* and *marks*; 5 is
 *commit*; then cleanup and recovery.
@@ -66,9 +66,9 @@ from typing import Any
 
 from onceflow.errors import ConfigError, PostgresError, refuse_unknown
 from onceflow.faults import CrashPoint, maybe_crash, maybe_kill_executor, maybe_kill_task
-from onceflow.sinks.formats import running_task
+from onceflow.sinks._core.tables import merges
+from onceflow.sinks._core.tasks import running_task
 from onceflow.sinks.postgres import sql as pg
-from onceflow.tables import merges
 
 GID_PREFIX = "of"
 
@@ -105,7 +105,7 @@ class TargetSpec:
         sink_id: Marker namespace (default: the table name).
         query_id: The checkpoint's query id to bind to ('' when unknown).
         batch_id: Batch writes only: the micro-batch id (-1 for streaming writes).
-        metrics: Extra marker metrics (see :data:`onceflow.sinks.marker.METRICS`).
+        metrics: Extra marker metrics (see :data:`onceflow.sinks._core.marker.METRICS`).
     """
 
     dsn: str

@@ -24,14 +24,15 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from onceflow.errors import BatchRejectedError, CheckpointMismatchError, ConfigError, StorageError
-from onceflow.sinks import marker
-from onceflow.sinks.marker import BatchStats
+from onceflow.sinks._core import marker, owners
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.values import AddBounds, ddl
-from onceflow.tables import Table
 
 META_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS onceflow_sinks(
@@ -51,12 +52,12 @@ PAGE_SIZE = 16_384
 made elsewhere keeps its own."""
 
 CACHE_KIB = 65_536
-"""Page cache per connection (64 MiB): the counts of a long run stay in memory (the
-default 2 MiB made every batch of Example 5-1 re-read its table's pages: upserts ~1.3x slower)."""
+"""Page cache per connection (64 MiB): the counts of a long run stay in memory (with SQLite's
+default every batch of Example 5-1 re-read its table's pages: slower upserts, BENCHMARKS.md)."""
 
 BUSY_TIMEOUT_S = 10
 """How long a statement waits for a lock another connection holds before ``database is locked``
-(a batch's commit is then retried for ``write_stream(retry_for=)``, :mod:`onceflow.retry`)."""
+(a batch's commit is then retried for ``write_stream(retry_for=)``, :mod:`onceflow.sinks._core.retry`)."""
 
 
 def connect(path: str | Path, schema: str = META_SCHEMA) -> sqlite3.Connection:
@@ -84,7 +85,7 @@ def connect(path: str | Path, schema: str = META_SCHEMA) -> sqlite3.Connection:
         relax_markers(conn)
     except sqlite3.DatabaseError as exc:
         text = str(exc).lower()
-        if "locked" in text or "busy" in text:  # passes: retried by the caller (onceflow.retry)
+        if "locked" in text or "busy" in text:  # passes: retried by the caller (onceflow.sinks._core.retry)
             raise
         kind = "read_only" if "readonly" in text or "read-only" in text or "unable to open" in text else "io"
         raise StorageError(kind, f"cannot open the SQLite database {Path(path).resolve()}: {exc}. onceflow "
@@ -258,3 +259,42 @@ def only_own_tables(conn: sqlite3.Connection, outputs: Mapping[str, pa.Table], s
             return False
     # a trigger, or an index the user added (onceflow's tables have only their primary key)
     return not any(typ == "trigger" or typ == "index" and sql is not None for typ, _, _, sql in schema)
+
+
+def claim_tables(conn: Any, where: str, sink_id: str, specs: Mapping[str, Table], tool: str) -> None:
+    """:func:`onceflow.sinks._core.owners.claim` on a SQLite database (one ``BEGIN IMMEDIATE``).
+
+    Runs on the driver at the sink's start-up check (and an HTTP ledger's), any number of times.
+    """
+    registry = owners.TABLE
+
+    def read(table: str) -> list[tuple[str, bool]]:
+        rows = conn.execute(f"SELECT sink_id, shared FROM {registry} WHERE table_name = ?", (table,))
+        return [(str(s), bool(f)) for s, f in rows]
+
+    def write(table: str, shared: bool) -> None:
+        conn.execute(f"INSERT INTO {registry} VALUES (?,?,?,?) ON CONFLICT(table_name, sink_id) DO UPDATE "
+                     "SET shared = excluded.shared", (table, sink_id, int(shared), owners.now_ms()))
+
+    conn.execute(owners.create_sql("INTEGER", "TEXT"))
+    with immediate(conn):
+        owners.claim(read, write, where, sink_id, specs, tool)
+
+
+def table_owners(conn: Any) -> list[tuple[str, str, bool, int]]:
+    """Every row of a SQLite database's registry: ``(table, sink_id, shared, claimed_ms)``."""
+    conn.execute(owners.create_sql("INTEGER", "TEXT"))
+    return [(t, s, bool(f), int(m)) for t, s, f, m in conn.execute(
+        f"SELECT table_name, sink_id, shared, claimed_ms FROM {owners.TABLE} ORDER BY 1, 2")]
+
+
+def hand_over_table(conn: Any, table: str, to: str) -> list[str]:
+    """Give ``table`` to sink id ``to`` (``onceflow tables --hand-over``); the sink ids that held it."""
+    registry = owners.TABLE
+    conn.execute(owners.create_sql("INTEGER", "TEXT"))
+    with immediate(conn):
+        held = conn.execute(f"SELECT sink_id FROM {registry} WHERE table_name = ?", (table,))
+        before = [r[0] for r in held]
+        conn.execute(f"DELETE FROM {registry} WHERE table_name = ?", (table,))
+        conn.execute(f"INSERT INTO {registry} VALUES (?,?,0,?)", (table, to, owners.now_ms()))
+    return before

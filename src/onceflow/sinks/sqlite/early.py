@@ -44,8 +44,8 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.tasks import Scratches, is_scratch_of
-from onceflow.tables import Table
 
 _log = logging.getLogger("onceflow.sqlite")
 

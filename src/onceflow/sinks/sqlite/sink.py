@@ -10,7 +10,7 @@ indexes of its own: its constraints can refuse rows), is ``append`` with a key (
 earlier batch would conflict), or the sink was made with ``staged=False``. For batch N:
 
 1. Crash point ``before_sink_write``. Every table's rows are checked against its spec
-   (:func:`onceflow.tables.check_batch`) and against what SQLite stores as given
+   (:func:`onceflow.sinks._core.tables.check_batch`) and against what SQLite stores as given
    (:func:`onceflow.sinks.sqlite.values.check_values`: no NaN, no ``-0.0``, no decimal a double
    does not hold); a batch that does not fit raises :class:`onceflow.errors.BatchRejectedError`
    here — nothing is written and Spark does not write ``commits/N``. May run any number of times.
@@ -73,7 +73,7 @@ changing a table between S2 and S5: the batch then stays staged and a restart ap
 DataFrames (:meth:`SQLiteTablesSink.commit_frames`; :func:`onceflow.write_stream` decides by the
 input's rows before the batch runs): the driver never holds the batch, the tasks convert it.
 
-T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.tables.check_frame`:
+T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.sinks._core.tables.check_frame`:
     a missing column, a null key, a key twice) without collecting the rows. Wait for the apply of
     the previous batch (S1).
 T2. If the marker ``(sink_id, N)`` exists, return False: a replay runs no task.
@@ -96,11 +96,10 @@ T4. One transaction: if the marker exists, roll back and return False. Create or
 T5. Commit durably (the WAL; copying it into the database file, SQLite's checkpoint, runs in the
     apply thread beside Spark's next batch). Crash point ``after_sink_commit`` (and
     ``ambiguous_commit``); return True.
-T6. Remove the attempt's scratch files, whatever happened (``bind`` removes those of a killed
-    process).
+T6. Remove the attempt's scratch files, whatever happened (``bind`` removes a killed process's).
 
-One table without a key may come uncached (``settle``, :attr:`onceflow.sinks.base.Sink.writes_uncached`):
-T3 is the batch's only Spark job; the marker's numbers are settled from the files' rows before T4.
+One table without a key may come uncached (``settle``, ``Sink.writes_uncached``): T3 is the batch's
+only Spark job; the marker's numbers are settled from the files' rows before T4.
 
 Types and the values refused: :mod:`onceflow.sinks.sqlite.values`; the marker row:
 :mod:`onceflow.sinks.sqlite.db`.
@@ -122,15 +121,17 @@ import pyarrow as pa
 
 from onceflow.errors import OnceflowError, SinkApplyError
 from onceflow.faults import CrashPoint, armed_for, maybe_crash
-from onceflow.sinks import marker, owners
-from onceflow.sinks.base import Settle, SinkBase, collected
-from onceflow.sinks.marker import BatchStats
+from onceflow.sinks._core import marker
+from onceflow.sinks._core.base import Settle, SinkBase, collected
+from onceflow.sinks._core.marker import BatchStats
+from onceflow.sinks._core.tables import Table, check_existing, check_frame, check_outputs, expected_columns
 from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.db import (
     HAS_MARKER,
     bind_query,
     broken,
     check_sink_id,
+    claim_tables,
     connect,
     decode_staged,
     encode_staged,
@@ -147,7 +148,6 @@ from onceflow.sinks.sqlite.values import (
     quote,
     stored,
 )
-from onceflow.tables import Table, check_existing, check_frame, check_outputs, expected_columns
 
 _MARKER = marker.insert_sql("?", verb="INSERT OR REPLACE")
 _UNSTAGE = "DELETE FROM onceflow_staged WHERE sink_id = ? AND batch_id = ?"
@@ -238,12 +238,12 @@ class SQLiteTablesSink(SinkBase):
             check_types(str(self.path), name, schema, declared_types(info))
 
     def check(self, specs: Mapping[str, Table], schemas: Mapping[str, pa.Schema]) -> None:
-        """Open the database; check the tables that exist; claim them (:mod:`onceflow.sinks.owners`)."""
+        """Open the database; check the tables that exist; claim them (:mod:`onceflow.sinks._core.owners`)."""
         for name, spec in specs.items():
             info = self.conn.execute(f"PRAGMA table_info({quote(name)})").fetchall()
             if info:
                 self._fits(name, spec, expected_columns(name, spec, schemas), info, schemas.get(name))
-        owners.sqlite_claim(self.conn, str(self.path), self.sink_id, specs, f"--db {self.path}")
+        claim_tables(self.conn, str(self.path), self.sink_id, specs, f"--db {self.path}")
 
     def _appliable(self, outputs: Mapping[str, pa.Table], specs: Mapping[str, Table]) -> bool:
         """Step S2: whether every table is onceflow's own, so that writing the batch cannot fail."""
@@ -390,7 +390,7 @@ class SQLiteTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             SinkApplyError: The previous batch could not be applied (it stays staged).
         """
-        from onceflow.tables import arrow_schema
+        from onceflow.sinks._core.tables import arrow_schema
 
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before

@@ -21,7 +21,7 @@ tasks, in parallel. For table T and batch N, each commit attempt of N draws a to
    file's path and rows, and the lowest and highest value of each integer ``add`` column — a few
    hundred bytes a file, whatever the rows.
 2. **Kept files** (the driver: the format's ``commit``, or the sink through
-   :func:`onceflow.sinks.formats.run_tasks`): the files of the attempts Spark kept, one message
+   :func:`onceflow.sinks._core.tasks.run_tasks`): the files of the attempts Spark kept, one message
    per partition (:func:`kept_files`). Files of attempts Spark dropped are in none.
 3. **Apply** (the driver, :meth:`SQLiteTablesSink.commit_frames`, or the format's ``commit``):
    one transaction for every table of N and its marker — each file opened in that transaction
@@ -55,9 +55,9 @@ import pyarrow as pa
 
 from onceflow import faults
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.sinks.formats import kept_messages, run_tasks, running_task
+from onceflow.sinks._core.tables import Table
+from onceflow.sinks._core.tasks import kept_messages, run_tasks, running_task
 from onceflow.sinks.sqlite.values import AddBounds, check_values, conflict_clause, ddl, quote, stored_array
-from onceflow.tables import Table
 
 MAX_FILES = 10
 """Files one connection may attach (SQLite's ``SQLITE_MAX_ATTACHED`` default)."""
@@ -104,7 +104,7 @@ class TaskSpec:
         sink_id: The marker namespace.
         batch_id: The micro-batch (-1: a streaming write, where Spark gives it).
         token: This commit attempt's token (names its directory).
-        spec: The table's spec (:meth:`onceflow.tables.Table.describe`).
+        spec: The table's spec (:meth:`onceflow.sinks._core.tables.Table.describe`).
         chunk_bytes: A task starts a new file after this many Arrow bytes (0: one file a task);
             set by the driver, which reads the files (:func:`default_chunk_bytes`).
     """
@@ -122,7 +122,7 @@ class TaskSpec:
         return stage_root(self.db, self.sink_id) / f"{batch_id}-{self.token}"
 
     def table_spec(self) -> Table:
-        """The spec as a :class:`onceflow.tables.Table` (an unknown keyword refused, naming it)."""
+        """The spec as a :class:`onceflow.sinks._core.tables.Table` (an unknown keyword refused by name)."""
         return Table(**self.spec)
 
     def options(self) -> dict[str, str]:
@@ -277,7 +277,7 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
 
 
 def run(frame: Any, spec: TaskSpec, tasks_at_most: int | None = None) -> list[dict[str, Any]]:
-    """Step 1 in Spark's tasks, for the sink (:func:`onceflow.sinks.formats.run_tasks`): the kept files.
+    """Step 1 in Spark's tasks, for the sink (:func:`onceflow.sinks._core.tasks.run_tasks`): the kept files.
 
     ``tasks_at_most`` coalesces the frame's partitions first (:func:`tasks_per_table`).
     """

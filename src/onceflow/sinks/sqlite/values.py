@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.tables import Table, first_true, row_name
+from onceflow.sinks._core.tables import Table, first_true, row_name
 
 I64_MAX = 2**63 - 1
 I64_MIN = -(2**63)
