@@ -13,39 +13,30 @@
         per_batch=lambda df: {"revenue": revenue_deltas(df)})
     query.awaitTermination()
 
-What :func:`write_stream` does per micro-batch is in :mod:`onceflow.engine.batch`, one method per step;
-the sink's commit protocol in :mod:`onceflow.sinks._core.base`.
+:func:`write_stream` is a thin face: its start is :class:`onceflow.engine.start.Start` (numbered
+steps), what it does per micro-batch is :mod:`onceflow.engine.batch` (one method per step), the
+sink's commit protocol :mod:`onceflow.sinks._core.base`.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow.api.durations import parse_duration
 from onceflow.api.query import OnceQuery
-from onceflow.checkpoint.repair import repair_command
-from onceflow.engine import contract, startup
-from onceflow.engine import rejects as rj
-from onceflow.engine.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id
-from onceflow.engine.serverside import StepsSource
-from onceflow.engine.stable import StableOutputs
-from onceflow.errors import ConfigError, from_spark, refuse_unknown
-from onceflow.faults import CrashPoint, armed, commit_log_listener
+from onceflow.engine import contract
+from onceflow.engine.batch import PerBatch
+from onceflow.engine.start import EVENT_TIME, IDS, Start, StreamOptions
+from onceflow.errors import ConfigError, refuse_unknown
 from onceflow.runtime import plans
 from onceflow.sinks._core.base import TablesSink
-from onceflow.sinks._core.several import SeveralSinks
-from onceflow.sinks._core.tables import Table, check_specs
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite.sink import SQLiteTablesSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
-
-_EVENT_TIME = "event_time"
-_IDS = "ids"
 
 
 def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str | float | None = None,
@@ -92,8 +83,8 @@ def deduplicate(df: DataFrame, id: str | list[str], event_time: str, within: str
     df = routed if routed is not None else contract.guard_ids(df, ids, event_time)
     out = df.withWatermark(event_time, f"{int(seconds * 1000)} milliseconds")
     out = out.dropDuplicatesWithinWatermark(ids)
-    plans.remember(out, _EVENT_TIME, event_time)
-    plans.remember(out, _IDS, ids)
+    plans.remember(out, EVENT_TIME, event_time)
+    plans.remember(out, IDS, ids)
     return out
 
 
@@ -333,119 +324,10 @@ def write_stream(df: DataFrame, sink: TablesSink | Mapping[str, TablesSink], che
                                   "event_time", "on_batch", "check_files", "late", "stable",
                                   "count_rows", "output_mode", "rejects", "retry_for"},
                    "onceflow.write_stream")
-    if isinstance(sink, Mapping):  # several sinks: table -> sink
-        sink = SeveralSinks(sink)
-    topics = sink.tables_are_topics
-    specs = check_specs(tables or {}, topics)
-    if not df.isStreaming:
-        raise ConfigError("write_stream needs a streaming DataFrame (spark.readStream...); for a batch "
-                          "DataFrame write it directly")
-    if per_batch is not None and not callable(per_batch):
-        raise ConfigError("per_batch must be a function DataFrame -> {table_name: DataFrame}")
-    path = Path(checkpoint)
-    on_server = False  # the checkpoint read on the Connect server's driver (the client cannot see it)
-    if plans.is_connect(df):  # the batches run in a Python worker of the server: onceflow must be there
-        from onceflow.runtime import connect as remote
-
-        remote.check_server(df.sparkSession)
-        if not path.is_absolute():
-            raise ConfigError(f"checkpoint {str(checkpoint)!r} is a relative path: on Spark Connect the "
-                              "server resolves it against its own working directory, this client "
-                              f"against {Path.cwd()}; pass an absolute path")
-        on_server = not remote.sees_checkpoint(df.sparkSession, path)
-    jars, repair_cmd = df.sparkSession.conf.get("spark.jars", "") or "", repair_command(path, sink)
-    if not on_server:
-        startup.check_checkpoint(path, jars, repair_cmd)
-    event_time = event_time or plans.recall(df, _EVENT_TIME)
-    ids = plans.recall(df, _IDS)
-    if late is not None:
-        if event_time is None:
-            raise ConfigError("late= needs the event-time column: pass event_time=, or build the stream "
-                              "with onceflow.deduplicate(...)")
-        specs = check_specs({**specs, late: specs.get(late) or (Table(key=ids) if ids else Table())}, topics)
-    found = contract.contracts_in(df)
-    if len(found) > 1:
-        raise ConfigError(f"the query has {len(found)} input contracts (onceflow.expect / deduplicate on "
-                          "several streams); rejects work on a query of one source")
-    the_contract = found[0] if found else None
-    if rejects is not None:
-        if the_contract is None:
-            raise ConfigError("rejects= needs rules that decide which records are bad: build the stream "
-                              "with onceflow.expect(source, ...) or onceflow.deduplicate(source, ...) on the "
-                              "source DataFrame")
-        if rejects == late:
-            raise ConfigError(f"rejects= and late= name the same table {rejects!r}: use two tables")
-        given = specs.get(rejects)
-        if given is not None and given != rj.SPEC:
-            raise ConfigError(f"tables[{rejects!r}] is the rejects table: leave it out of tables= (it is "
-                              f"keyed by the record's coordinates, Table(key=['record']))")
-        specs = check_specs({**specs, rejects: rj.SPEC}, topics)
-    own = {late, rejects}
-    keep = None
-    if stable is True:
-        keep = StableOutputs(path, [n for n in specs if n not in own])
-    elif stable is not False:
-        names = [stable] if isinstance(stable, str) else list(stable)
-        unknown_tables = [n for n in names if n not in specs or n in own]
-        if unknown_tables:
-            raise ConfigError(f"stable= names {unknown_tables}, which are not tables of per_batch's output "
-                              f"(those are {sorted(n for n in specs if n not in own)})")
-        keep = StableOutputs(path, names)
-    if count_rows is not None and not callable(count_rows):
-        raise ConfigError("count_rows must be a function {table: rows} -> int")
-    startup.check_output_mode(output_mode, specs, late)
-    startup.check_late_source(df, late, the_contract is not None)
-    outputs = {n: s for n, s in specs.items() if n not in own}
-    if isinstance(sink, SeveralSinks):
-        sink.check_outputs(list(outputs))
-    with_id = per_batch is not None and takes_batch_id(per_batch)
-    schemas = startup.output_schemas(df, per_batch, with_id, outputs)
-    startup.check_columns_of(schemas, outputs)
-    retry_s = parse_duration(retry_for)
-    check_sink = partial(startup.check_sink, sink, specs,
-                         {**schemas, **({rejects: rj.ARROW_SCHEMA} if rejects else {})}, retry_s)
-    if not on_server:
-        check_sink()
-    startup.print_note(startup.append_note(df, output_mode))
-    options = WriterOptions(specs, per_batch, event_time, on_batch, check_files, late, ids, keep, count_rows,
-                            the_contract, rejects, retry_s)
-    writer = BatchWriter(sink, path, options, df.sparkSession)
-    try:
-        if on_server:
-            steps = partial(startup.check_checkpoint, path, jars, repair_cmd, writer, check_sink)
-            StepsSource.run(df.sparkSession, steps, f"checking the checkpoint {path}")
-        else:
-            writer.bind_at_start()
-    except BaseException:
-        with contextlib.suppress(Exception):  # the refusal is what the caller needs to see
-            writer.close()
-        raise
-    listener = None
-    selected = armed()
-    if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:
-        listener = commit_log_listener()
-        df.sparkSession.streams.addListener(listener)
-    stream = (df.writeStream.foreachBatch(writer).outputMode(output_mode)
-              .option("checkpointLocation", str(path)))
-    stream = stream.trigger(availableNow=True) if once else stream.trigger(processingTime=trigger)
-    start: Callable[[], Any] = stream.start
-    if plans.is_connect(df) and not on_server:  # both see the checkpoint: the server's local files
-        from onceflow.runtime import connect as remote
-
-        start = partial(remote.start_local, df.sparkSession, stream.start)
-    try:
-        started = start()
-    except Exception as exc:  # e.g. Spark refuses the output mode for this query
-        if listener is not None:
-            df.sparkSession.streams.removeListener(listener)
-        writer.close()
-        raise _start_error(exc) from None
-    return OnceQuery(started, writer, sink, listener, restart=start, checkpoint_on_server=on_server)
-
-
-def _start_error(exc: Exception) -> Exception:
-    """What Spark refused at ``start()``, as the onceflow error (its first line, without the plan)."""
-    found = from_spark(exc)
-    if found is not exc or not type(exc).__name__.endswith("AnalysisException"):
-        return found  # type: ignore[return-value]
-    return ConfigError(f"Spark refuses to start this query: {str(exc).splitlines()[0]}")
+    options = StreamOptions(tables=tables, per_batch=per_batch, once=once, trigger=trigger,
+                            event_time=event_time, on_batch=on_batch, check_files=check_files, late=late,
+                            stable=stable, count_rows=count_rows, output_mode=output_mode, rejects=rejects,
+                            retry_s=parse_duration(retry_for))
+    started = Start(df, sink, checkpoint, options).run()
+    return OnceQuery(started.query, started.writer, started.sink, started.listener, restart=started.restart,
+                     checkpoint_on_server=started.checkpoint_on_server)
