@@ -317,7 +317,9 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix=f"onceflow-backlog-{variant}-"))
         child_env = dict(env)
         if args.kill_mid_write and not variant.startswith("spark"):
-            child_env["ONCEFLOW_CRASH_AT"] = "task_mid_write@0"
+            from onceflow.verify.crashes import child_env as armed  # the verifier's crash hook
+
+            child_env = armed({**child_env, "ONCEFLOW_CRASH_AT": "task_mid_write@0"})
         done = subprocess.run([sys.executable, __file__, "--child", variant, "--source", str(source),
                                "--work", str(work), *(["--steps"] if args.steps else []),
                                "--table", args.table,

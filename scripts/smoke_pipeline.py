@@ -78,8 +78,11 @@ def main() -> int:
     distinct = write_payments(work / "payments")
     script = work / "query.py"
     script.write_text(QUERY)
+    from onceflow.verify.crashes import child_env  # the verifier's crash hook in the query's processes
+
+    armed = child_env({**os.environ, "ONCEFLOW_CRASH_AT": "after_sink_commit@1"})
     killed = subprocess.run([sys.executable, str(script), str(work)], capture_output=True, text=True,
-                            env={**os.environ, "ONCEFLOW_CRASH_AT": "after_sink_commit@1"}, timeout=600)
+                            env=armed, timeout=600)
     if killed.returncode != -9:
         print(f"smoke: the first run did not die at after_sink_commit@1 (exit {killed.returncode})\n"
               f"{killed.stderr[-3000:]}")

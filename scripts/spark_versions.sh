@@ -34,7 +34,7 @@ for v in "${VERSIONS[@]}"; do
   py="$dir/venv/bin/python"
   "$py" -c "import pyspark, sys; assert pyspark.__version__ == '$v', pyspark.__version__"
   step "$v" "onceflow's id state store compiles for this Spark"
-  (cd "$dir" && "$py" -c "from onceflow import idstore; print(idstore.build())") > "$dir/idstore.log" 2>&1 \
+  (cd "$dir" && "$py" -c "from onceflow.runtime import idstore; print(idstore.build())") > "$dir/idstore.log" 2>&1 \
     || { cat "$dir/idstore.log"; exit 1; }
   step "$v" "onceflow demo"
   (cd "$dir" && "$dir/venv/bin/onceflow" demo) > "$dir/demo.log" 2>&1 || { tail -40 "$dir/demo.log"; exit 1; }

@@ -12,6 +12,13 @@ import pytest
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 os.environ["PYSPARK_PYTHON"] = sys.executable
 
+# The verifier's crash hook in this process and in every process the tests start (their Python
+# workers too: they inherit PYTHONPATH), as `onceflow verify` puts it in the processes it starts.
+from onceflow.verify import crashes  # noqa: E402
+
+os.environ["PYTHONPATH"] = crashes.child_env(dict(os.environ))["PYTHONPATH"]
+crashes.install()
+
 
 pytest_plugins = ["onceflow.testing"]  # onceflow_sink, onceflow_verify (as a user's conftest has)
 

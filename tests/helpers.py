@@ -208,7 +208,7 @@ def killed_then_restarted(script: str, folder: Path, point: str,
     import subprocess
     import sys
 
-    from onceflow.faults import CRASH_ENV
+    from onceflow.verify.crashes import CRASH_ENV
 
     path = folder / "child.py"
     path.write_text(script)

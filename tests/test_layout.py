@@ -202,3 +202,21 @@ def test_no_negative_control_mode_in_the_production_sinks() -> None:
     for path in (ROOT / "sinks").rglob("*.py"):
         text = path.read_text()
         assert "naive" not in text and "lossy" not in text, path
+
+
+TEST_HOOKS = ("ONCEFLOW_CRASH_AT", "ONCEFLOW_DRIVER_PID", "ONCEFLOW_INGEST_DROP_ACKS", "CRASH_ENV",
+              "DRIVER_PID_ENV", "DROP_ACKS_ENV")
+
+
+def hook_readers(modules: dict[str, Path]) -> list[str]:
+    """Modules outside the verifier (and the command line that runs it) that name a test hook."""
+    return sorted(m for m, p in modules.items() if part(m) not in ("verify", "testing", "cli")
+                  and any(h in p.read_text() for h in TEST_HOOKS))
+
+
+def test_no_library_module_reads_a_test_hook() -> None:
+    """Crash points are named by the library and armed by the verifier's hook only."""
+    assert hook_readers(MODULES) == []
+    assert "onceflow.faults" not in graph(package_imports())["onceflow.runtime.session"]  # a session only
+    probe = ROOT / "verify" / "crashes.py"
+    assert hook_readers({**MODULES, "onceflow.sinks.probe": probe}) == ["onceflow.sinks.probe"]

@@ -1,43 +1,24 @@
-"""Named crash points for fault injection.
+"""The named steps of onceflow's protocols where a process may die, and the one hook that acts there.
 
-A crash point is a place in a commit protocol where a test wants the driver to
-die with SIGKILL — for example exactly between the sink's commit and Spark's
-commit-log write. Select one with the environment variable
-``ONCEFLOW_CRASH_AT=<point>`` or ``ONCEFLOW_CRASH_AT=<point>@<batch_id>`` (the
-first batch with an id ``>= batch_id`` that has input). The driver then kills its
-companion processes (the Spark JVM) and itself, with SIGKILL, so nothing gets to clean up:
-the same as ``kill -9`` from outside.
-
-**A crash point fires on a batch with input only.** Spark runs no-data batches (no new
-offsets, only a watermark to advance); a crash there puts no row at risk and proves nothing.
-The query's batch writer notes, before any crash point of batch N, whether N's planned input
-range is empty (:func:`note_input`); crash points of a noted no-data batch do not fire and the
-armed point waits for the next batch with input. The note is a file under the temporary
-directory, named after the driver's process id, so that the Python workers of the driver's JVM
-(an executor-side writer's ``commit``) see it too; it is written only while a crash point is
-armed. Points of processes that run no batches (the ingest receiver's) are not gated.
+The library names the places in its commit protocols where a crash matters — for example exactly
+between the sink's commit and Spark's commit log (:class:`CrashPoint`) — and says when it reaches
+one (:func:`reached`; in Spark's tasks :func:`task_reached`), and, before any step of batch N,
+whether N has input (:func:`planned`). Nothing happens there unless a :class:`Hook` is installed
+(:func:`install`). onceflow installs none and reads no setting for one: the verifier's crash hook
+(:mod:`onceflow.verify.crashes`) is installed in the processes the verifier (or a test) starts and
+arms, to kill them with SIGKILL at a named step — the proof that a crash at each step loses and
+repeats nothing. Every function here runs wherever its step runs (the driver, a Spark task, the
+ingest receiver), at each pass through the step; without a hook each is one comparison.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-import tempfile
 from enum import Enum
-from pathlib import Path
-from typing import Any
-
-from onceflow.errors import AmbiguousCommitError, CrashPointError
-
-CRASH_ENV = "ONCEFLOW_CRASH_AT"
-DRIVER_PID_ENV = "ONCEFLOW_DRIVER_PID"
-
-_companions: list[int] = []
+from typing import Any, Protocol
 
 
 class CrashPoint(str, Enum):
-    """Where a driver can be told to die."""
+    """A step of a protocol where a process may die: what the library names, a hook acts on."""
 
     BEFORE_SINK_WRITE = "before_sink_write"
     """The batch's output is computed; nothing written to the sink yet."""
@@ -62,18 +43,16 @@ class CrashPoint(str, Enum):
     TASK_AFTER_WRITE = "task_after_write"
     """Not the driver: an executor-side task wrote its rows (files, staged rows) and its Python
     worker is SIGKILLed before its message reaches the driver — on each task's first attempt
-    only (:func:`maybe_kill_task`), so Spark's retry (``spark.task.maxFailures`` > 1) or the
+    only, so Spark's retry (``spark.task.maxFailures`` > 1) or the
     batch's next attempt writes them again beside the dead attempt's."""
     TASK_MID_WRITE = "task_mid_write"
     """Not the driver: an executor-side task has written part of its rows (its file, its open
     transaction, its calls not yet confirmed) and its executor JVM is SIGKILLed with it — on each
-    task's first attempt only (:func:`maybe_kill_executor`); Spark runs the task again on another
+    task's first attempt only; Spark runs the task again on another
     executor and the batch commits in the same run."""
     AMBIGUOUS_COMMIT = "ambiguous_commit"
     """Not a kill: the sink transaction committed, then the sink raises as if it had failed
     (a lost commit acknowledgement). The query fails; a restart must not apply it twice."""
-
-
     INGEST_AFTER_STAGE = "ingest_after_stage"
     """Receiver: the group's new events are staged (hidden file); ids not recorded yet."""
     INGEST_AFTER_RECORD = "ingest_after_record"
@@ -82,248 +61,79 @@ class CrashPoint(str, Enum):
     """Receiver: the segment is in the log; the senders have no ack yet."""
 
 
-def register_companion(pid: int) -> None:
-    """Remember a process to SIGKILL together with the driver (the Spark JVM).
+class Hook(Protocol):
+    """What acts at the named steps (the verifier's crash hook; none in production)."""
 
-    Args:
-        pid: Its process id.
-    """
-    if pid not in _companions:
-        _companions.append(pid)
+    def armed_for(self, point: CrashPoint, batch_id: int) -> bool:
+        """Whether reaching ``point`` in batch ``batch_id`` would act."""
+        ...
 
+    def reached(self, point: CrashPoint, batch_id: int) -> None:
+        """A process reached ``point`` in batch ``batch_id`` (may not return)."""
+        ...
 
-def armed() -> tuple[CrashPoint, int] | None:
-    """The crash point selected by the environment, if any.
+    def task_reached(self, point: CrashPoint, batch_id: int, attempt: int) -> None:
+        """A Spark task's attempt ``attempt`` reached ``point`` in batch ``batch_id``."""
+        ...
 
-    Returns:
-        The point and the first batch id it fires at, or None.
+    def planned(self, batch_id: int, has_input: bool) -> None:
+        """Batch ``batch_id`` is about to be written; whether its input range holds any input."""
+        ...
 
-    Raises:
-        CrashPointError: The variable names no known crash point.
-    """
-    raw = os.environ.get(CRASH_ENV, "").strip()
-    if not raw:
-        return None
-    name, _, batch = raw.partition("@")
-    try:
-        point = CrashPoint(name)
-    except ValueError:
-        known = ", ".join(p.value for p in CrashPoint)
-        raise CrashPointError(
-            f"{CRASH_ENV}={raw!r} names no crash point; use one of: {known} "
-            "(optionally followed by @<batch_id>)"
-        ) from None
-    try:
-        first = int(batch) if batch else 0
-    except ValueError:
-        raise CrashPointError(f"{CRASH_ENV}={raw!r}: batch id after '@' must be an integer") from None
-    return point, first
+    def query_listener(self) -> Any:
+        """A Spark ``StreamingQueryListener`` to add before the query starts, or None."""
+        ...
+
+    def reply_lost(self) -> bool:
+        """Whether the ingest receiver's reply to a committed group is to be lost on the network."""
+        ...
 
 
-def _parent(pid: int) -> int:
-    """The parent process id of ``pid`` (0 when unknown)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return 0
+_hook: Hook | None = None
 
 
-def _driver_side_victims() -> list[int]:
-    """The processes to kill from a Python worker that Spark's JVM started.
-
-    In such a worker (e.g. a data source's ``commit``), these are the driver and every
-    ancestor between it and this process (the JVM, the worker daemon), so that the crash
-    takes down the whole driver, as ``kill -9`` of it would. The driver is the Python process
-    of a classic session, or the JVM itself (a Spark Connect server, whose ``foreachBatch``
-    worker runs the batch).
-    """
-    driver = int(os.environ.get(DRIVER_PID_ENV, "0") or 0)
-    if driver <= 0 or driver == os.getpid():
-        return []
-    victims: list[int] = []
-    pid = _parent(os.getpid())
-    while pid > 1 and pid != driver and len(victims) < 8:
-        victims.append(pid)
-        pid = _parent(pid)
-    if pid != driver or not (_is_java(driver) or any(_is_java(v) for v in victims)):
-        return []  # not a worker of the driver's JVM (e.g. a child process the driver started)
-    return [driver, *victims]
+def install(hook: Hook | None) -> None:
+    """Install ``hook`` for this process (None: remove it). Runs once per process, before any step."""
+    global _hook
+    _hook = hook
 
 
-def _is_java(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8") as f:
-            return f.read().strip() == "java"
-    except OSError:
-        return False
-
-
-def crash_now() -> None:
-    """SIGKILL the companions and then this process. Never returns."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for pid in [*_companions, *_driver_side_victims()]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _notes_dir() -> Path:
-    """Where the notes of this driver's batches go (the same path in its JVM's Python workers)."""
-    driver = os.environ.get(DRIVER_PID_ENV, "") or str(os.getpid())
-    return Path(tempfile.gettempdir()) / f"onceflow-crash-notes-{driver}"
-
-
-def note_input(batch_id: int, has_input: bool) -> None:
-    """Note whether batch ``batch_id`` has input, before any of its crash points (see the module).
-
-    Args:
-        batch_id: The micro-batch about to be written.
-        has_input: Whether its planned input range holds any input.
-    """
-    if not os.environ.get(CRASH_ENV, "").strip():
-        return
-    notes = _notes_dir()
-    notes.mkdir(exist_ok=True)
-    tmp = notes / f".{batch_id}.{os.getpid()}"
-    tmp.write_text("1" if has_input else "0", encoding="ascii")
-    os.replace(tmp, notes / str(batch_id))
-
-
-def noted_empty(batch_id: int) -> bool:
-    """Whether batch ``batch_id`` was noted as a batch without input (see :func:`note_input`)."""
-    try:
-        return (_notes_dir() / str(batch_id)).read_text(encoding="ascii") == "0"
-    except OSError:
-        return False
+def installed() -> Hook | None:
+    """The hook of this process, if any."""
+    return _hook
 
 
 def armed_for(point: CrashPoint, batch_id: int) -> bool:
-    """Whether the environment selects ``point`` for batch ``batch_id``.
+    """Whether reaching ``point`` in batch ``batch_id`` would act (False without a hook)."""
+    return _hook is not None and _hook.armed_for(point, batch_id)
 
-    Args:
-        point: A crash point.
-        batch_id: The micro-batch being processed.
 
-    Returns:
-        True if :func:`maybe_crash` would fire for them: the point is armed, the batch id is
-        at least the armed one, and the batch was not noted as one without input.
+def reached(point: CrashPoint, batch_id: int) -> None:
+    """The caller reached step ``point`` of batch ``batch_id`` (a hook may end the process here)."""
+    if _hook is not None:
+        _hook.reached(point, batch_id)
+
+
+def task_reached(point: CrashPoint, batch_id: int, attempt: int) -> None:
+    """A Spark task's attempt ``attempt`` reached step ``point`` of batch ``batch_id``."""
+    if _hook is not None:
+        _hook.task_reached(point, batch_id, attempt)
+
+
+def planned(batch_id: int, has_input: bool) -> None:
+    """Batch ``batch_id`` is about to be written, before any of its steps; whether it has input."""
+    if _hook is not None:
+        _hook.planned(batch_id, has_input)
+
+
+def query_listener() -> Any:
+    """The hook's Spark query listener for a query about to start (None without a hook)."""
+    return _hook.query_listener() if _hook is not None else None
+
+
+def reply_lost() -> bool:
+    """Whether the reply to a committed ingest group is to be lost (False without a hook).
+
+    Runs in the ingest receiver, once per committed group, after the commit.
     """
-    selected = armed()
-    if selected is None or selected[0] is not point or batch_id < selected[1]:
-        return False
-    return point.value.startswith("ingest_") or not noted_empty(batch_id)
-
-
-def maybe_crash(point: CrashPoint, batch_id: int) -> None:
-    """Die (or raise, for ``ambiguous_commit``) if the environment selects this point.
-
-    Args:
-        point: The point the caller has reached.
-        batch_id: The micro-batch being processed.
-    """
-    if armed_for(point, batch_id):
-        if point is CrashPoint.AMBIGUOUS_COMMIT:
-            raise AmbiguousCommitError(
-                f"injected fault: batch {batch_id} committed, reporting failure anyway"
-            )
-        _say(f"onceflow: crash point {point.value} at batch {batch_id}")
-        crash_now()
-
-
-def maybe_kill_task(point: CrashPoint, batch_id: int, attempt: int) -> None:
-    """SIGKILL this task's Python worker (only) if the environment selects ``point``, on attempt 0.
-
-    Args:
-        point: A task-level point (``task_after_write``).
-        batch_id: The micro-batch the task writes.
-        attempt: Spark's attempt number of the task (retries and speculative copies count up).
-    """
-    if attempt == 0 and armed_for(point, batch_id):
-        _say(f"onceflow: crash point {point.value} at batch {batch_id} (a task's first attempt)")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def maybe_kill_executor(point: CrashPoint, batch_id: int, attempt: int) -> None:
-    """SIGKILL this task's executor JVM and its Python worker if the environment selects ``point``.
-
-    Once per batch: the first task attempt 0 that gets here claims the batch with a file in the
-    notes directory (a stage Spark runs again after losing the executor's shuffle files numbers
-    its attempts from 0 again). The executor is the nearest ancestor JVM that runs Spark's
-    executor backend; where there is none (``local[*]``: the driver's JVM runs the tasks) only the
-    Python worker dies, as with :func:`maybe_kill_task`.
-
-    Args:
-        point: A task-level point (``task_mid_write``).
-        batch_id: The micro-batch the task writes.
-        attempt: Spark's attempt number of the task.
-    """
-    if attempt != 0 or not armed_for(point, batch_id):
-        return
-    notes = _notes_dir()
-    notes.mkdir(exist_ok=True)
-    try:
-        os.close(os.open(notes / f"killed-{point.value}-{batch_id}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:  # this batch's executor was killed already
-        return
-    _say(f"onceflow: crash point {point.value} at batch {batch_id} (a task's first attempt: its executor)")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = _parent(os.getpid())
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                executor = b"org.apache.spark.executor." in f.read()
-        except OSError:
-            break
-        if executor:
-            os.kill(pid, signal.SIGKILL)
-            break
-        pid = _parent(pid)
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _say(message: str) -> None:
-    """Print ``message`` on stderr; in a Python worker of the driver's JVM, on the driver's too.
-
-    A worker's stderr reaches the driver's only through a JVM thread that copies it: killed
-    with the JVM, the copy may never happen. The driver's own stderr (``/proc/<pid>/fd/2``)
-    gets the line directly.
-    """
-    print(message, file=sys.stderr, flush=True)
-    driver = int(os.environ.get(DRIVER_PID_ENV, "0") or 0)
-    if driver > 0 and driver != os.getpid():
-        try:
-            with open(f"/proc/{driver}/fd/2", "a", encoding="utf-8") as out:
-                out.write(message + "\n")
-        except OSError:
-            pass
-
-
-def commit_log_listener() -> Any:
-    """A Spark query listener that fires ``after_commit_log`` once Spark reported a batch.
-
-    Spark reports a batch's progress after it wrote ``commits/N``; add the listener with
-    ``spark.streams.addListener`` when that crash point is armed.
-    """
-    from pyspark.sql.streaming.listener import StreamingQueryListener
-
-    class CrashAfterCommitLog(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:  # noqa: D102, N802
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:  # noqa: D102, N802
-            maybe_crash(CrashPoint.AFTER_COMMIT_LOG, int(event.progress.batchId))
-
-        def onQueryIdle(self, event: Any) -> None:  # noqa: D102, N802
-            pass
-
-        def onQueryTerminated(self, event: Any) -> None:  # noqa: D102, N802
-            pass
-
-    return CrashAfterCommitLog()
+    return _hook is not None and _hook.reply_lost()

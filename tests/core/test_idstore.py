@@ -267,7 +267,7 @@ def test_the_installed_package_carries_the_jars_built(tmp_path: Path) -> None:
     from onceflow.runtime import scalac
 
     env = dict(os.environ, ONCEFLOW_CACHE_DIR=str(tmp_path / "cache"))
-    code = "from onceflow import scalac; print(','.join(map(str, scalac.shipped_jars())))"
+    code = "from onceflow.runtime import scalac; print(','.join(map(str, scalac.shipped_jars())))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     jars = [Path(p) for p in done.stdout.strip().split(",")]
     assert [p.parent for p in jars] == [scalac.SHIPPED_DIR] * len(scalac.SHIPPED), jars
@@ -279,7 +279,7 @@ def test_the_installed_package_carries_the_jars_built(tmp_path: Path) -> None:
 def test_drivers_starting_together_each_get_the_jar(tmp_path: Path) -> None:
     """Three processes build into an empty cache at once (verify starts standby drivers together)."""
     env = dict(os.environ, ONCEFLOW_CACHE_DIR=str(tmp_path / "cache"))
-    code = ("from pathlib import Path; from onceflow import idstore, scalac; "
+    code = ("from pathlib import Path; from onceflow.runtime import idstore, scalac; "
             "scalac.SHIPPED_DIR = Path('/nonexistent'); print(idstore.build())")  # not the wheel's jar
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=env) for _ in range(3)]

@@ -117,7 +117,7 @@ def test_a_read_only_cache_without_shipped_jars_falls_back_to_sparks_classes(tmp
     """No jar in the wheel for this Spark and a cache that cannot be written: Spark's own classes."""
     cache = tmp_path / "cache"
     cache.write_text("a file where the cache directory should be: nothing can be written under it")
-    code = ("import sys; from pathlib import Path; from onceflow import scalac; "
+    code = ("import sys; from pathlib import Path; from onceflow.runtime import scalac; "
             "scalac.SHIPPED_DIR = Path(sys.argv[1]); "
             "from onceflow.runtime.session import session; s = session(master='local[1]'); "
             "print('PROVIDER', s.conf.get('spark.sql.streaming.stateStore.providerClass', None)); "
@@ -141,6 +141,7 @@ def test_spark_submit_on_a_standalone_cluster_with_an_executor_killed_mid_write(
     database, then one copy with the marker); Spark runs the lost task again on an executor
     it has left, and the table is exact.
     """
+    from onceflow.verify.crashes import executor_confs
     from onceflow.verify.standalone import StandaloneCluster
 
     expected = _orders(tmp_path, n=6_000)
@@ -149,8 +150,8 @@ def test_spark_submit_on_a_standalone_cluster_with_an_executor_killed_mid_write(
     assert app != APP
     cluster = StandaloneCluster(tmp_path / "cluster", workers=2, cores=1).start()
     try:
-        out = _submit(tmp_path, "--driver-memory", "1g", master=cluster.master_url, app=app,
-                      env={"ONCEFLOW_CRASH_AT": "task_mid_write@0"})
+        out = _submit(tmp_path, "--driver-memory", "1g", *executor_confs("task_mid_write@0", os.getpid()),
+                      master=cluster.master_url, app=app, env={"ONCEFLOW_CRASH_AT": "task_mid_write@0"})
     finally:
         cluster.stop()
     assert "crash point task_mid_write at batch 0" in out or any(

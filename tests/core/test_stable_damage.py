@@ -19,8 +19,8 @@ import pyarrow as pa
 import pytest
 
 from onceflow.engine.stable import DIR, StableCopyError, StableOutputs
-from onceflow.faults import CRASH_ENV
 from onceflow.sources.log import EventLog
+from onceflow.verify.crashes import CRASH_ENV
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 from onceflow.verify.service import ServiceProcess, read_effects
 

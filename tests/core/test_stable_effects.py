@@ -22,9 +22,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from onceflow.checkpoint import logs as ckpt
-from onceflow.faults import CRASH_ENV
 from onceflow.sinks.http.ledger import SQLiteLedger
 from onceflow.sources.log import EventLog
+from onceflow.verify.crashes import CRASH_ENV
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 from onceflow.verify.service import ServiceProcess, read_effects
 from tests.helpers import billing_expectation

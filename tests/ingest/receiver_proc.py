@@ -17,9 +17,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from onceflow.faults import CRASH_ENV
 from onceflow.ingest.auth import write_token_file
 from onceflow.sources.log import EventLog
+from onceflow.verify.crashes import CRASH_ENV
 
 
 def free_port() -> int:

@@ -13,10 +13,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from onceflow.faults import CRASH_ENV
 from onceflow.ingest.sender import generated_id, id_key
-from onceflow.ingest.server import DROP_ACKS_ENV
 from onceflow.sources.log import EventLog
+from onceflow.verify.crashes import CRASH_ENV, DROP_ACKS_ENV
 from tests.ingest.receiver_proc import Proc, free_port, write_tokens
 from tests.ingest.receiver_proc import health as _health
 

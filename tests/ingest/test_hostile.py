@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.faults import CRASH_ENV
+from onceflow.verify.crashes import CRASH_ENV
 from tests.ingest.receiver_proc import Receiver, body, catalog_ids, event, log_ids, write_tokens
 
 pytestmark = pytest.mark.faults

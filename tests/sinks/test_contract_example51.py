@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from onceflow.errors import CheckpointMismatchError, SinkApplyError
-from onceflow.faults import CRASH_ENV
+from onceflow.verify.crashes import CRASH_ENV
 from tests.sinks.backends import B0, B1, KINDS, STATS, Backend, deltas
 
 pytestmark = pytest.mark.faults

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from onceflow.errors import EffectsFailedError, UnstableOutputError
-from onceflow.faults import CRASH_ENV
 from onceflow.sinks.http.sink import HttpEffectsSink, effects_of
+from onceflow.verify.crashes import CRASH_ENV
 from onceflow.verify.service import ServiceProcess, read_effects
 from tests.sinks.http_child import SPECS, STATS, charges
 

@@ -24,11 +24,11 @@ from click.testing import CliRunner
 
 from onceflow.cli.main import cli
 from onceflow.errors import ConfigError
-from onceflow.faults import CRASH_ENV
 from onceflow.sinks._core.base import BatchStats
 from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.ledger import PgLedger, is_dsn, open_ledger
 from onceflow.sinks.http.sink import HttpEffectsSink
+from onceflow.verify.crashes import CRASH_ENV
 from onceflow.verify.service import ServiceProcess, read_effects
 from tests.sinks.http_tasks_child import ROWS, rows
 

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from onceflow.errors import BatchRejectedError
-from onceflow.faults import CRASH_ENV
 from onceflow.sinks._core.base import BatchStats
 from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.sink import HttpEffectsSink
+from onceflow.verify.crashes import CRASH_ENV
 from onceflow.verify.service import ServiceProcess, read_effects
 from tests.helpers import check_amendments
 from tests.sinks.http_tasks_child import ROWS, rows

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from onceflow.faults import CRASH_ENV
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sources.log import EventLog
+from onceflow.verify.crashes import CRASH_ENV
 from onceflow.verify.generator import GeneratorConfig, generate_segments
 from tests.examples.test_billing import read_billing
 from tests.helpers import billing_expectation

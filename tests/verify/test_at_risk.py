@@ -18,8 +18,10 @@ import pytest
 
 from onceflow import faults
 from onceflow.checkpoint.ranges import InputRange
-from onceflow.faults import CRASH_ENV, DRIVER_PID_ENV, CrashPoint
+from onceflow.faults import CrashPoint
+from onceflow.verify import crashes
 from onceflow.verify.chaos import VerifyResult
+from onceflow.verify.crashes import CRASH_ENV, DRIVER_PID_ENV, WORKER_ENV
 from onceflow.verify.faulting import RoundRecord, at_risk, crash_batches
 from onceflow.verify.verdict import Verdict
 
@@ -50,7 +52,7 @@ def armed(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv(DRIVER_PID_ENV, driver)
     monkeypatch.setenv(CRASH_ENV, "after_sink_commit@0")
     yield driver
-    notes = faults._notes_dir()
+    notes = crashes._notes_dir()
     for p in notes.glob("*"):
         p.unlink()
     notes.rmdir()
@@ -58,26 +60,29 @@ def armed(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def test_a_crash_point_skips_batches_noted_without_input(armed: str) -> None:
     point = CrashPoint.AFTER_SINK_COMMIT
-    faults.note_input(0, True)
-    faults.note_input(1, False)
-    faults.note_input(2, True)
+    faults.planned(0, True)
+    faults.planned(1, False)
+    faults.planned(2, True)
     assert faults.armed_for(point, 0)
     assert not faults.armed_for(point, 1)  # the no-data batch: the point waits
     assert faults.armed_for(point, 2)
     assert faults.armed_for(point, 3)  # not noted (a process that runs no batches): as armed
     assert not faults.armed_for(CrashPoint.INSIDE_SINK_TXN, 2)  # another point
-    faults.note_input(2, False)  # a note is replaced, not added to
+    faults.planned(2, False)  # a note is replaced, not added to
     assert not faults.armed_for(point, 2)
 
 
 def test_a_python_worker_of_the_driver_sees_the_notes(armed: str) -> None:
-    """An executor-side writer's commit runs in a Python worker: it reads the driver's notes."""
-    faults.note_input(7, False)
-    faults.note_input(8, True)
+    """An executor-side writer's commit runs in a Python worker: it reads the driver's notes.
+
+    The worker is a Python started as Spark starts one (its secret in the environment), with the
+    tests' ``PYTHONPATH``: the crash hook comes from the verifier's ``sitecustomize``."""
+    faults.planned(7, False)
+    faults.planned(8, True)
     code = ("from onceflow import faults; from onceflow.faults import CrashPoint as C; "
             "print(faults.armed_for(C.AFTER_SINK_COMMIT, 7), faults.armed_for(C.AFTER_SINK_COMMIT, 8))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, DRIVER_PID_ENV: armed})
+                         env={**os.environ, DRIVER_PID_ENV: armed, WORKER_ENV: "s"})
     assert out.stdout.split() == ["False", "True"]
 
 
@@ -85,13 +90,13 @@ def test_nothing_is_noted_without_an_armed_point(monkeypatch: pytest.MonkeyPatch
     driver = f"test{uuid.uuid4().hex[:12]}"
     monkeypatch.setenv(DRIVER_PID_ENV, driver)
     monkeypatch.delenv(CRASH_ENV, raising=False)
-    faults.note_input(0, False)
-    assert not faults._notes_dir().exists()
+    faults.planned(0, False)
+    assert not crashes._notes_dir().exists()
 
 
 def test_ingest_points_are_not_gated(armed: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CRASH_ENV, "ingest_after_record@2")
-    faults.note_input(2, False)  # a group number of the receiver is no batch
+    faults.planned(2, False)  # a group number of the receiver is no batch
     assert faults.armed_for(CrashPoint.INGEST_AFTER_RECORD, 2)
 
 
@@ -124,3 +129,17 @@ def test_a_round_that_hit_no_rows_does_not_count() -> None:
                                        "late_events": 1}
     assert result.untested() == ["kill_random"]
 
+
+
+def test_without_a_hook_the_librarys_steps_do_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library reads no setting: an armed environment without the verifier's hook changes nothing."""
+    monkeypatch.setenv(CRASH_ENV, "after_sink_commit@0")
+    hook = faults.installed()
+    assert hook is not None and faults.armed_for(CrashPoint.AFTER_SINK_COMMIT, 0)  # the control
+    faults.install(None)
+    try:
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, 0)  # with the hook: this process SIGKILLed
+        assert not faults.armed_for(CrashPoint.AFTER_SINK_COMMIT, 0)
+        assert faults.query_listener() is None and not faults.reply_lost()
+    finally:
+        faults.install(hook)

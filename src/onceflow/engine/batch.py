@@ -330,7 +330,7 @@ class BatchWriter:
             if kept is not None:
                 frames.update(kept.tables)
         planned = ranges.read(self.checkpoint, batch_id)
-        faults.note_input(batch_id, planned.has_input())  # crash points arm on batches with input
+        faults.planned(batch_id, planned.has_input())  # crash points arm on batches with input
         attempt = _Attempt(batch_id, df, counted, observation, frames, kept, planned)
         if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
             attempt.cached.append(observed.persist())

@@ -57,8 +57,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from onceflow import faults
 from onceflow.errors import ConfigError, UnstableOutputError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.runtime.files import file_sha256, fsync_path
 
 if TYPE_CHECKING:
@@ -258,7 +259,7 @@ class StableOutputs:
         final = self.root / str(batch_id)
         os.rename(tmp, final)
         fsync_path(self.root)
-        maybe_crash(CrashPoint.AFTER_STABLE_SAVE, batch_id)
+        faults.reached(CrashPoint.AFTER_STABLE_SAVE, batch_id)
         kept = {n: v if isinstance(v, pa.Table)
                 else v.sparkSession.read.schema(v.schema).parquet(str(final / n))
                 for n, v in tables.items() if self.wants(n)}
@@ -266,6 +267,6 @@ class StableOutputs:
 
     def drop(self, batch_id: int) -> None:
         """Step 5: delete the copy of a batch its sink committed (idempotent)."""
-        maybe_crash(CrashPoint.BEFORE_STABLE_DROP, batch_id)
+        faults.reached(CrashPoint.BEFORE_STABLE_DROP, batch_id)
         shutil.rmtree(self.root / str(batch_id), ignore_errors=True)
 

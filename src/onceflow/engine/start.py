@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from onceflow import faults
 from onceflow.checkpoint.repair import repair_command
 from onceflow.engine import contract, startup
 from onceflow.engine import rejects as rj
@@ -23,7 +24,6 @@ from onceflow.engine.batch import BatchWriter, PerBatch, WriterOptions, takes_ba
 from onceflow.engine.serverside import StepsSource
 from onceflow.engine.stable import StableOutputs
 from onceflow.errors import ConfigError, from_spark
-from onceflow.faults import CrashPoint, armed, commit_log_listener
 from onceflow.runtime import plans
 from onceflow.sinks._core.base import TablesSink
 from onceflow.sinks._core.several import SeveralSinks
@@ -91,8 +91,8 @@ class Start:
        tables, retried while the failure passes.
     6. **The batch writer**, bound to the checkpoint's query id (its start-up check against the
        sink's markers); where only the server sees the checkpoint, steps 2, 5 and 6 run there.
-    7. **Spark's query** started (a crash point's listener first when ``after_commit_log`` is
-       armed); on Connect with a checkpoint both sides see, through
+    7. **Spark's query** started (a fault hook's query listener first, if it has one); on
+       Connect with a checkpoint both sides see, through
        :func:`onceflow.runtime.connect.start_local`.
 
     Args:
@@ -213,10 +213,8 @@ class Start:
     def _start(self, writer: BatchWriter, on_server: bool) -> Started:
         """Step 7: Spark's query started with the batch writer as its ``foreachBatch``."""
         df, o = self.df, self.o
-        listener = None
-        selected = armed()
-        if selected is not None and selected[0] is CrashPoint.AFTER_COMMIT_LOG:
-            listener = commit_log_listener()
+        listener = faults.query_listener()  # a hook's (the verifier's ``after_commit_log``)
+        if listener is not None:
             df.sparkSession.streams.addListener(listener)
         stream = (df.writeStream.foreachBatch(writer).outputMode(o.output_mode)
                   .option("checkpointLocation", str(self.path)))

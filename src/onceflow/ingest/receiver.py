@@ -60,8 +60,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError, StorageError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.ingest.catalog import CatalogConfig, DedupCatalog
 from onceflow.ingest.catalog.catalog import DUPLICATE, NEW, TOO_OLD
 from onceflow.ingest.catalog.store import CatalogStore
@@ -264,11 +265,11 @@ class Receiver:
         if fresh.num_rows:
             token = uuid.uuid4().hex
             staged = self.log.stage(_to_table(fresh), f".ingest-{token}.parquet.tmp", token)  # 2
-            maybe_crash(CrashPoint.INGEST_AFTER_STAGE, n)
+            faults.reached(CrashPoint.INGEST_AFTER_STAGE, n)
             self.catalog.record_codes(ids, times, codes, pending=(token, staged.name))  # 3
-            maybe_crash(CrashPoint.INGEST_AFTER_RECORD, n)
+            faults.reached(CrashPoint.INGEST_AFTER_RECORD, n)
             self.log.publish(staged)  # 4
-            maybe_crash(CrashPoint.INGEST_AFTER_PUBLISH, n)
+            faults.reached(CrashPoint.INGEST_AFTER_PUBLISH, n)
             self.store.pending_done(token)  # 5
             self.stats.segments += 1
         counts = np.bincount(codes, minlength=3)

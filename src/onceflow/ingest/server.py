@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import random
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -40,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from onceflow import faults
 from onceflow.errors import ConfigError, StorageError
 from onceflow.ingest.auth import TokenFile, peer_common_name
 from onceflow.ingest.catalog import Status
@@ -55,8 +54,6 @@ except ImportError:
 
 _NAMES = np.array([Status.NEW.value, Status.DUPLICATE.value, Status.TOO_OLD.value])
 
-DROP_ACKS_ENV = "ONCEFLOW_INGEST_DROP_ACKS"
-"""Fault switch: the probability of dropping a group's acks after it committed."""
 
 ID_SCOPES = ("sender", "global")
 
@@ -121,7 +118,6 @@ class IngestServer:
         self.receiver = receiver
         self.cfg = cfg
         self.stats = receiver.stats
-        self.drop_acks = float(os.environ.get(DROP_ACKS_ENV, "0") or 0)
         self._queue: asyncio.Queue[_Pending] | None = None
         self._parse_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="onceflow-parse")
         self._requests = 0
@@ -219,8 +215,8 @@ class IngestServer:
         except Exception as exc:
             self.stats.failed += 1
             return _error(503, f"not committed, retry: {exc}")
-        if self.drop_acks and random.random() < self.drop_acks and request.transport is not None:
-            request.transport.close()  # fault: committed, but the ack never arrives
+        if faults.reply_lost() and request.transport is not None:
+            request.transport.close()  # a fault hook's: committed, but the ack never arrives
             return web.Response(status=500)
         self.stats.requests += 1
         counts = np.bincount(statuses, minlength=3).tolist()

@@ -21,7 +21,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from onceflow import faults
 from onceflow.errors import ConfigError
 from onceflow.runtime import driverjvm, idstore, jvmparts
 from onceflow.runtime.java import find_java
@@ -169,7 +168,6 @@ def session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ[faults.DRIVER_PID_ENV] = str(os.getpid())  # inherited by the JVM's Python workers
     from pyspark.sql import SparkSession
 
     cores = os.cpu_count() or 2
@@ -185,9 +183,6 @@ def session(
     memory = {"spark.driver.memory": os.environ.get("ONCEFLOW_DRIVER_MEMORY", "4g")}
     if not prestarted:
         builder = builder.config("spark.driver.memory", memory["spark.driver.memory"])
-    if os.environ.get(faults.CRASH_ENV, "").strip():  # an armed crash point reaches the executors too
-        for name in (faults.CRASH_ENV, faults.DRIVER_PID_ENV):
-            conf.setdefault(f"spark.executorEnv.{name}", os.environ[name])
     if id_store:
         conf = idstore.session_conf(conf)
     elif id_store is None and idstore.enabled_by_env() and idstore.PROVIDER_KEY not in conf:
@@ -228,9 +223,5 @@ def session(
     if prestarted:
         _load_classes(spark, conf, kafka, realtime)
     spark.sparkContext.setLogLevel(os.environ.get("ONCEFLOW_SPARK_LOG_LEVEL", "ERROR"))
-    gateway = spark.sparkContext._gateway
-    proc = getattr(gateway, "proc", None)
-    if proc is not None:
-        faults.register_companion(proc.pid)
     return spark
 

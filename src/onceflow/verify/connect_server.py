@@ -32,8 +32,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
-from onceflow import faults
 from onceflow.errors import OnceflowError
+from onceflow.verify import crashes
 from onceflow.verify.standalone import free_port
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
@@ -109,8 +109,9 @@ class ConnectServer:
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
                "SPARK_LOCAL_IP": "127.0.0.1",
                "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **self.env}
+        env = crashes.child_env(env)  # the crash hook in the server's Python workers
         # exec keeps one process id from the shell to the JVM: the server knows it as the driver's
-        script = f"export {faults.DRIVER_PID_ENV}=$$; exec {shlex.join(self.command())}"
+        script = f"export {crashes.DRIVER_PID_ENV}=$$; exec {shlex.join(self.command())}"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(["bash", "-c", script], stdout=log, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=self.own_group)
@@ -198,7 +199,7 @@ def private_server(workdir: str | os.PathLike[str]) -> ConnectServer:
                 print(line, file=sys.stderr)
             print(f"onceflow: the Spark Connect server exited ({proc.returncode}): this driver stops with it",
                   file=sys.stderr, flush=True)
-            faults.crash_now()
+            crashes.crash_now()
 
     threading.Thread(target=watch, name="onceflow-connect-watchdog", daemon=True).start()
     return server

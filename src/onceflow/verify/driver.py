@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from onceflow.faults import CRASH_ENV
+from onceflow.verify.crashes import CRASH_ENV, child_env
 from onceflow.verify.resume import PIDS, REGISTRY_ENV, register
 from onceflow.verify.sinks import location_flag
 
@@ -48,6 +48,7 @@ class ProcessGroup:
         full.pop(REGISTRY_ENV, None)
         if ProcessGroup.registry is not None:
             full[REGISTRY_ENV] = str(ProcessGroup.registry / PIDS)
+        full = child_env(full)  # the crash hook in the process and the Python workers of its JVM
         self.out_path = out
         self._out = open(out, "a")  # noqa: SIM115 - closed in wait()/kill()
         self.proc = subprocess.Popen([sys.executable, "-m", module, *args],

@@ -37,9 +37,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from onceflow.faults import CRASH_ENV
-from onceflow.ingest.server import DROP_ACKS_ENV
 from onceflow.sources.log import EventLog
+from onceflow.verify.crashes import CRASH_ENV, DROP_ACKS_ENV
 from onceflow.verify.driver import ProcessGroup
 
 RECEIVER_CRASHES = {

@@ -23,8 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import ConfigError, nearest
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.sinks._core.base import BatchStats, SinkBase, TablesSink
 from onceflow.sinks._core.tables import Table
 from onceflow.sinks.delta.sink import DeltaTablesSink
@@ -89,7 +90,7 @@ class LossySQLiteSink(SQLiteTablesSink):
     def _before_rows(self, batch_id: int, stats: BatchStats, rows_out: int, counts: dict[str, int]) -> None:
         self._marker(batch_id, stats, rows_out, counts)
         self.conn.execute("COMMIT")
-        maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
         self.conn.execute("BEGIN IMMEDIATE")
 
 
@@ -118,7 +119,7 @@ class NaiveHttpSink(HttpEffectsSink):
         """Call every row of the batch, every attempt (step 1, then step 3 without the ledger)."""
         effects = self._effects(batch_id, outputs, specs)
         asyncio.run(self.send_all(effects, lambda _: None, record=False))
-        maybe_crash(CrashPoint.EFFECTS_SENT, batch_id)
+        faults.reached(CrashPoint.EFFECTS_SENT, batch_id)
         return True
 
 
@@ -156,14 +157,14 @@ class NaiveKafkaSink(SinkBase):
         """Produce every record of the batch, whatever an earlier attempt did."""
         from onceflow.sinks.kafka.records import encode
 
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        faults.reached(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         for name, rows in outputs.items():
             self._topics.ensure_topic(name, 1)
             keys, values = encode(rows, specs[name])
             for key, value in zip(keys, values, strict=True):
                 self._p.produce(name, value=value, key=key)
         self._p.flush(60)
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)
         return True
 
     def batches(self) -> list[dict[str, Any]]:  # noqa: D102

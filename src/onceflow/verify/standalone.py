@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 
 from onceflow.errors import OnceflowError
+from onceflow.verify import crashes
 from onceflow.verify.driver import cpu_ticks, group_pids
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -74,6 +75,7 @@ class StandaloneCluster:
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
                "SPARK_HOME": str(spark_class().parent.parent)}
+        env = crashes.child_env(env)  # the crash hook in its executors' Python workers
         with (self.workdir / f"{name}.log").open("ab") as out:
             return subprocess.Popen([str(spark_class()), *args], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)

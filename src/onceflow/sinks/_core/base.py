@@ -207,10 +207,10 @@ class SinkBase:
         Raises:
             BatchRejectedError: A table's spec names a column its frame lacks.
         """
-        from onceflow.faults import CrashPoint, maybe_crash
+        from onceflow import faults
         from onceflow.sinks._core.tables import check_outputs
 
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        faults.reached(faults.CrashPoint.BEFORE_SINK_WRITE, batch_id)
         check_outputs(frames, specs, rows=False)
 
     def _counted(self, batch_id: int, frames: Mapping[str, DataFrame], specs: Mapping[str, Table],

@@ -242,13 +242,13 @@ def write_task(spec: FilesSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, 
                 writer = pq.ParquetWriter(str(folder / name), batch.schema, compression="snappy")
             writer.write_batch(batch)
             stats.add(batch)
-            faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # a file cut
+            faults.task_reached(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # a file cut
     finally:
         if writer is not None:
             writer.close()
     if writer is None:
         return {"files": [], "rows": 0}
-    faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+    faults.task_reached(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     where = name if spec.mode == "append" else str(folder / name)
     st = os.stat(folder / name)
     written = {"path": where, "size": st.st_size, "mtime_ms": int(st.st_mtime * 1000), "rows": stats.rows,

@@ -59,8 +59,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker, owners
 from onceflow.sinks._core.base import Settle, SinkBase, collected
 from onceflow.sinks._core.marker import BatchStats
@@ -242,16 +243,16 @@ class DeltaTablesSink(SinkBase):
             BatchRejectedError: The rows do not fit the specs (nothing written).
             ConfigError: A table lacks a column of the batch.
         """
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        faults.reached(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
         metadata = self._metadata(batch_id, stats, rows_out, {n: t.num_rows for n, t in outputs.items()})
         wrote = False
         for i, (name, rows) in enumerate(outputs.items()):
             wrote |= self._commit_one(name, specs[name], rows, batch_id, metadata)
             if i == 0:
-                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+                faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return self._maintained(batch_id, list(outputs), wrote)  # 6
 
     def _maintained(self, batch_id: int, names: list[str], wrote: bool) -> bool:
@@ -305,9 +306,9 @@ class DeltaTablesSink(SinkBase):
                 messages = self._task_files(frame, spec, job, table)  # 3, 4: the tasks' files, committed here
                 wrote |= files.commit(job, batch_id, self._schema(table, frame), messages)
             if i == 0:
-                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+                faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return self._maintained(batch_id, list(frames), wrote)  # 6
 
     def _table(self, name: str) -> Any | None:
@@ -369,11 +370,11 @@ class DeltaTablesSink(SinkBase):
         counts = {name: sum(int(m["rows"]) for m in messages)}
         stats, rows_out = settle(counts)
         schema = self._schema(table, frame)
-        maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)  # files written, in no commit: nothing visible
+        faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)  # files written, in no commit: nothing visible
         wrote = files.commit(replace(job, metadata=self._metadata(batch_id, stats, rows_out, counts)),
                              batch_id, schema, messages)  # 2-4
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return self._maintained(batch_id, [name], wrote)  # 6
 
     def batches(self) -> list[dict[str, Any]]:

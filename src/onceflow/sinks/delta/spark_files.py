@@ -189,7 +189,7 @@ def dying(point: faults.CrashPoint, batch_id: int) -> Any:
         for batch in batches:
             yield batch
             if point is faults.CrashPoint.TASK_MID_WRITE:
-                faults.maybe_kill_executor(point, batch_id, attempt)
-        faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, attempt)
+                faults.task_reached(point, batch_id, attempt)
+        faults.task_reached(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, attempt)
 
     return run

@@ -86,8 +86,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.sinks._core.base import BatchStats, SinkBase
 from onceflow.sinks._core.tables import Table, check_frame, check_json, check_json_frame, check_outputs
 from onceflow.sinks.http.calls import Caller, effects_of, unstable
@@ -163,10 +164,10 @@ class HttpEffectsSink(Caller, SinkBase):
             return False
         if plan.changed:
             raise unstable(batch_id, plan.changed)
-        maybe_crash(CrashPoint.EFFECTS_STARTED, batch_id)
+        faults.reached(CrashPoint.EFFECTS_STARTED, batch_id)
         pending: list[tuple[str, int, int]] = []
         answers = asyncio.run(self.send_all(plan.send, pending.append))  # 3
-        maybe_crash(CrashPoint.EFFECTS_SENT, batch_id)  # 4
+        faults.reached(CrashPoint.EFFECTS_SENT, batch_id)  # 4
         self.ledger.confirm(pending)  # 5
         counts, failure, left = self.tally(batch_id, plan, answers)
         if failure:
@@ -177,8 +178,8 @@ class HttpEffectsSink(Caller, SinkBase):
                   "service; committed: %d confirmed in the ledger, %d unconfirmed", batch_id,
                   *(counts[m] for m in ("effects", "calls", "applied", "replayed", "confirmed",
                                         "unconfirmed")))
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 7
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
@@ -233,8 +234,8 @@ class HttpEffectsSink(Caller, SinkBase):
         if not self.ledger.has_marker(batch_id):
             raise OnceflowError(f"batch {batch_id}: Spark's calls of the effects returned without the "
                                 f"batch's marker in {self.ledger_where}; the batch runs again")
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # T4
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # T4
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
 
     def _effects(self, batch_id: int, outputs: Mapping[str, pa.Table],
@@ -245,7 +246,7 @@ class HttpEffectsSink(Caller, SinkBase):
             ConfigError: A table without ``key``.
             BatchRejectedError: The rows do not fit the specs.
         """
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        faults.reached(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         self._keys({n: specs[n] for n in outputs if n in specs})
         check_outputs(outputs, specs)
         for name, rows in outputs.items():  # a payload is the row as JSON

@@ -160,7 +160,7 @@ def send_task(spec: HttpTaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str
             raise unstable(batch_id, plan.changed)
         pending: list[tuple[str, int, int]] = []
         answers = asyncio.run(caller.send_all(plan.send, pending.append))  # 3
-        faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # unconfirmed
+        faults.task_reached(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # unconfirmed
         caller.ledger.confirm(pending)  # 4
         counts, failure, left = caller.tally(batch_id, plan, answers)  # 5
         if failure:
@@ -168,7 +168,7 @@ def send_task(spec: HttpTaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str
         caller.ledger.note(left)
     finally:
         caller.close()
-    faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+    faults.task_reached(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     return counts
 
 

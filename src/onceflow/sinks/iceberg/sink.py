@@ -66,8 +66,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase
 from onceflow.sinks._core.marker import BatchStats
@@ -253,9 +254,9 @@ class IcebergTablesSink(SinkBase):
         for i, (name, frame) in enumerate(frames.items()):
             wrote |= self._commit_one(name, specs[name], frame, counts[name], batch_id, metadata)
             if i == 0:
-                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+                faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return wrote  # 6
 
     def _check_types(self, name: str, frame: Any) -> None:

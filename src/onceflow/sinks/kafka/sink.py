@@ -58,8 +58,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase, collected
 from onceflow.sinks._core.marker import BatchStats
@@ -278,7 +279,7 @@ class KafkaTopicsSink(SinkBase):
             OnceflowError: The transaction failed (fenced by another driver of this sink id, or
                 aborted); Spark runs the batch again.
         """
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        faults.reached(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
         for name, rows in outputs.items():
             kafka_records.check_values(name, specs[name], rows)
@@ -446,13 +447,13 @@ class KafkaTopicsSink(SinkBase):
             if p.flush(_TIMEOUT_S):  # in the brokers' logs, not committed (the commit flushes too)
                 raise OnceflowError(f"onceflow.kafka: batch {batch_id}: records not delivered in "
                                     f"{_TIMEOUT_S:.0f} s")
-            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
             self._commit(batch_id)  # 5
         except self.ck.KafkaException as exc:
             self._fail(batch_id, exc)
         self._last = batch_id
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
 
     def _partitions_of(self, topic: str) -> int:
         """The partitions ``topic`` has (it exists)."""

@@ -394,7 +394,7 @@ def write_task(spec: TaskSpec, slices: Iterable[Slice]) -> dict[str, Any]:
         for topic, keys, values, hashes in slices:
             digest.add(topic, keys, values, hashes)
             kafka_records.produce(producer, topic, keys.to_pylist(), values.to_pylist(), headers)
-        faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # txn open
+        faults.task_reached(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # txn open
         value = json.dumps({"sink_id": spec.sink_id, "batch_id": batch_id, "query_id": query_id,
                             "partition": p, "attempt": task.attempt, **asdict(digest)}).encode()
         producer.produce(spec.tasks_topic, value, spec.sink_id.encode(), partition=p)  # K4
@@ -405,7 +405,7 @@ def write_task(spec: TaskSpec, slices: Iterable[Slice]) -> dict[str, Any]:
         cause = f"; the first record refused: {failed[0]}" if failed else ""
         raise OnceflowError(f"{where}: the transaction failed ({exc.args[0].str()}{cause}); Spark tries the "
                             "task again") from None
-    faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+    faults.task_reached(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     return {**asdict(digest), "skipped": False, "query_id": query_id}  # K6
 
 

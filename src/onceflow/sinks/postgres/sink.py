@@ -52,8 +52,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
-from onceflow.faults import CrashPoint, maybe_crash
+from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase, collected
 from onceflow.sinks._core.marker import BatchStats
@@ -170,7 +171,7 @@ class PostgresTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             PostgresError: The server failed the transaction (nothing written).
         """
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
+        faults.reached(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1
         check_outputs(outputs, specs)
         for name, rows in outputs.items():
             refusals.check_text(name, specs[name], rows)
@@ -285,12 +286,12 @@ class PostgresTablesSink(SinkBase):
                     conn.execute(sql, values)
                 if done is not None:
                     done(conn)
-                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+                faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
         except psycopg.Error as exc:
             raise PostgresError(f"batch {batch_id} of sink {self.sink_id!r} failed in PostgreSQL: "
                                 f"{pg.scrub(str(exc), self.dsn).strip()}") from None
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
 
     def _committed(self, conn: Any, batch_id: int) -> bool:
@@ -370,7 +371,7 @@ class PostgresFramesSink(SinkBase):
         """
         from onceflow.sinks.postgres.datasource import write_frame
 
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)
+        faults.reached(CrashPoint.BEFORE_SINK_WRITE, batch_id)
         check_outputs(frames, specs, rows=False)
         for name, frame in frames.items():
             check_frame(name, specs[name], frame)

@@ -64,8 +64,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from onceflow import faults
 from onceflow.errors import ConfigError, PostgresError, refuse_unknown
-from onceflow.faults import CrashPoint, maybe_crash, maybe_kill_executor, maybe_kill_task
+from onceflow.faults import CrashPoint
 from onceflow.sinks._core.tables import merges
 from onceflow.sinks._core.tasks import running_task
 from onceflow.sinks.postgres import sql as pg
@@ -308,9 +309,9 @@ def write_task(spec: TargetSpec, batches: Iterable[Any]) -> TaskMessage:
                         names=["_of_batch", "_of_token", *spec.columns])
                     rows += pg.copy_arrow(conn, spec.stage, ["_of_batch", "_of_token", *spec.columns],
                                           tagged)
-                    maybe_kill_executor(CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # its COPY open
+                    faults.task_reached(CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # its COPY open
             if rows:
-                maybe_kill_task(CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+                faults.task_reached(CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
             return TaskMessage(token, task.partition, task.attempt, rows, query_id=task.query_id)
         gid = f"{GID_PREFIX}:{spec.sink_id}:{batch_id}:{task.partition}:{task.attempt}:{token}"
         _rollback_stale(conn, spec, batch_id, task.partition)
@@ -456,9 +457,9 @@ def _commit_staged(conn: Any, spec: TargetSpec, batch_id: int, tasks: list[TaskM
             conn.execute(merge_sql(spec), (batch_id, winners))  # 4
         pg.insert_marker(conn, spec.sink_id, batch_id, _metrics(spec, expected))
         conn.execute(_delete_staged_sql(spec, "_of_batch <= %s"), (batch_id,))
-        maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
-    maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
-    maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
+    faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)  # 5
+    faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
     return True
 
 
@@ -482,12 +483,12 @@ def _commit_2pc(conn: Any, spec: TargetSpec, batch_id: int, tasks: list[TaskMess
                          (spec.sink_id, batch_id, gids))
             pg.insert_marker(conn, spec.sink_id, batch_id,
                              _metrics(spec, sum(t.rows for t in tasks)))
-            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            faults.reached(CrashPoint.INSIDE_SINK_TXN, batch_id)
     if not replay:  # 5: the decision is durable
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        faults.reached(CrashPoint.AFTER_SINK_COMMIT, batch_id)
     resolve_prepared(conn, spec, up_to_batch=batch_id)  # 6
     if not replay:
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
     return not replay
 
 

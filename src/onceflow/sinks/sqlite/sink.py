@@ -119,8 +119,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from onceflow import faults
 from onceflow.errors import OnceflowError, SinkApplyError
-from onceflow.faults import CrashPoint, armed_for, maybe_crash
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase, collected
 from onceflow.sinks._core.marker import BatchStats
@@ -271,7 +271,7 @@ class SQLiteTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             SinkApplyError: The previous batch could not be applied (it stays staged).
         """
-        maybe_crash(CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1, S1
+        faults.reached(faults.CrashPoint.BEFORE_SINK_WRITE, batch_id)  # 1, S1
         check_outputs(outputs, specs)
         for name, rows in outputs.items():
             check_values(name, specs[name], rows)
@@ -291,16 +291,16 @@ class SQLiteTablesSink(SinkBase):
                 return False
             conn.execute("INSERT INTO onceflow_staged VALUES (?,?,?,?,?)",
                          (self.sink_id, batch_id, int(time.time() * 1000), meta, data))
-            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            faults.reached(faults.CrashPoint.INSIDE_SINK_TXN, batch_id)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
         self._accepted(outputs, specs)
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
-        if armed_for(CrashPoint.APPLY_PENDING, batch_id):  # S4
+        faults.reached(faults.CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        faults.reached(faults.CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        if faults.armed_for(faults.CrashPoint.APPLY_PENDING, batch_id):  # S4
             self._held = batch_id
             return True
         self._pending = (batch_id, self._apply_thread().submit(  # S5
@@ -361,7 +361,7 @@ class SQLiteTablesSink(SinkBase):
             if staged:
                 conn.execute(_UNSTAGE, (self.sink_id, batch_id))
             else:
-                maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+                faults.reached(faults.CrashPoint.INSIDE_SINK_TXN, batch_id)
             conn.execute("COMMIT")  # 5
         except BaseException:
             if conn.in_transaction:
@@ -371,8 +371,8 @@ class SQLiteTablesSink(SinkBase):
             self._checked[name] = (spec, tuple(schema.names))
         if not staged:
             self._accepted(outputs, specs)
-            maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
-            maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+            faults.reached(faults.CrashPoint.AFTER_SINK_COMMIT, batch_id)
+            faults.reached(faults.CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True  # 6
 
     def commit_frames(self, batch_id: int, frames: Mapping[str, Any], specs: Mapping[str, Table],
@@ -468,7 +468,7 @@ class SQLiteTablesSink(SinkBase):
                         scratches.check_keys(name, spec, alias)
                     self._copy(batch_id, name, spec, list(schema.names), f, extents[name], alias)
             self._marker(batch_id, stats, rows_out, counts)
-            maybe_crash(CrashPoint.INSIDE_SINK_TXN, batch_id)
+            faults.reached(faults.CrashPoint.INSIDE_SINK_TXN, batch_id)
             conn.execute("COMMIT")  # T5
         except BaseException:
             if conn.in_transaction:
@@ -481,8 +481,8 @@ class SQLiteTablesSink(SinkBase):
             self._checked[name] = (specs[name], tuple(schema.names))
             self._bounds.widen(name, extents[name])
         self._pending = (batch_id, self._apply_thread().submit(self._checkpoint))
-        maybe_crash(CrashPoint.AFTER_SINK_COMMIT, batch_id)
-        maybe_crash(CrashPoint.AMBIGUOUS_COMMIT, batch_id)
+        faults.reached(faults.CrashPoint.AFTER_SINK_COMMIT, batch_id)
+        faults.reached(faults.CrashPoint.AMBIGUOUS_COMMIT, batch_id)
         return True
 
     def _copy(self, batch_id: int, name: str, spec: Table, columns: list[str], f: Mapping[str, Any],
@@ -547,7 +547,7 @@ class SQLiteTablesSink(SinkBase):
                 it stays staged and a restart applies it.
         """
         if self._held is not None:
-            maybe_crash(CrashPoint.APPLY_PENDING, self._held)  # armed: does not return
+            faults.reached(faults.CrashPoint.APPLY_PENDING, self._held)  # armed: does not return
             self._held = None
             self.apply_staged()
         pending, self._pending = self._pending, None

@@ -267,12 +267,12 @@ def write_task(spec: TaskSpec, batches: Iterable[pa.RecordBatch]) -> dict[str, A
             check_values(spec.table, table, batch)
             files.add(pa.table([stored_array(batch.column(c)) for c in batch.column_names],
                                names=batch.column_names), AddBounds.extents(table, batch))
-            faults.maybe_kill_executor(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # open
+            faults.task_reached(faults.CrashPoint.TASK_MID_WRITE, batch_id, task.attempt)  # open
         files.complete()
     finally:
         files.close()
     if files.done:
-        faults.maybe_kill_task(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
+        faults.task_reached(faults.CrashPoint.TASK_AFTER_WRITE, batch_id, task.attempt)
     return {"files": files.done}
 
 
