@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TESTSTAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-long docs lint bench clean java
+.PHONY: demo check test test-long docs lint bench clean java
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "onceflow needs Python >= 3.10"'
@@ -34,6 +34,13 @@ java: $(STAMP)
 demo: $(STAMP)
 	bash scripts/ensure_java.sh $(PY)
 	$(VENV)/bin/onceflow demo
+
+# the inner loop before a commit (a few minutes): lint, types, and the tests that start no JVM,
+# no database server and kill nothing
+check: $(TESTSTAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src
+	$(PY) -m pytest -q -p no:cacheprovider -m "not spark and not jvm and not postgres and not faults and not slow and not long" tests
 
 test: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)

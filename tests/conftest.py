@@ -91,7 +91,7 @@ def pg_dsn(pg_server: object) -> str:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Kinds by marker: a test that uses the ``spark`` fixture needs a JVM; ``pg_dsn`` a server.
+    """Kinds by marker: the ``spark`` fixture needs a JVM; ``pg_dsn`` a server; a Kafka broker a JVM.
 
     Modules whose tests start Spark in child processes say so with ``pytestmark``; select or
     leave out kinds with ``-m`` (e.g. ``pytest -m "not spark"``: the tests without a JVM).
@@ -102,6 +102,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.spark)
         if "pg_dsn" in names or "pg_server" in names:
             item.add_marker(pytest.mark.postgres)
+        if "broker" in names or "kafka_broker" in names:  # a real Kafka broker: a JVM
+            item.add_marker(pytest.mark.jvm)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -31,6 +31,8 @@ def _run(spark: Any, tmp: Path, **kw: Any) -> None:
     payments.start(spark, tmp / "in", tmp / "app.db", tmp / "ck", once=True, **kw).awaitTermination()
 
 
+@pytest.mark.long  # make test's time: the payments example is proven in make test by
+# tests/verify/test_pipeline_verify.py (onceflow.testing under faults) and resumed in test_api_crash.py
 def test_payments_equal_a_batch_recomputation_and_resume(utc: Any, tmp_path: Path) -> None:
     payments.generate(tmp_path / "in", 6_000, per_file=500, duplicates=0.1, seed=3)
     _run(utc, tmp_path, max_files_per_trigger=4)

@@ -20,6 +20,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, QUICK_JIT, dump_options, publish, use_options
 from onceflow.verify.driver import fast_start_archive
 
@@ -69,6 +71,7 @@ def test_publish_refuses_a_missing_or_empty_dump(tmp_path: Path) -> None:
     assert not empty.exists() and not target.exists()
 
 
+@pytest.mark.jvm
 def test_trained_archive_is_mapped_by_the_driver_jvm(tmp_path: Path) -> None:
     archive = fast_start_archive(tmp_path / "training")
     assert archive is not None and archive.stat().st_size > 10_000_000

@@ -19,6 +19,8 @@ from onceflow.errors import OnceflowError
 from onceflow.sources.kafka.client_log import NAME, with_logger
 from onceflow.verify.kafka_server import KafkaServer
 
+pytestmark = pytest.mark.jvm  # Kafka brokers of its own
+
 
 def _tool(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "onceflow.cli.main", "kafka-tool", *args],

@@ -41,6 +41,7 @@ def test_several_sinks_are_named_one_of_each_family_with_a_did_you_mean() -> Non
 
 @pytest.mark.spark
 @pytest.mark.faults
+@pytest.mark.long  # make test's time: tests/sinks/test_several.py kills a driver between two sinks' commits
 def test_a_crash_between_the_two_sinks_commits_is_finished_in_the_lake(orders_sample: Path,
                                                                        tmp_path: Path) -> None:
     rc, out, rep = _verify(tmp_path, "--pipeline", f"{TWO}:build", "--input", str(orders_sample),

@@ -96,6 +96,8 @@ def test_a_key_minted_with_uuid4_in_per_batch_is_caught(orders_sample: Path, tmp
     assert rep["verdict"]["tables"]["customers"]["lost_events"] == 0  # the rest of the pipeline is exact
 
 
+@pytest.mark.long  # make test's time: PostgreSQL restarts (tests/core/test_outages.py) and crashes inside
+# its transaction (tests/sinks/test_contract_example51.py) are proven in make test
 def test_postgres_outage_and_a_crash_inside_the_transaction(orders_sample: Path, tmp_path: Path,
                                                              pg_dsn: str) -> None:
     """The orders pipeline on PostgreSQL: its connections terminated mid-batch, then a crash."""

@@ -100,19 +100,11 @@ _log = logging.getLogger(__name__)
 class HttpEffectsSink(Caller, SinkBase):
     """Effects on an HTTP service, each exactly once (or at most once), by idempotency key and ledger.
 
+    Runs on the driver (the sink's side); what Spark's tasks run is the :class:`Caller` alone.
+
     Args:
-        url: Where each effect is POSTed.
-        ledger: The ledger (see :mod:`onceflow.sinks.http.ledger`): a SQLite file, or a PostgreSQL
-            database's ``postgresql://`` URL (what Spark's tasks on a cluster reach without a
-            shared file system).
-        sink_id: Namespace of keys and markers.
-        idempotent: The service honours ``Idempotency-Key`` (see the module's guarantees).
-        concurrency: Calls in flight at once.
-        retries: Calls per key at most (the first included).
-        timeout_s: Seconds a call may take.
-        backoff_s: First retry delay (doubles, capped at 2 s).
-        confirm_every_s: How often confirmations are written to the ledger while calls run.
-        headers: Extra headers of every call (e.g. ``Authorization``).
+        url, ledger, sink_id, idempotent, concurrency, retries, timeout_s, backoff_s,
+            confirm_every_s, headers: As :class:`onceflow.sinks.http.calls.Caller` takes them.
         collect_below: A batch whose input has fewer rows is collected and called from the driver;
             a larger one is called by Spark's tasks (:meth:`commit_frames`; 0: always the tasks).
 
