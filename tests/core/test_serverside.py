@@ -62,14 +62,14 @@ def test_what_the_steps_raise_and_log_comes_back_as_it_was(spark: Any,
 
 
 def test_a_restore_under_way_is_read_where_the_steps_run(spark: Any, tmp_path: Path) -> None:
-    from onceflow.checkpoint import repair
+    from onceflow.checkpoint import guard
 
     for log, ids in (("offsets", [0, 1, 2]), ("commits", [0, 1])):
         (tmp_path / log).mkdir()
         for n in ids:
             (tmp_path / log / str(n)).write_text("v1\n{}\n")
     assert StepsSource.run(spark, partial(restore_point, tmp_path), "reading") is None
-    repair_file = tmp_path / repair.RESTORE_FILE
+    repair_file = tmp_path / guard.RESTORE_FILE
     repair_file.write_text('{"until": 4}')
     assert StepsSource.run(spark, partial(restore_point, tmp_path), "reading") == (2, 1)
 

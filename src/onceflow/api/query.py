@@ -41,10 +41,10 @@ def restore_point(root: Path) -> tuple[int, int] | None:
 
     None when no restore is under way or the planned batch is committed (nothing to run).
     """
+    from onceflow.checkpoint import guard
     from onceflow.checkpoint import logs as ckpt
-    from onceflow.checkpoint import repair
 
-    if not repair.restore_under_way(root):
+    if not guard.restore_under_way(root):
         return None
     planned, committed = ckpt.offset_batches(root), ckpt.committed_batches(root)
     done = committed[-1] if committed else -1

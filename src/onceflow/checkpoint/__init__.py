@@ -2,9 +2,9 @@
 
 :mod:`~onceflow.checkpoint.logs` (the offset, commit and source logs: which input and watermark
 each batch had), :mod:`~onceflow.checkpoint.ranges` (a batch's input range, kept in its marker),
-:mod:`~onceflow.checkpoint.logcheck` (the logs checked before a start) and
-:mod:`~onceflow.checkpoint.repair` (the sink and the checkpoint in step: the guard of every batch
-and the repair tool).
+:mod:`~onceflow.checkpoint.logcheck` (the logs checked before a start),
+:mod:`~onceflow.checkpoint.guard` (the sink and the checkpoint in step, at every start and batch)
+and :mod:`~onceflow.checkpoint.repair` (``onceflow repair``).
 
 Imports one way: ``checkpoint`` imports only :mod:`onceflow.errors`.
 """

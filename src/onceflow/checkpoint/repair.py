@@ -1,19 +1,10 @@
-"""The sink and Spark's checkpoint in step: checked at every start and batch, repaired on demand.
+"""``onceflow repair``: the checkpoint rewritten so that the sink and it are in step again.
 
-A query is exactly once while two records agree: Spark's checkpoint (which batches were planned,
-over what input, and committed) and the sink's markers (which batches reached the tables, over
-what input: :mod:`onceflow.checkpoint.ranges`). A backup restored on one side only breaks that:
-
-* **The sink is behind** (the database restored from an older backup): the checkpoint committed
-  batches the sink lacks. Spark would never run them again: their rows would be lost.
-* **The sink is ahead** (the checkpoint restored from an older copy): the sink has batches the
-  checkpoint does not, and Spark re-plans them over whatever input is there now. Skipping such a
-  batch as a replay would lose the input it did not have before.
-
-:func:`check_start` (step 1 of :class:`onceflow.engine.batch.BatchWriter`) and :func:`check_replay`
-(step 5, when the sink found the batch's marker) refuse both with :class:`OutOfStepError`
-before anything is written; :class:`Repair` (``onceflow repair``) rewrites the checkpoint so that
-the next start writes every missing batch once.
+The guard of every start and batch (:mod:`onceflow.checkpoint.guard`) refuses a sink behind or
+ahead of Spark's checkpoint; :class:`Repair` (run by ``onceflow repair``, on the machine that sees
+the checkpoint, once per repair) rewinds the checkpoint to the sink, or restores the checkpoint's
+plan of the sink's batches from their markers, so that the next start writes every missing
+batch once.
 """
 
 from __future__ import annotations
@@ -26,177 +17,14 @@ from typing import Any
 
 from onceflow.checkpoint import logcheck, ranges
 from onceflow.checkpoint import logs as ckpt
+from onceflow.checkpoint.guard import RESTORE_FILE, MarkedSink, log_id_of, markers_of, span
 from onceflow.checkpoint.ranges import InputRange
 from onceflow.errors import OutOfStepError
-
-RESTORE_FILE = "onceflow-restore.json"
-"""In the checkpoint while batches are restored from the sink's markers: ``{"until": L}``."""
 
 _VERSION = re.compile(r"^(\d+)(?:_[^.]*)?\.(delta|snapshot|zip|changelog|iddelta|idsnap)$")
 """A state store's version file (HDFS-backed: delta, snapshot; RocksDB: zip, changelog;
 onceflow's id store, :mod:`onceflow.runtime.idstore`: iddelta, idsnap)."""
 
-
-def repair_command(checkpoint: Path, sink: Any) -> str:
-    """The ``onceflow repair`` command line for a query's checkpoint and sink (a DSN's secrets left out)."""
-    return f"onceflow repair --checkpoint {checkpoint} {sink.repair_options()}"
-
-
-
-def _span(first: int, last: int) -> str:
-    return f"batch {first}" if first == last else f"batches {first}-{last}"
-
-
-def check_start(sink: Any, checkpoint: Path, batch_id: int) -> None:
-    """Step 1 of a process's first batch: the sink is neither behind nor ahead of the checkpoint.
-
-    Args:
-        sink: The bound sink (staged batches recovered).
-        checkpoint: Spark's checkpoint.
-        batch_id: The batch Spark runs now.
-
-    Raises:
-        OutOfStepError: The sink lacks batches the checkpoint committed, or has batches after
-            the one Spark runs now.
-    """
-    if not sink.keeps_markers:
-        return
-    have = sorted(int(m["batch_id"]) for m in sink.recent_batches())  # only the last matters here
-    last = have[-1] if have else None
-    committed = ckpt.committed_batches(checkpoint)
-    done = committed[-1] if committed else None
-    if done is not None and (last is None or last < done):
-        first = 0 if last is None else last + 1
-        raise OutOfStepError(
-            f"the sink lacks {_span(first, done)}, which Spark's checkpoint {checkpoint} committed (the "
-            f"sink's last batch is {last if last is not None else 'none'}): the database was restored from "
-            "a backup older than the checkpoint (or the checkpoint belongs to another sink). Their rows are "
-            "not in the tables and Spark will not run them again; nothing was written now. Run "
-            f"`{repair_command(checkpoint, sink)}`: it rewinds the checkpoint to the sink's last batch, and "
-            "the next start writes the missing batches once.")
-    if last is not None and last > batch_id and last > _restoring_until(checkpoint):
-        raise OutOfStepError(
-            f"the sink has {_span(batch_id + 1, last)}, which Spark's checkpoint {checkpoint} has not "
-            f"planned (it runs batch {batch_id} now): the checkpoint was restored from an older copy. "
-            "Spark would plan those batch ids over other input; nothing was written now. Run "
-            f"`{repair_command(checkpoint, sink)}`: it restores the checkpoint's plan of those batches from "
-            "the sink's markers.")
-
-
-def check_replay(sink: Any, checkpoint: Path, now: InputRange | None) -> None:
-    """Step 5 when the sink found batch N's marker: N's input then was the input Spark plans now.
-
-    A marker written without a range (an older onceflow) is taken as it is.
-
-    Raises:
-        OutOfStepError: The marker's range is not the planned one (nothing of N was written).
-    """
-    if now is None:
-        return
-    check_replay_marker(_marker(sink.batches(), now.batch_id), now, sink, sink, checkpoint)
-
-
-def check_replay_marker(found: dict[str, Any] | None, now: InputRange, sink: Any, part: Any,
-                        checkpoint: Path) -> None:
-    """:func:`check_replay` on the marker ``found`` of ``part`` (one of ``sink``'s sinks, or ``sink``).
-
-    Raises:
-        OutOfStepError: The marker's range is not the planned one (nothing of N was written).
-    """
-    if found is None or not found.get("input_range"):
-        return
-    kept = InputRange.from_json(now.batch_id, str(found["input_range"]))
-    if kept.same_input(now):
-        return
-    which = "the sink" if part is sink else f"the sink {part!r}"
-    raise OutOfStepError(
-        f"batch {now.batch_id} is in {which} over another input than Spark's checkpoint {checkpoint} plans "
-        "for it now — "
-        f"committed: {kept.describe()}; planned now: {now.describe()}. The checkpoint (or another of the "
-        "query's sinks) was restored from an older copy, or edited, and skipping the batch as a replay would "
-        f"lose the input it did not have. Nothing of this attempt was written. Run "
-        f"`{repair_command(checkpoint, sink)}`: it restores "
-        "the checkpoint's plan of the sink's batches from their markers, and the next start reads the rest "
-        "as new batches.")
-
-
-def check_sinks_agree(sink: Any, checkpoint: Path, now: InputRange | None) -> None:
-    """Before several sinks commit N: each sink that has N has it over the input Spark plans now.
-
-    Up to the last batch any of them had when bound (``sink.ahead``); a single sink: nothing here
-    (its own replay is checked by :func:`check_replay`).
-
-    Raises:
-        OutOfStepError: Naming the sink, both inputs and the repair command (nothing written).
-    """
-    parts = getattr(sink, "parts", None)
-    if now is None or parts is None or now.batch_id > sink.ahead:
-        return
-    for part in parts:
-        check_replay_marker(_marker(part.batches(), now.batch_id), now, sink, part, checkpoint)
-
-
-def _marker(markers: list[dict[str, Any]], batch_id: int) -> dict[str, Any] | None:
-    """Batch ``batch_id``'s marker among ``markers`` (None: not there)."""
-    return next((m for m in markers if int(m["batch_id"]) == batch_id), None)
-
-
-def _markers(sink: Any) -> list[dict[str, Any]]:
-    """Every marker a sink keeps (several sinks: of every batch any of them has)."""
-    every = getattr(sink, "all_batches", None)
-    return list(every() if every is not None else sink.batches())
-
-
-def _restoring_until(checkpoint: Path) -> int:
-    """The last batch ``onceflow repair`` restores from the sink's markers (-1: no restore under way)."""
-    try:
-        return int(json.loads((checkpoint / RESTORE_FILE).read_text())["until"])
-    except FileNotFoundError:
-        return -1
-    except (ValueError, KeyError, TypeError) as exc:
-        raise OutOfStepError(f"{checkpoint / RESTORE_FILE} is damaged ({exc}): run onceflow repair again") \
-            from None
-
-
-def restore_under_way(checkpoint: Path) -> bool:
-    """Whether ``onceflow repair`` is restoring batches of ``checkpoint`` from the sink's markers."""
-    return _restoring_until(checkpoint) >= 0
-
-
-def continue_restore(sink: Any, checkpoint: Path, batch_id: int) -> bool:
-    """After the replay of a restored batch N (its range checked): restore the plan of N+1.
-
-    ``onceflow repair`` restores the first of the sink's batches the checkpoint lacks; Spark
-    rebuilds the query's state by running it again (the sink skips it). Spark plans each next
-    batch over all the input there is, so the next restored batch's plan is written here, before
-    Spark plans it: Spark then refuses to plan N+1 (its plan exists), the query stops, and
-    :class:`onceflow.OnceQuery` starts it again, which runs N+1 as planned. A file source's log
-    ids after N+1's are removed (what Spark logged while planning over the new input): those
-    files are planned anew after the last restored batch.
-
-    Returns:
-        True when N+1's plan was written (the query is to start again), False otherwise (no
-        restore under way, or N was its last batch: the restore is done).
-    """
-    until = _restoring_until(checkpoint)
-    if until < 0:
-        return False
-    if batch_id >= until:
-        ranges.remove(checkpoint / RESTORE_FILE)
-        return False
-    found = _marker(_markers(sink), batch_id + 1)
-    if found is None or not found.get("input_range"):
-        raise OutOfStepError(f"restoring batch {batch_id + 1} from the sink's marker: the sink has no "
-                             "marker of it with an input range any more; run onceflow repair again")
-    nxt = InputRange.from_json(batch_id + 1, str(found["input_range"]))
-    for i, line in enumerate(nxt.end):
-        directory, pos = ranges.source_log(checkpoint, i), ranges.log_position(line)
-        if pos is not None and directory.is_dir():
-            for p in directory.iterdir():
-                if (log_id := _log_id(p)) is not None and log_id > pos:
-                    ranges.remove(p)
-    ranges.write(checkpoint, nxt, ranges.checkpoint_conf(checkpoint, ckpt.offset_batches(checkpoint)) or {})
-    return True
 
 
 def state_dirs(checkpoint: Path) -> list[Path]:
@@ -291,7 +119,7 @@ class Repair:
        versions and log entries; then write the first restored batch's log entries and plan.
     """
 
-    def __init__(self, checkpoint: str | Path, sink: Any) -> None:
+    def __init__(self, checkpoint: str | Path, sink: MarkedSink) -> None:
         self.checkpoint, self.sink = Path(checkpoint), sink
 
     def plan(self) -> RepairPlan:  # noqa: C901 - the numbered steps, in order
@@ -299,7 +127,7 @@ class Repair:
         root = self.checkpoint
         if ckpt.query_id(root) is None:  # 1
             return RepairPlan("", refused=f"{root} is not a started Spark checkpoint (no metadata file)")
-        markers = {int(m["batch_id"]): m for m in _markers(self.sink)}
+        markers = {int(m["batch_id"]): m for m in markers_of(self.sink)}
         damaged = logcheck.damage(root)
         if damaged:  # 0
             return self._mend(damaged, markers)
@@ -360,9 +188,9 @@ class Repair:
         """Step 3: the sink is behind; the checkpoint goes back to its last batch."""
         root = self.checkpoint
         back = last if last >= 0 else "none (the start)"
-        plan = RepairPlan(f"the sink lacks {_span(last + 1, c)}, which the checkpoint committed: the "
+        plan = RepairPlan(f"the sink lacks {span(last + 1, c)}, which the checkpoint committed: the "
                           f"checkpoint goes back to batch {back}, and the next start "
-                          f"writes {_span(last + 1, c)} and what came after once")
+                          f"writes {span(last + 1, c)} and what came after once")
         if last >= 0 and last not in planned:
             plan.refused = (f"the checkpoint no longer has batch {last}'s plan (offsets/{last}; Spark keeps "
                             "the last spark.sql.streaming.minBatchesToRetain batches): it cannot go back "
@@ -386,7 +214,7 @@ class Repair:
                             + "; put the files back, or restore the sink from a newer backup")
             return plan
         if offsets:
-            plan.notes.append(f"the source must still hold the input of {_span(last + 1, c)} (e.g. a "
+            plan.notes.append(f"the source must still hold the input of {span(last + 1, c)} (e.g. a "
                               "Kafka topic's retention): Spark reads it again from the offsets the "
                               "checkpoint keeps")
         plan.remove = ([root / "commits" / str(b) for b in reversed(ckpt.committed_batches(root)) if b > last]
@@ -406,9 +234,9 @@ class Repair:
         last = max(markers, default=-1)
         plan = self._restore(low, list(range(low + 1, last + 1)), markers, planned)
         back = low if low >= 0 else "none"
-        plan.summary = (f"a sink of the query lacks {_span(low + 1, max(c, last))}, which the checkpoint or "
+        plan.summary = (f"a sink of the query lacks {span(low + 1, max(c, last))}, which the checkpoint or "
                         f"its other sinks have: the checkpoint goes back to batch {back} and the plans of "
-                        f"{_span(low + 1, last)} are restored from the other sinks' markers; the next start "
+                        f"{span(low + 1, last)} are restored from the other sinks' markers; the next start "
                         "writes them into the sink that lacks them (the others skip them)")
         commits = [self.checkpoint / "commits" / str(b) for b in ckpt.committed_batches(self.checkpoint)
                    if b > low]
@@ -419,7 +247,7 @@ class Repair:
                  planned: list[int]) -> RepairPlan:
         """Step 4: the sink is ahead; the checkpoint gets the plans of its batches back."""
         root, last = self.checkpoint, ahead[-1]
-        plan = RepairPlan(f"the sink has {_span(c + 1, last)}, which the checkpoint lacks or planned over "
+        plan = RepairPlan(f"the sink has {span(c + 1, last)}, which the checkpoint lacks or planned over "
                           "other input: their plans are restored from the sink's markers, and the input "
                           "after them is planned anew at the next start")
         if ahead != list(range(c + 1, last + 1)):
@@ -450,14 +278,15 @@ class Repair:
                     logs[d] = pos
         elif (root / "sources").is_dir():
             logs = {d: -1 for d in (root / "sources").iterdir() if d.is_dir()}
-        compacted = [p for d, pos in logs.items() for p in d.glob("*.compact") if int(_log_id(p) or 0) > pos]
+        compacted = [p for d, pos in logs.items() for p in d.glob("*.compact")
+                     if int(log_id_of(p) or 0) > pos]
         if compacted:
             plan.refused = (f"Spark compacted the file source's log after batch {c} ({compacted[0]}): "
                             "onceflow does not rewrite a compacted log; start over with a new checkpoint")
             return plan
         plan.remove = ([root / "offsets" / str(b) for b in reversed(planned) if b > c]
                        + [p for d, pos in logs.items() for p in sorted(d.iterdir(), reverse=True)
-                          if _log_id(p) is not None and int(_log_id(p) or 0) > pos]
+                          if log_id_of(p) is not None and int(log_id_of(p) or 0) > pos]
                        + _state_files_after(root, c + 1))
         plan.restore = restored
         return plan
@@ -487,7 +316,7 @@ class Repair:
             until = plan.restore[-1].batch_id
             if until > first.batch_id:
                 (self.checkpoint / RESTORE_FILE).write_text(json.dumps({"until": until}))
-                done.append(f"{_span(first.batch_id + 1, until)} follow(s) at the next start, one at a "
+                done.append(f"{span(first.batch_id + 1, until)} follow(s) at the next start, one at a "
                             f"time, from the sink's markers ({RESTORE_FILE})")
         return done
 
@@ -501,10 +330,5 @@ def _local(entry: dict[str, Any]) -> Path:
     from urllib.parse import unquote, urlparse
 
     return Path(unquote(urlparse(str(entry["path"])).path))
-
-
-def _log_id(p: Path) -> int | None:
-    name = p.name.removesuffix(".compact")
-    return int(name) if name.isdigit() else None
 
 

@@ -6,7 +6,7 @@ commit protocol is in :mod:`onceflow.sinks._core.base`, numbered the same in eve
 1. **Bind** (:meth:`BatchWriter._bind`), before the first batch of a process: tie the sink to the
    checkpoint's query id (a database written by another checkpoint is refused: batch ids restart
    at 0 there); check that the sink is neither behind nor ahead of the checkpoint
-   (:func:`onceflow.checkpoint.repair.check_start`); delete the stable copies of batches Spark's commit log
+   (:func:`onceflow.checkpoint.guard.check_start`); delete the stable copies of batches Spark's commit log
    has. For a checkpoint that exists, :meth:`BatchWriter.bind_at_start` runs this step before
    Spark starts the query, for the batch Spark will run next — so a sink restored from a backup
    is refused at start, also when no batch would run (``once=True`` and no new input).
@@ -70,8 +70,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from onceflow import faults
+from onceflow.checkpoint import guard, ranges
 from onceflow.checkpoint import logs as ckpt
-from onceflow.checkpoint import ranges, repair
 from onceflow.engine import rejects as rj
 from onceflow.engine.contract import Contract, rejected_count
 from onceflow.engine.progress import ProgressReader
@@ -265,7 +265,7 @@ class BatchWriter:
 
         Raises:
             OutOfStepError: The sink is behind or ahead of the checkpoint
-                (:func:`onceflow.checkpoint.repair.check_start`).
+                (:func:`onceflow.checkpoint.guard.check_start`).
             CheckpointMismatchError: The sink belongs to another checkpoint.
         """
         if ckpt.query_id(self.checkpoint) is None:
@@ -286,7 +286,7 @@ class BatchWriter:
             raise OnceflowError(f"checkpoint {self.checkpoint} has no metadata file")
         def bind() -> None:
             self.sink.bind(qid)
-            repair.check_start(self.sink, self.checkpoint, batch_id)
+            guard.check_start(self.sink, self.checkpoint, batch_id)
 
         retrying(f"batch {batch_id}: binding the sink", self.o.retry_s, bind)
         if self.o.stable is not None:
@@ -515,7 +515,7 @@ class BatchWriter:
             assert isinstance(sink, DriverSink)  # a collected batch: an executor-only sink never has one
             return sink.commit_tables(a.batch_id, a.outputs, self.o.specs, a.stats, a.rows_out)
 
-        repair.check_sinks_agree(self.sink, self.checkpoint, a.planned)  # several sinks: before any writes
+        guard.check_sinks_agree(self.sink, self.checkpoint, a.planned)  # several sinks: before any writes
         try:
             committed = retrying(f"batch {a.batch_id}: the sink's commit", self.o.retry_s, commit)
         except BatchRejectedError as exc:
@@ -525,8 +525,8 @@ class BatchWriter:
             a.written = a.written or {n: 0 for n in a.frames}
             a.stats = self._input_stats(a)[0]
         if not committed:  # a replay: the marker's batch must be the batch Spark plans now
-            repair.check_replay(self.sink, self.checkpoint, a.planned)
-        if repair.continue_restore(self.sink, self.checkpoint, a.batch_id):  # (several sinks: one wrote)
+            guard.check_replay(self.sink, self.checkpoint, a.planned)
+        if guard.continue_restore(self.sink, self.checkpoint, a.batch_id):  # (several sinks: one wrote)
             self.restoring = a.batch_id + 1
         if self.o.stable is not None:
             self.o.stable.drop(a.batch_id)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from onceflow import faults
-from onceflow.checkpoint.repair import repair_command
+from onceflow.checkpoint.guard import repair_command
 from onceflow.engine import contract, startup
 from onceflow.engine import rejects as rj
 from onceflow.engine.batch import BatchWriter, PerBatch, WriterOptions, takes_batch_id

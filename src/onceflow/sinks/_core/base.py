@@ -50,7 +50,7 @@ the driver committing the messages) is :mod:`onceflow.sinks._core.tasks`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -105,7 +105,7 @@ class Sink(Protocol):
     keeps_markers: bool
     """Whether the sink keeps a marker per batch it committed (every sink of onceflow's does;
     verify's negative controls do not): the start-up check that the sink is in step with the
-    checkpoint (:func:`onceflow.checkpoint.repair.check_start`) needs them."""
+    checkpoint (:func:`onceflow.checkpoint.guard.check_start`) needs them."""
 
     tables_are_topics: bool
     """Whether a table name is a Kafka topic name (``.`` and ``-`` allowed,
@@ -117,6 +117,24 @@ class Sink(Protocol):
     then computes a large one-table batch once, in the sink's own write (no cache, no count
     before it), when nothing else reads the frame (no key to check, no ``stable=``, ``late=`` or
     input contract)."""
+
+    @property
+    def parts(self) -> Sequence[Sink]:
+        """The sinks of a query with several; empty for one sink.
+
+        :class:`onceflow.sinks._core.several.SeveralSinks` has them; the start-up and replay checks
+        (:mod:`onceflow.checkpoint.guard`) read each.
+        """
+
+    @property
+    def ahead(self) -> int:
+        """The last batch any of :attr:`parts` had when bound (-1: none, or one sink)."""
+
+    def all_batches(self) -> list[dict[str, Any]]:
+        """Every marker the sink keeps: of several sinks, of every batch any of them has.
+
+        What ``onceflow repair`` restores plans from. Runs on the driver; reads only.
+        """
 
     def recent_batches(self) -> list[dict[str, Any]]:
         """The markers of the last committed batches (at least the last one), by batch id.
@@ -226,6 +244,13 @@ class SinkBase:
     def batches(self) -> list[dict[str, Any]]:
         """The sink's marker rows, by batch id (each sink reads its own)."""
         raise NotImplementedError
+
+    parts: Sequence[Sink] = ()
+    ahead: int = -1
+
+    def all_batches(self) -> list[dict[str, Any]]:
+        """Every marker: here :meth:`batches` (several sinks merge theirs)."""
+        return self.batches()
 
     def recent_batches(self) -> list[dict[str, Any]]:
         """The markers of the last committed batches: here every marker (:meth:`batches`)."""

@@ -9,7 +9,7 @@ commits its own tables with its own marker, by its own protocol. Commit protocol
    check`, where each sink checks its own tables and names).
 2. **Agree**: up to the last batch any sink had at the start (:attr:`SeveralSinks.ahead`), a sink
    that has N must have it over the input Spark plans now — else the others would write N over
-   input that sink never saw (:func:`onceflow.checkpoint.repair.check_sinks_agree`, before anything is
+   input that sink never saw (:func:`onceflow.checkpoint.guard.check_sinks_agree`, before anything is
    written; ``onceflow repair`` restores N's plan from the markers).
 3. **Each sink in turn**, in the order its first table has in the mapping: its tables of N go
    through its own steps 1-6 — decide by its marker (a sink that has N skips it), write, mark,
@@ -58,10 +58,11 @@ class SeveralSinks(SinkBase):
     """
 
     writes_uncached = False
+    parts: list[Any]
     ahead = -1
     """The last batch any sink had when they were bound: up to it, a sink may skip a batch the others
     write, so each batch's plan is checked against every sink's marker first
-    (:func:`onceflow.checkpoint.repair.check_sinks_agree`)."""
+    (:func:`onceflow.checkpoint.guard.check_sinks_agree`)."""
 
     def __init__(self, routes: Mapping[str, Any]) -> None:
         if not isinstance(routes, Mapping) or not routes:
