@@ -40,7 +40,7 @@ demo: $(STAMP)
 check: $(TESTSTAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/mypy src
-	$(PY) -m pytest -q -p no:cacheprovider -m "not spark and not jvm and not postgres and not faults and not slow and not long" tests
+	$(PY) -m pytest -q -rf -p no:cacheprovider -m "not spark and not jvm and not postgres and not faults and not slow and not long" tests
 
 test: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)

@@ -13,9 +13,10 @@ import psycopg
 import pytest
 
 from onceflow.errors import BatchRejectedError
-from onceflow.sinks._core import tables
+from onceflow.sinks._core import checks
 from onceflow.sinks._core.base import BatchStats
-from onceflow.sinks._core.tables import Table, check_frame
+from onceflow.sinks._core.checks import check_frame
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres.sink import PostgresFramesSink
 
 SPECS = {"totals": Table(key=["account", "day"], add=["amount"])}
@@ -26,7 +27,7 @@ SCHEMA = "account STRING, day INT, amount LONG"
 @pytest.fixture(params=["small", "large"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "large":
-        monkeypatch.setattr(tables, "SMALL_CHECK_ROWS", 1)
+        monkeypatch.setattr(checks, "SMALL_CHECK_ROWS", 1)
     return str(request.param)
 
 

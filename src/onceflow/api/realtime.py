@@ -72,7 +72,8 @@ from onceflow.api.durations import parse_duration
 from onceflow.engine.startup import clear_unfinished_start
 from onceflow.errors import ConfigError
 from onceflow.runtime import jvmparts
-from onceflow.sinks._core.tables import Table, check_existing
+from onceflow.sinks._core.checks import check_existing
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.sql import pg_type
 from onceflow.sources.kafka import native as kafka_native
@@ -131,7 +132,7 @@ def jdbc_target(dsn: str) -> tuple[str, str | None, str | None]:
 
 def _columns(df: DataFrame, key: Sequence[str]) -> dict[str, str]:
     """Step 1: every column's PostgreSQL type, the key checked."""
-    from onceflow.sinks._core.tables import arrow_schema
+    from onceflow.sinks._core.checks import arrow_schema
 
     if not df.isStreaming:
         raise ConfigError("write_realtime takes a streaming DataFrame (spark.readStream...); write a "

@@ -16,7 +16,7 @@ A query that cannot write should fail when it is started, not at its first batch
    transformations build a plan and run no shuffle: :func:`empty_like`). A
    ``per_batch`` that cannot run on an empty frame is skipped here and checked at its first
    batch as before. Each table's key and merged columns must be among them
-   (:func:`onceflow.sinks._core.tables.check_columns`).
+   (:func:`onceflow.sinks._core.checks.check_columns`).
 3. **The sink** (:meth:`onceflow.sinks._core.base.Sink.check`): connected (a wrong password or an
    unreachable server fails here), its existing tables checked against the specs and columns.
    Then, for a checkpoint that exists, the sink is bound to it and checked against Spark's logs
@@ -41,7 +41,8 @@ import pyarrow as pa
 
 from onceflow.errors import ConfigError, nearest
 from onceflow.runtime import plans
-from onceflow.sinks._core.tables import Table, check_columns
+from onceflow.sinks._core.checks import check_columns
+from onceflow.sinks._core.tables import Table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -149,7 +150,7 @@ def check_output_mode(mode: str, specs: Mapping[str, Table], late: str | None) -
 def _arrow_schema(value: Any) -> pa.Schema:
     if isinstance(value, pa.Table):
         return value.schema
-    from onceflow.sinks._core.tables import arrow_schema
+    from onceflow.sinks._core.checks import arrow_schema
 
     return arrow_schema(value.schema)
 

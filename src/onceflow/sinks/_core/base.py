@@ -226,7 +226,7 @@ class SinkBase:
             BatchRejectedError: A table's spec names a column its frame lacks.
         """
         from onceflow import faults
-        from onceflow.sinks._core.tables import check_outputs
+        from onceflow.sinks._core.checks import check_outputs
 
         faults.reached(faults.CrashPoint.BEFORE_SINK_WRITE, batch_id)
         check_outputs(frames, specs, rows=False)

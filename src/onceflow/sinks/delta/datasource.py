@@ -44,7 +44,7 @@ class DeltaWriter(FormatWriter):
 
     def __init__(self, spec: FilesSpec, schema: Any, found: pa.Schema | None) -> None:
         """``found``: the table's Arrow schema as the caller read it (None: no table yet)."""
-        from onceflow.sinks._core.tables import arrow_schema
+        from onceflow.sinks._core.checks import arrow_schema
 
         self.rows_schema = arrow_schema(schema)
         self.spec = replace(spec, schema=files.encode_schema(found)) if found is not None else spec

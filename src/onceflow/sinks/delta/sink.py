@@ -29,7 +29,7 @@ A batch whose input has ``collect_below`` rows or more (counted before it runs, 
 :func:`onceflow.write_stream`: the sink is a :class:`onceflow.sinks._core.base.CollectingSink`) and
 whose tables hold as many (a backlog after downtime) never passes through the driver:
 :meth:`DeltaTablesSink.commit_frames` checks the DataFrames with Spark
-(:func:`onceflow.sinks._core.tables.check_frame`), skips every table that has N already (step 2, before
+(:func:`onceflow.sinks._core.checks.check_frame`), skips every table that has N already (step 2, before
 any task runs), and has Spark's tasks write the rest — each table's files committed by the
 driver with the marker in one Delta commit (:mod:`onceflow.sinks.delta.files`, steps 1-4 there);
 the crash points are the same. Smaller batches are collected and take the steps above (one
@@ -64,8 +64,9 @@ from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker, owners
 from onceflow.sinks._core.base import Settle, SinkBase, collected
+from onceflow.sinks._core.checks import check_existing, check_frame, check_outputs, expected_columns
 from onceflow.sinks._core.marker import BatchStats
-from onceflow.sinks._core.tables import Table, check_existing, check_frame, check_outputs, expected_columns
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.delta import files, spark_files
 from onceflow.sinks.delta._log import onceflow_commits, require, writers
 
@@ -344,7 +345,7 @@ class DeltaTablesSink(SinkBase):
     @staticmethod
     def _schema(table: Any | None, frame: Any) -> pa.Schema:
         """The table's Arrow schema (:meth:`_table`); the frame's if a commit of this batch creates it."""
-        from onceflow.sinks._core.tables import arrow_schema
+        from onceflow.sinks._core.checks import arrow_schema
 
         return files.arrow_schema(table) or arrow_schema(frame.schema)
 

@@ -23,7 +23,7 @@ of :mod:`onceflow.sinks._core.base`: 1 is *check*; 2 is *decide*, and records th
 confirmations; 6 is *mark* and *commit*; 7 is *return*.
 
 1. Crash point ``before_sink_write``. Every table needs a key; keys must be non-null and unique
-   within the batch (:func:`onceflow.sinks._core.tables.check_batch`). Nothing is sent.
+   within the batch (:func:`onceflow.sinks._core.checks.check_batch`). Nothing is sent.
 2. Ledger transaction: if N's marker exists, return False (a replay: every effect of N was
    dealt with). Else record every key the ledger does not know as ``started`` with its
    payload's hash. Keys the ledger knows: ``confirmed`` ones are not sent again; ``started``
@@ -90,7 +90,8 @@ from onceflow import faults
 from onceflow.errors import ConfigError, EffectsFailedError, OnceflowError
 from onceflow.faults import CrashPoint
 from onceflow.sinks._core.base import BatchStats, SinkBase
-from onceflow.sinks._core.tables import Table, check_frame, check_json, check_json_frame, check_outputs
+from onceflow.sinks._core.checks import check_frame, check_json, check_json_frame, check_outputs
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.http.calls import Caller, effects_of, unstable
 from onceflow.sinks.http.ledger import Effect, read_batches
 
@@ -181,8 +182,8 @@ class HttpEffectsSink(Caller, SinkBase):
         Under ``collect_below`` rows: collected, steps 1-7 of the module. Otherwise steps T1-T4:
 
         1. **Check** (T1). Crash point ``before_sink_write``. Every table has a key; Spark checks
-           the frames for a null or repeated key (:func:`onceflow.sinks._core.tables.check_frame`) and a
-           value JSON cannot hold (:func:`onceflow.sinks._core.tables.check_json_frame`). Nothing is sent.
+           the frames for a null or repeated key (:func:`onceflow.sinks._core.checks.check_frame`) and a
+           value JSON cannot hold (:func:`onceflow.sinks._core.checks.check_json_frame`). Nothing is sent.
         2. **Decide** (T2): the batch's marker in the ledger — a replay: False.
         3. **Call** (T3). Spark computes every row's effect (key and payload, as
            :func:`effects_of`) and each task takes its share through steps 2-5 against the

@@ -30,7 +30,8 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.errors import ConfigError
-from onceflow.sinks._core.tables import Table, spark_name
+from onceflow.sinks._core.checks import spark_name
+from onceflow.sinks._core.tables import Table
 
 PRUNED = {"integer", "long", "string", "date"}
 """Key types whose batch bounds pick files (others touch every data file: their Python form from

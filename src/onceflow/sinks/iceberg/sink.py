@@ -16,7 +16,7 @@ Commit protocol of :meth:`IcebergTablesSink.commit_frames` for batch N (every ba
 its size: no row passes through the driver):
 
 1. **Check.** Crash point ``before_sink_write``. Each frame against its spec
-   (:func:`onceflow.sinks._core.tables.check_frame`: nothing written on a refusal) and its columns' types
+   (:func:`onceflow.sinks._core.checks.check_frame`: nothing written on a refusal) and its columns' types
    against the table's. May run any number of times.
 2. **Decide**, per table in the order of ``tables=``: load the table (created empty, from the
    batch's columns, if missing). If its ``onceflow.<sink_id>.batch`` is N or more, it has the
@@ -71,8 +71,9 @@ from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase
+from onceflow.sinks._core.checks import check_existing, check_frame, expected_columns, spark_name
 from onceflow.sinks._core.marker import BatchStats
-from onceflow.sinks._core.tables import Table, check_existing, check_frame, expected_columns, spark_name
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.delta import spark_files
 from onceflow.sinks.delta.spark_files import REBASE, WRITE_OPTIONS
 from onceflow.sinks.iceberg import merge
@@ -336,7 +337,7 @@ class IcebergTablesSink(SinkBase):
         Raises:
             ConfigError: Naming the table, the column and both types.
         """
-        from onceflow.sinks._core.tables import arrow_schema
+        from onceflow.sinks._core.checks import arrow_schema
 
         have = merge.table_types(table)
         for field in arrow_schema(frame.schema):
@@ -364,7 +365,7 @@ class IcebergTablesSink(SinkBase):
 
     def _create(self, name: str, frame: Any) -> Any:
         """An empty table of the frame's columns, all optional (step 2, first batch)."""
-        from onceflow.sinks._core.tables import arrow_schema
+        from onceflow.sinks._core.checks import arrow_schema
 
         schema = arrow_schema(frame.schema)
         schema = pa.schema([f.with_nullable(True) for f in schema])

@@ -27,7 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from onceflow.errors import OnceflowError
-from onceflow.sinks._core.tables import Table, check_json
+from onceflow.sinks._core.checks import check_json
+from onceflow.sinks._core.tables import Table
 
 PRODUCER = {"partitioner": "murmur2_random", "linger.ms": 5, "queue.buffering.max.messages": 1_000_000,
             "queue.buffering.max.kbytes": 1_048_576}
@@ -149,7 +150,7 @@ def check_values(name: str, spec: Table, rows: pa.Table) -> None:
     """Refuse what a record's JSON would not hold as given (step 1 of the Kafka sink).
 
     A column written as raw bytes (a single text or binary key, the ``value`` column) holds
-    anything; the others go through :func:`onceflow.sinks._core.tables.check_json`.
+    anything; the others go through :func:`onceflow.sinks._core.checks.check_json`.
 
     Raises:
         BatchRejectedError: Naming the topic, the column, the row's key and the value.

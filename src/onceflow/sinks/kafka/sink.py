@@ -63,8 +63,9 @@ from onceflow.errors import CheckpointMismatchError, ConfigError, OnceflowError
 from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase, collected
+from onceflow.sinks._core.checks import check_frame, check_outputs
 from onceflow.sinks._core.marker import BatchStats
-from onceflow.sinks._core.tables import Table, check_frame, check_outputs
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.kafka import owners as kafka_owners
 from onceflow.sinks.kafka import records as kafka_records
 from onceflow.sinks.kafka.records import encode
@@ -307,7 +308,7 @@ class KafkaTopicsSink(SinkBase):
         Under ``collect_below`` rows: collected, steps 1-6 of the module. Otherwise steps T1-T6:
 
         1. **Check** (T1). Crash point ``before_sink_write``. Spark checks the frames: a null or
-           repeated key (:func:`onceflow.sinks._core.tables.check_frame`), a value JSON cannot hold
+           repeated key (:func:`onceflow.sinks._core.checks.check_frame`), a value JSON cannot hold
            (:func:`onceflow.sinks.kafka.tasks.check_frame_values`) — before any task produces.
         2. **Decide** (T2) as step 2 of the module: the batch's marker there, a replay: False.
         3. **Write** (T3). Spark encodes every table's rows as records and hash-partitions them

@@ -40,7 +40,8 @@ import pyarrow.compute as pc
 
 from onceflow import faults
 from onceflow.errors import ConfigError, OnceflowError
-from onceflow.sinks._core.tables import Table, check_json_frame, spark_name
+from onceflow.sinks._core.checks import check_json_frame, spark_name
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks._core.tasks import run_tasks, running_task
 from onceflow.sinks.kafka import records as kafka_records
 from onceflow.sources.kafka.client_log import with_logger
@@ -128,7 +129,7 @@ def check_frame_values(name: str, spec: Table, frame: Any) -> None:
     Raises:
         BatchRejectedError: Naming the topic, the column, the row's key and the value.
     """
-    from onceflow.sinks._core.tables import arrow_schema
+    from onceflow.sinks._core.checks import arrow_schema
 
     columns = kafka_records.json_columns(arrow_schema(frame.schema).empty_table(), spec)
     check_json_frame(f"topic {name!r}", spec, frame, columns)

@@ -16,7 +16,8 @@ from typing import Any
 import pyarrow as pa
 
 from onceflow.errors import BatchRejectedError
-from onceflow.sinks._core.tables import Table, row_name
+from onceflow.sinks._core.checks import row_name
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres import stage
 from onceflow.sinks.postgres.writer import TargetSpec
@@ -99,7 +100,7 @@ def refuse_overflow(dsn: str, name: str, spec: Table, frame: Any) -> None:
     from psycopg import sql
     from pyspark.sql import functions as F
 
-    from onceflow.sinks._core.tables import arrow_schema
+    from onceflow.sinks._core.checks import arrow_schema
 
     cols = integer_adds(spec, arrow_types(arrow_schema(frame.schema), spec.add))
     if not cols:

@@ -27,7 +27,7 @@ A batch whose input has ``collect_below`` rows or more (a backlog; :func:`oncefl
 decides before the batch runs) never passes through the driver, in the same one transaction
 (:meth:`PostgresTablesSink.commit_frames`):
 
-T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.sinks._core.tables.check_frame`:
+T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.sinks._core.checks.check_frame`:
     a missing column, a null key, a key twice).
 T2. If the marker exists, return False (a replay runs no task). Tables that do not exist are
     created as step 3 would (each in a transaction of its own: an empty table).
@@ -57,8 +57,9 @@ from onceflow.errors import BatchRejectedError, ConfigError, PostgresError
 from onceflow.faults import CrashPoint
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase, collected
+from onceflow.sinks._core.checks import check_existing, check_frame, check_outputs
 from onceflow.sinks._core.marker import BatchStats
-from onceflow.sinks._core.tables import Table, check_existing, check_frame, check_outputs
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres import refusals, stage
 from onceflow.sinks.postgres import sql as pg
 from onceflow.sinks.postgres.conn import require_psycopg
@@ -201,7 +202,7 @@ class PostgresTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             PostgresError: The server failed the transaction (nothing written).
         """
-        from onceflow.sinks._core.tables import arrow_schema
+        from onceflow.sinks._core.checks import arrow_schema
         from onceflow.sinks.postgres.datasource import stage_frame
 
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1

@@ -26,7 +26,8 @@ import pyarrow as pa
 
 from onceflow.errors import CheckpointMismatchError, ConfigError, PostgresError
 from onceflow.sinks._core import marker, owners
-from onceflow.sinks._core.tables import Table, check_existing, expected_columns
+from onceflow.sinks._core.checks import check_existing, expected_columns
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.postgres.conn import DSN_ENV, connect, redact, resolve_dsn, scrub
 
 __all__ = ["DSN_ENV", "PostgresError", "connect", "redact", "resolve_dsn", "scrub"]
@@ -294,7 +295,7 @@ def check_tables(conn: Any, specs: Mapping[str, Table], schemas: Mapping[str, pa
     """The start-up check of a PostgreSQL sink: every table that exists fits its spec and columns.
 
     Raises:
-        ConfigError: See :func:`onceflow.sinks._core.tables.check_existing` (names: :func:`check_names`).
+        ConfigError: See :func:`onceflow.sinks._core.checks.check_existing` (names: :func:`check_names`).
     """
     for name, spec in specs.items():
         found = existing_table(conn, name)

@@ -48,7 +48,7 @@ class SQLiteWriter(FormatWriter):
     """The format's write of one batch (:mod:`onceflow.sinks._core.tasks`): scratch files, then one copy."""
 
     def __init__(self, spec: TaskSpec, schema: Any) -> None:
-        from onceflow.sinks._core.tables import arrow_schema
+        from onceflow.sinks._core.checks import arrow_schema
 
         self.spec = spec
         self.schema = arrow_schema(schema)

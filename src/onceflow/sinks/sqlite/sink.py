@@ -10,7 +10,7 @@ indexes of its own: its constraints can refuse rows), is ``append`` with a key (
 earlier batch would conflict), or the sink was made with ``staged=False``. For batch N:
 
 1. Crash point ``before_sink_write``. Every table's rows are checked against its spec
-   (:func:`onceflow.sinks._core.tables.check_batch`) and against what SQLite stores as given
+   (:func:`onceflow.sinks._core.checks.check_batch`) and against what SQLite stores as given
    (:func:`onceflow.sinks.sqlite.values.check_values`: no NaN, no ``-0.0``, no decimal a double
    does not hold); a batch that does not fit raises :class:`onceflow.errors.BatchRejectedError`
    here — nothing is written and Spark does not write ``commits/N``. May run any number of times.
@@ -73,7 +73,7 @@ changing a table between S2 and S5: the batch then stays staged and a restart ap
 DataFrames (:meth:`SQLiteTablesSink.commit_frames`; :func:`onceflow.write_stream` decides by the
 input's rows before the batch runs): the driver never holds the batch, the tasks convert it.
 
-T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.sinks._core.tables.check_frame`:
+T1. Crash point ``before_sink_write``. Spark checks the keys (:func:`onceflow.sinks._core.checks.check_frame`:
     a missing column, a null key, a key twice) without collecting the rows. Wait for the apply of
     the previous batch (S1).
 T2. If the marker ``(sink_id, N)`` exists, return False: a replay runs no task.
@@ -101,8 +101,7 @@ T6. Remove the attempt's scratch files, whatever happened (``bind`` removes a ki
 One table without a key may come uncached (``settle``, ``Sink.writes_uncached``): T3 is the batch's
 only Spark job; the marker's numbers are settled from the files' rows before T4.
 
-Types and the values refused: :mod:`onceflow.sinks.sqlite.values`; the marker row:
-:mod:`onceflow.sinks.sqlite.db`.
+Types and the values refused: :mod:`onceflow.sinks.sqlite.values`; the marker: :mod:`~.sqlite.db`.
 """
 
 from __future__ import annotations
@@ -123,8 +122,9 @@ from onceflow import faults
 from onceflow.errors import OnceflowError, SinkApplyError
 from onceflow.sinks._core import marker
 from onceflow.sinks._core.base import Settle, SinkBase, collected
+from onceflow.sinks._core.checks import check_existing, check_frame, check_outputs, expected_columns
 from onceflow.sinks._core.marker import BatchStats
-from onceflow.sinks._core.tables import Table, check_existing, check_frame, check_outputs, expected_columns
+from onceflow.sinks._core.tables import Table
 from onceflow.sinks.sqlite import tasks
 from onceflow.sinks.sqlite.db import (
     HAS_MARKER,
@@ -390,7 +390,7 @@ class SQLiteTablesSink(SinkBase):
             ConfigError: An existing table does not fit (nothing written).
             SinkApplyError: The previous batch could not be applied (it stays staged).
         """
-        from onceflow.sinks._core.tables import arrow_schema
+        from onceflow.sinks._core.checks import arrow_schema
 
         counts = None if settle is not None else self._counted(batch_id, frames, specs, written)  # T1
         if counts is None:  # written once, by the tasks: nothing counts or reads it before

@@ -32,7 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from onceflow.errors import BatchRejectedError, ConfigError
-from onceflow.sinks._core.tables import Table, first_true, row_name
+from onceflow.sinks._core.checks import first_true, row_name
+from onceflow.sinks._core.tables import Table
 
 I64_MAX = 2**63 - 1
 I64_MIN = -(2**63)
