@@ -42,6 +42,11 @@ check: $(TESTSTAMP)
 	$(VENV)/bin/mypy src
 	$(PY) -m pytest -q -rf -p no:cacheprovider -m "not spark and not jvm and not postgres and not faults and not slow and not long" tests
 
+# make test runs the test files in TEST_WORKERS processes (pytest-xdist; one file's tests stay in one
+# process, with its module fixtures: brokers, servers). Each process starts its own session and
+# PostgreSQL server. TEST_WORKERS=0: all in this process.
+TEST_WORKERS ?= 2
+
 test: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)
 	bash scripts/ensure_postgres.sh
@@ -50,7 +55,7 @@ test: $(TESTSTAMP)
 	$(VENV)/bin/ruff check src
 	$(VENV)/bin/mypy src
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile --durations=25 tests
 
 test-long: $(TESTSTAMP)
 	bash scripts/ensure_java.sh $(PY)

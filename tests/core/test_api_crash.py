@@ -195,9 +195,11 @@ def _task_killed_then_retried(tmp: Path, db: Path, backend: str, dsn: str | None
                              (target,)).fetchone()[0] == 0, table
 
 
-@pytest.mark.parametrize(("mode", "point", "wrong"), [  # naive: make test-long (make test's 30 minutes)
+@pytest.mark.parametrize(("mode", "point", "wrong"), [  # make test-long: make test has verify catching
+    # a naive sink (tests/verify/test_verify.py, tests/sinks/test_kafka_sink.py) and a lossy one
+    # (test_verify.py's negative control: the marker before the rows, killed in the transaction)
     pytest.param("naive", "after_sink_commit", "duplicated", marks=pytest.mark.long),
-    ("lossy", "inside_sink_txn", "lost")])
+    pytest.param("lossy", "inside_sink_txn", "lost", marks=pytest.mark.long)])
 def test_negative_controls_are_caught(spark: Any, tmp_path: Path, mode: str, point: str, wrong: str) -> None:
     payments.generate(tmp_path / "in", 3_000, per_file=500, duplicates=0.05, seed=7)
     d = _driver(tmp_path, "crash", mode=mode, crash_at=f"{point}@1")

@@ -72,6 +72,31 @@ def test_publish_refuses_a_missing_or_empty_dump(tmp_path: Path) -> None:
 
 
 @pytest.mark.jvm
+def test_a_process_that_waits_for_the_training_uses_the_archive_it_published(tmp_path: Path) -> None:
+    # test workers or verifies started together train the archive once: a second caller waits on
+    # the lock beside the archive, then returns what the first published without training again
+    import fcntl
+
+    cache = tmp_path / "cache"
+    env = {**os.environ, "ONCEFLOW_CACHE_DIR": str(cache)}
+    ask = ("import sys; from pathlib import Path; from onceflow.verify.driver import fast_start_archive; "
+           "print('GOT', fast_start_archive(Path(sys.argv[1]), lambda m: print('SAID', m)))")
+    where = subprocess.run([sys.executable, "-c", "from onceflow.runtime.jvmstart import archive_path; "
+                            "print(archive_path())"], env=env, capture_output=True, text=True, check=True)
+    archive = Path(where.stdout.strip())
+    archive.parent.mkdir(parents=True)
+    with open(archive.parent / f".{archive.name}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # "another process" trains
+        waiting = subprocess.Popen([sys.executable, "-c", ask, str(tmp_path / "scratch")], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=3)  # it waits while the lock is held
+        archive.write_bytes(b"published")
+    out, _ = waiting.communicate(timeout=60)
+    assert f"GOT {archive}" in out and "SAID" not in out, out  # no training of its own
+    assert not (tmp_path / "scratch").exists()
+
+
 def test_trained_archive_is_mapped_by_the_driver_jvm(tmp_path: Path) -> None:
     archive = fast_start_archive(tmp_path / "training")
     assert archive is not None and archive.stat().st_size > 10_000_000

@@ -104,6 +104,9 @@ def _child(backend: Backend, crash_at: str, batch: int = 0) -> int:
     return proc.returncode
 
 
+@pytest.mark.parametrize("backend", [*KINDS[:-1], pytest.param(KINDS[-1], marks=pytest.mark.long)],
+                         indirect=True)  # postgres-2pc's two points: make test has them in
+# tests/sinks/test_postgres_two_phase.py (a driver killed undecided and decided, under Spark)
 def test_sigkill_inside_the_transaction_then_after_the_commit(backend: Backend) -> None:
     assert _child(backend, "inside_sink_txn") == -9
     assert backend.counts() == ({}, {})

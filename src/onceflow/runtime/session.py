@@ -122,6 +122,12 @@ def session(
 ) -> SparkSession:
     """Get or create a SparkSession with onceflow's defaults.
 
+    Runs on the driver, once per application (a session that exists is returned as it is).
+    Besides the session, it sets ``PYSPARK_PYTHON`` (and, when unset, ``SPARK_LOCAL_IP`` and
+    ``PYSPARK_DRIVER_PYTHON``) in this process's environment: PySpark reads the Python its
+    workers run from that variable, and the workers must import the onceflow of this
+    interpreter.
+
     Args:
         master: Spark master URL; ``local[<cores>]`` when omitted.
         app_name: Application name.
@@ -152,7 +158,7 @@ def session(
             not apply: the server has its own).
 
     Returns:
-        The session. Its JVM is registered as a crash-point companion.
+        The session.
 
     Raises:
         JavaNotFoundError: No Java runtime.

@@ -296,19 +296,38 @@ def fast_start_archive(scratch: Path, say: Callable[[str], None] = print) -> Pat
         scratch: A directory for the training run's log, checkpoint and database (removed).
         say: Progress output.
 
+    Processes that need the archive at once (verifies or test workers started together) train it
+    once: the first holds a lock file beside the archive while it trains, the others wait for
+    it and then use what it published. Runs on the machine that starts the drivers, once per
+    run.
+
     Returns:
         The archive (see :func:`onceflow.runtime.jvmstart.archive_path`), or None when training
         failed to produce one (drivers then start the normal way).
     """
-    import shutil
+    import fcntl
 
-    from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, archive_path, dump_options, publish
-    from onceflow.sources.log import EventLog
-    from onceflow.verify.generator import GeneratorConfig, generate_segments
+    from onceflow.runtime.jvmstart import archive_path
 
     archive = archive_path()
     if archive.exists():
         return archive
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with open(archive.parent / f".{archive.name}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if archive.exists():  # trained by another process while this one waited
+            return archive
+        return _train_archive(archive, scratch, say)
+
+
+def _train_archive(archive: Path, scratch: Path, say: Callable[[str], None]) -> Path | None:
+    """Train and publish ``archive`` (:func:`fast_start_archive` holds the lock)."""
+    import shutil
+
+    from onceflow.runtime.jvmstart import JAVA_OPTIONS_ENV, dump_options, publish
+    from onceflow.sources.log import EventLog
+    from onceflow.verify.generator import GeneratorConfig, generate_segments
+
     say(f"fast start: training the driver class-data archive {archive} (once per machine)")
     scratch.mkdir(parents=True, exist_ok=True)
     log = EventLog(scratch / "log")
@@ -316,7 +335,6 @@ def fast_start_archive(scratch: Path, say: Callable[[str], None] = print) -> Pat
                                                duplicates=0.05, late=0.02, segment_size=1_000)):
         log.append(t)
     tmp = archive.parent / f".{archive.name}.{os.getpid()}.tmp"
-    archive.parent.mkdir(parents=True, exist_ok=True)
     d = Driver(scratch / "log", scratch / "ck", scratch / "sink.db", scratch / "train.out", once=True,
                max_files=1, env={JAVA_OPTIONS_ENV: dump_options(tmp)})
     try:
