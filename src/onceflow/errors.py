@@ -149,6 +149,10 @@ class SenderRefusedError(OnceflowError, PermissionError):
     """The ingest receiver refused this sender (401/403); its events stay in the outbox."""
 
 
+class ServerLostError(OnceflowError, ConnectionError):
+    """The Spark Connect server a query ran on stopped answering for longer than the wait allows."""
+
+
 def nearest(name: str, known: Iterable[str]) -> str | None:
     """The valid name closest to a misspelt ``name``, or None when none is close.
 

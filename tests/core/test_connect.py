@@ -6,13 +6,16 @@ customer into SQLite, with ``late=`` and ``rejects=``. The expected tables are c
 with pyarrow from the files (the watermark rule written out), never through onceflow. Faults:
 a crash point in the server's ``foreachBatch`` worker SIGKILLs the server JVM between the sink's
 commit and Spark's commit log of a batch with data; the client is SIGKILLed while a batch with
-data runs; both restarted, the tables are exact. A client that cannot see the server's
+data runs; both restarted, the tables are exact. The client that waited on the killed server
+ends by itself within its bound (``$ONCEFLOW_CONNECT_SERVER_WAIT``), naming the server, while
+Spark's own query's client on that server still waits. A client that cannot see the server's
 checkpoint restarts the query with the checkpoint's checks run on the server's driver, and gets
 their refusal of a log damaged on the server.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sqlite3
@@ -26,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from onceflow.runtime.connect import SERVER_WAIT_ENV
 from onceflow.verify.connect_server import ConnectServer
 
 pytestmark = [pytest.mark.spark, pytest.mark.faults]
@@ -64,6 +68,20 @@ else:
     query.stop()
 print("PROVIDER", spark.conf.get("spark.sql.streaming.stateStore.providerClass"))
 '''
+
+PLAIN = '''
+import sys
+from pyspark.sql import SparkSession
+url, root = sys.argv[1], sys.argv[2]
+spark = SparkSession.builder.remote(url).getOrCreate()
+schema = "order_id STRING, customer STRING, qty BIGINT, ts TIMESTAMP"
+raw = spark.readStream.schema(schema).parquet(f"{root}/in")
+query = (raw.writeStream.foreachBatch(lambda df, _: df.count())
+         .option("checkpointLocation", f"{root}/ck-plain").trigger(processingTime="1 second").start())
+print("STARTED", flush=True)
+query.awaitTermination()
+'''
+"""Spark's own ``foreachBatch`` query waiting on the same server: the control of the client's bound."""
 
 
 def _write_inputs(root: Path, upto: int = 4) -> tuple[dict[str, tuple[int, int]], int, int]:
@@ -122,8 +140,11 @@ def _write_inputs(root: Path, upto: int = 4) -> tuple[dict[str, tuple[int, int]]
 
 
 def _client(server: ConnectServer, root: Path, trigger: str = "once", pause: float = 0.0,
-            unseen: tuple[Path, ...] = (), checkpoint: str | None = None) -> subprocess.Popen[str]:
+            unseen: tuple[Path, ...] = (), checkpoint: str | None = None,
+            server_wait: float | None = None) -> subprocess.Popen[str]:
     """The client in a process of its own; the directories ``unseen`` are hidden from it.
+
+    ``server_wait``: its ``$ONCEFLOW_CONNECT_SERVER_WAIT`` (seconds for a server that stopped answering).
 
     Each is covered by an empty tmpfs in a mount namespace of the client's own
     (``unshare -m``): the server still sees what is there, the client does not.
@@ -135,7 +156,9 @@ def _client(server: ConnectServer, root: Path, trigger: str = "once", pause: flo
         mounts = " && ".join(f'mount -t tmpfs none "{d}"' for d in unseen)
         cmd = ["unshare", "-m", "sh", "-c", f'{mounts} && exec "$@"', "sh", *cmd]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"}, start_new_session=True)
+                            env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1",
+                                 **({SERVER_WAIT_ENV: str(server_wait)} if server_wait else {})},
+                            start_new_session=True)
 
 
 def _markers(root: Path) -> dict[int, tuple[int | None, ...]]:
@@ -190,10 +213,28 @@ def test_a_server_killed_between_the_sinks_commit_and_sparks_and_a_killed_client
     expected, late, _ = _write_inputs(tmp_path)
     crash = {"ONCEFLOW_CRASH_AT": "after_sink_commit@1"}
     with ConnectServer(tmp_path / "server1", env=crash) as server:
-        client = _client(server, tmp_path)
+        (tmp_path / "plain.py").write_text(PLAIN)
+        plain = subprocess.Popen([sys.executable, str(tmp_path / "plain.py"), server.url, str(tmp_path)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"},
+                                 start_new_session=True)
+        client = _client(server, tmp_path, server_wait=8)
         assert server.wait_exit(240), "the crash point left the server"
-        os.killpg(client.pid, signal.SIGKILL)  # Connect's client retries a lost server for minutes
-        client.wait(timeout=60)
+        gone = time.monotonic()
+        try:  # the waiting client ends on its own, naming the server
+            out, _ = client.communicate(timeout=60)
+            ended = time.monotonic() - gone
+            plain_waits = plain.poll() is None  # Spark's own: its client retries for minutes
+        finally:
+            for proc in (client, plain):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+        said = plain.communicate(timeout=60)[0]
+    assert client.returncode != 0 and "ServerLostError" in out, out[-4000:]
+    assert f"the Spark Connect server {server.url} has not answered for 8 s (UNAVAILABLE" in out, out[-4000:]
+    assert "run this pipeline again" in out
+    assert ended < 8 + 20, ended  # its bound, plus the client's exit
+    assert plain_waits and "STARTED" in said, said[-3000:]
     log = (tmp_path / "server1" / "connect-server.log").read_text()
     assert "crash point after_sink_commit at batch 1" in log
     assert not (tmp_path / "ck" / "commits" / "1").exists()  # the sink has batch 1, Spark's commit log not

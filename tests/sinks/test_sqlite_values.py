@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import decimal
 import sqlite3
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -130,8 +131,11 @@ def test_an_older_onceflows_table_still_takes_the_staged_path(tmp_path: Path) ->
     sink = SQLiteTablesSink(db)
     sink.bind("q1")
     spec = {"t": Table(key="k", add="n")}
+    gate = threading.Event()  # the apply thread kept busy: the staged batch waits (else it may be
+    sink._apply_thread().submit(gate.wait, 60)  # applied before the check: seen under load)
     assert sink.commit_tables(0, {"t": pa.table({"k": ["a"], "n": [1]})}, spec, STATS, 1)
     assert sink.staged_batches() == [0]
+    gate.set()
     sink.flush()
     assert q(db, "SELECT k, n FROM t") == [("a", 1)]
 

@@ -18,6 +18,7 @@ the wait starts it again, once per restored batch.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -92,14 +93,20 @@ class OnceQuery:
         self._checkpoint_on_server = checkpoint_on_server
         self._restored_after = -1
 
-    def awaitTermination(self, timeout: float | None = None) -> bool | None:  # noqa: N802
+    def awaitTermination(self, timeout: float | None = None, *,  # noqa: N802
+                         server_wait: float | None = None) -> bool | None:
         """Wait for the query to end (``once``: when everything available is written).
 
-        Ctrl-C stops the query cleanly (see the module): after the batch in flight, or at
-        once on a second Ctrl-C.
+        Runs on the client (the driver of a classic session), once per wait. Ctrl-C stops the
+        query cleanly (see the module): after the batch in flight, or at once on a second Ctrl-C.
+        On Spark Connect, a server that stops answering ends the wait within ``server_wait``
+        seconds with :class:`~onceflow.errors.ServerLostError` (Spark's client alone retries
+        for at least ten minutes).
 
         Args:
             timeout: Seconds to wait at most (None: until the query ends).
+            server_wait: Spark Connect only: the seconds to wait for a server that stopped
+                answering (default ``$ONCEFLOW_CONNECT_SERVER_WAIT``, else 60).
 
         Returns:
             True when the query ended (or was stopped by Ctrl-C), False when ``timeout`` passed.
@@ -107,16 +114,27 @@ class OnceQuery:
         Raises:
             OnceflowError: What failed inside a batch or one of onceflow's data sources (the
                 original error, not Spark's wrapper).
+            ServerLostError: The Connect server did not answer for ``server_wait`` seconds.
+            ConfigError: ``server_wait`` is not a positive number.
         """
+        from onceflow.runtime import connect
+
+        on_connect = plans.is_connect(self.query)
+        wait_s = connect.server_wait_s(server_wait) if on_connect else 0.0
+        lost = False
         try:
-            with _counting_interrupts() as interrupts:
+            with (connect.bounded_retries(self._spark, wait_s)
+                  if on_connect else contextlib.nullcontext()), _counting_interrupts() as interrupts:
                 while True:
                     try:
                         return self._wait(timeout, interrupts)
-                    except Exception:
-                        if not self._restarted():
+                    except Exception as exc:
+                        if (on_connect and connect.is_server_gone(exc)) or not self._restarted():
                             raise
         except Exception as exc:
+            if on_connect and connect.is_server_gone(exc):
+                lost = True
+                raise connect.server_lost(self._spark, wait_s, exc) from None
             if isinstance(self._writer.error, BatchWriter.Stopped):
                 return True
             if self._writer.error is not None:  # a Spark error may carry onceflow's (a rule's raise_error)
@@ -127,8 +145,16 @@ class OnceQuery:
                 raise found from None
             raise
         finally:
-            if not self.query.isActive:
+            if lost:  # nothing to ask a server that is gone: close what is local
+                self._listener = None
+                self._writer.close()
+            elif not self.query.isActive:
                 self._cleanup()
+
+    @property
+    def _spark(self) -> Any:
+        """The query's session (a Connect query keeps it as ``_session``: it has no ``sparkSession``)."""
+        return self.query._session if plans.is_connect(self.query) else self.query.sparkSession
 
     def _restarted(self) -> bool:
         """Start the query again when a batch restored by ``onceflow repair`` is next (see the module)."""
@@ -158,7 +184,7 @@ class OnceQuery:
             from onceflow.engine.serverside import StepsSource
 
             point: tuple[int, int] | None = StepsSource.run(
-                self.query.sparkSession, partial(restore_point, root), "reading the checkpoint's restore")
+                self._spark, partial(restore_point, root), "reading the checkpoint's restore")
         else:
             point = restore_point(root)
         if point is None or point[1] <= self._restored_after:
@@ -191,7 +217,7 @@ class OnceQuery:
 
     def _cleanup(self) -> None:
         if self._listener is not None:
-            self.query.sparkSession.streams.removeListener(self._listener)
+            self._spark.streams.removeListener(self._listener)
             self._listener = None
         self._writer.close()
 

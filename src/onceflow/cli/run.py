@@ -413,3 +413,27 @@ def wait_for_release(go: Path, poll_s: float = 0.02) -> None:
             click.echo("onceflow: standby released by nobody: its starter exited", err=True)
             sys.exit(3)
         time.sleep(poll_s)
+
+
+@click.group("pipelines")
+def pipelines() -> None:
+    """Spark Declarative Pipelines with onceflow's sinks (PySpark 4.1 and later)."""
+
+
+@pipelines.command("run", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                            "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def pipelines_run(args: tuple[str, ...]) -> None:
+    """``spark-pipelines run ARGS``, exiting 0 when the run completes.
+
+    Every argument goes to Spark's runner as it is (``onceflow pipelines run --help``: its
+    options, e.g. ``--spec pipeline.yml``, ``--full-refresh-all``). The one difference: PySpark's
+    runner exits 1 after a completed run whose flows use a Python data source (every onceflow
+    format) or UDF, on the Python accumulator updates the server reports; this runner passes them
+    over (onceflow.runtime.pipelines_runner; docs/connect.md). Runs where it is called, once.
+    """
+    from onceflow.runtime import pipelines_runner
+
+    cmd = pipelines_runner.command(["run", *args])
+    sys.stdout.flush()
+    os.execve(cmd[0], cmd, pipelines_runner.environment())

@@ -20,20 +20,27 @@ data sources onceflow registers are imported there by name. So:
    both sides see the checkpoint (a local file system), :func:`start_local` names Spark's
    ``FileSystemBasedCheckpointFileManager`` for that query alone — what onceflow's manager picks
    for a local path — instead of Spark's default, whose renames run ``readlink`` processes.
+5. **A server that goes away**: Spark's client retries a call to a server that does not answer
+   for at least ten minutes (its ``DefaultPolicy``), so a client waiting on a query whose server
+   was killed sits silent that long. While onceflow's query waits, :func:`bounded_retries`
+   keeps the client's own policies but stops each call's retries once the server has not answered
+   for :func:`server_wait_s` seconds; the caller then raises :class:`ServerLostError` naming the
+   server (:func:`server_lost`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from onceflow.errors import ConfigError
+from onceflow.errors import ConfigError, ServerLostError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -258,3 +265,149 @@ def remote_session(url: str, shuffle_partitions: int | None = None, conf: dict[s
                               f"({str(exc).splitlines()[0][:200]}); set it on the server") from None
     check_server(spark)
     return spark
+
+
+SERVER_WAIT_ENV = "ONCEFLOW_CONNECT_SERVER_WAIT"
+"""Seconds a waiting client gives a Connect server that stopped answering (default 60)."""
+
+DEFAULT_SERVER_WAIT_S = 60.0
+
+AFTER_LOSS_S = 1.0
+"""How long a call retries a server once a wait found it gone (:func:`bounded_retries`)."""
+
+
+def server_wait_s(given: float | None = None) -> float:
+    """Seconds to wait for a server that stopped answering: ``given``, else the environment's, else 60.
+
+    Raises:
+        ConfigError: The value is not a positive number of seconds.
+    """
+    raw: Any = given if given is not None else os.environ.get(SERVER_WAIT_ENV, DEFAULT_SERVER_WAIT_S)
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = -1.0
+    if not value > 0:
+        where = "server_wait" if given is not None else f"${SERVER_WAIT_ENV}"
+        raise ConfigError(f"{where}={raw!r}: the seconds to wait for a Spark Connect server that stopped "
+                          "answering must be a positive number (e.g. 60)")
+    return value
+
+
+def _deadline_policy(policy: Any, seconds: float) -> Any:
+    """``policy`` (one of the client's retry policies) whose retries of one call end after ``seconds``.
+
+    The bound is the returned policy's ``seconds`` attribute, read at every retry: lowering it
+    shortens the calls retrying at that moment too.
+    """
+    from pyspark.sql.connect.client.retries import RetryPolicy, RetryPolicyState
+
+    class _State(RetryPolicyState):
+        def __init__(self, outer: Any) -> None:
+            super().__init__(outer)
+            self._outer = outer
+            self._inner = policy.to_state()
+            self._since: float | None = None
+
+        def next_attempt(self, exception: BaseException | None = None) -> int | None:
+            now = time.monotonic()
+            self._since = now if self._since is None else self._since
+            left_ms = (self._since + self._outer.seconds - now) * 1000
+            wait = self._inner.next_attempt(exception)
+            if wait is None or left_ms <= 0:
+                return None
+            return int(min(wait, left_ms))
+
+    class _Deadline(RetryPolicy):
+        def can_retry(self, exception: BaseException) -> bool:
+            return bool(policy.can_retry(exception))
+
+        def to_state(self) -> RetryPolicyState:
+            return _State(self)
+
+    bounded = _Deadline(max_retries=policy.max_retries)
+    bounded.seconds = seconds  # type: ignore[attr-defined]
+    bounded._name = f"{policy.name} (onceflow: bounded)"
+    return bounded
+
+
+@contextlib.contextmanager
+def bounded_retries(spark: Any, seconds: float) -> Iterator[None]:
+    """While inside: each call of ``spark``'s Connect client stops retrying after ``seconds``.
+
+    Runs on the client, once per wait of a query. The client's policies decide what is retried
+    and how long to sleep, as before; only their total is bounded. The policies are given back
+    on the way out — unless the server was found gone: then each call retries for
+    :data:`AFTER_LOSS_S` at most, so that the client's own background calls to the gone server
+    (the release of an execution, a query listener's stream) end at once instead of keeping the
+    process alive for Spark's ten minutes; the session still works with a server that is back
+    at its address (one that answers needs no retries).
+
+    Args:
+        spark: A Spark Connect session.
+        seconds: The longest a call waits for a server that does not answer.
+    """
+    client = spark.client
+    before = client.get_retry_policies()
+    bounded = [_deadline_policy(p, seconds) for p in before]
+    client.set_retry_policies(bounded)
+    try:
+        yield
+    except BaseException as exc:
+        if is_server_gone(exc):  # kept, shorter: the calls retrying now end too
+            for p in bounded:
+                p.seconds = AFTER_LOSS_S
+        else:
+            client.set_retry_policies(before)
+        raise
+    client.set_retry_policies(before)
+
+
+def server_url(spark: Any) -> str:
+    """The ``sc://host:port`` of a Connect session's server (as its client reaches it)."""
+    builder = getattr(spark.client, "_builder", None)
+    url = getattr(builder, "url", None)
+    host, port = getattr(url, "hostname", None), getattr(builder, "_port", None)
+    return f"the Spark Connect server sc://{host}:{port}" if host else "the Spark Connect server"
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its causes and contexts, each once."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        yield cause
+        cause = cause.__cause__ or cause.__context__
+
+
+def _grpc_status(exc: BaseException) -> tuple[str, str] | None:
+    """(status name, details) of the first gRPC error in ``exc``'s chain."""
+    for cause in _chain(exc):
+        code, details = getattr(cause, "code", None), getattr(cause, "details", None)
+        if callable(code) and callable(details):
+            try:
+                return str(getattr(code(), "name", code())), str(details() or "")
+            except Exception:  # noqa: BLE001 - not a gRPC error after all
+                continue
+    return None
+
+
+def is_server_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` says the Connect server cannot be reached (gRPC ``UNAVAILABLE``)."""
+    status = _grpc_status(exc)
+    if status is not None:
+        return status[0] == "UNAVAILABLE"
+    return any("StatusCode.UNAVAILABLE" in f"{getattr(c, '_grpc_status_code', '')} {c}" for c in _chain(exc))
+
+
+def server_lost(spark: Any, seconds: float, exc: BaseException) -> ServerLostError:
+    """The error a waiting client raises when its server stopped answering (see the module, 5)."""
+    status = _grpc_status(exc)
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    said = f"{status[0]}: {status[1]}" if status else first
+    return ServerLostError(
+        f"{server_url(spark)} has not answered for {seconds:g} s ({said[:200]}): the query ran on that "
+        "server and stopped with it. Its checkpoint and sinks agree on every committed batch: start "
+        "the server again and run this pipeline again; it resumes exactly where it stopped. To wait "
+        f"longer for a server that restarts: awaitTermination(server_wait=SECONDS) or ${SERVER_WAIT_ENV}")
