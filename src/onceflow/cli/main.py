@@ -14,7 +14,7 @@ from onceflow.cli.ingest import ingest, send
 from onceflow.cli.jars import jars, kafka_tool
 from onceflow.cli.rejects import rejects
 from onceflow.cli.repair import repair
-from onceflow.cli.run import pipelines, run
+from onceflow.cli.run import connect_server, pipelines, run
 from onceflow.cli.tables import maintain, tables
 from onceflow.cli.verify import verify
 from onceflow.errors import OnceflowError
@@ -30,6 +30,7 @@ def cli() -> None:
 cli.add_command(generate)
 cli.add_command(run)
 cli.add_command(pipelines)
+cli.add_command(connect_server)
 cli.add_command(demo)
 cli.add_command(verify)
 cli.add_command(ingest)

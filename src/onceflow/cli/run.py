@@ -437,3 +437,42 @@ def pipelines_run(args: tuple[str, ...]) -> None:
     cmd = pipelines_runner.command(["run", *args])
     sys.stdout.flush()
     os.execve(cmd[0], cmd, pipelines_runner.environment())
+
+
+@click.command("connect-server")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface; the port has no authentication).")
+@click.option("--port", type=int, default=15002, show_default=True, help="gRPC port.")
+@click.option("--cores", type=int, default=None, help="Cores of its local master [default: this machine's].")
+@click.option("--memory", default="4g", show_default=True, help="The server's heap (--driver-memory).")
+@click.option("--without-onceflow-jars", is_flag=True,
+              help="Leave onceflow's jars off (Spark's state store and checkpoint file manager run).")
+@click.option("--conf", "confs", multiple=True, metavar="KEY=VALUE", help="More Spark settings (repeatable).")
+@click.option("--print", "print_only", is_flag=True, help="Print the command instead of running it.")
+def connect_server(host: str, port: int, cores: int | None, memory: str, without_onceflow_jars: bool,
+                   confs: tuple[str, ...], print_only: bool) -> None:
+    """Run a Spark Connect server with onceflow's settings, in the foreground (Ctrl-C stops it).
+
+    PySpark's own server (no Spark distribution needed) with this Python as the one it runs
+    clients' functions with (onceflow importable there), onceflow's jars, the throughput
+    collector and the heap; clients connect with onceflow.session(remote="sc://HOST:PORT").
+    Runs where it is called, once.
+    """
+    from onceflow.runtime.session import server_command, server_environment
+
+    conf = {}
+    for item in confs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r}: expected KEY=VALUE", param_hint="--conf")
+        conf[key] = value
+    cmd = server_command(host, port, cores, memory, not without_onceflow_jars, conf)
+    env = server_environment()
+    if print_only:
+        import shlex
+
+        click.echo(f"PYSPARK_PYTHON={shlex.quote(env['PYSPARK_PYTHON'])} {shlex.join(cmd)}")
+        return
+    click.echo(f"onceflow: Spark Connect server for sc://{host}:{port} (Ctrl-C stops it)", err=True)
+    sys.stdout.flush()
+    os.execve(cmd[0], cmd, env)

@@ -74,7 +74,7 @@ from onceflow.checkpoint import guard, ranges
 from onceflow.checkpoint import logs as ckpt
 from onceflow.engine import rejects as rj
 from onceflow.engine.contract import Contract, rejected_count
-from onceflow.engine.progress import ProgressReader
+from onceflow.engine.progress import ProgressReader, with_file_span
 from onceflow.engine.stable import Persisted, StableOutputs
 from onceflow.errors import (
     BatchRejectedError,
@@ -558,6 +558,7 @@ class BatchWriter:
         late = plan.late_dropped if plan is not None else files.late if files is not None else None
         dups = plan.duplicates if plan is not None else None
         amend = self._progress.previous(self._qid, a.batch_id) if self._progress is not None else None
+        amend = with_file_span(amend, self.checkpoint)
         return BatchStats(rows, late, watermark, dups, amend=amend), plan is not None
 
     @staticmethod

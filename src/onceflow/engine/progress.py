@@ -16,8 +16,10 @@ committed. So batch N's numbers reach N's marker one batch late:
    metrics of N's plan.
 4. N+1's commit writes them into N's marker where it holds NULL, and only where the input rows
    agree with a count made without the plan (:class:`onceflow.sinks._core.marker.Amend`): N's files'
-   rows (the marker's ``input_rows``) or the rows between a Kafka source's offsets. A plan that
-   ran twice counted twice, and its metrics are left out.
+   rows (the marker's ``input_rows``, Parquet), the records of N's JSON-lines files
+   (:func:`with_file_span`: the non-blank lines of ``.json``/``.jsonl``/``.ndjson`` files) or the
+   rows between a Kafka source's offsets. A plan that ran twice counted twice, and its metrics
+   are left out.
 
 The last batch of a run keeps NULL (no batch after it read its progress), as does a batch whose
 progress was lost with a crash of the server.
@@ -25,10 +27,12 @@ progress was lost with a crash of the server.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from onceflow.sinks._core.marker import Amend
@@ -113,6 +117,39 @@ def amend_from(progress: Mapping[str, Any] | None, batch_id: int) -> Amend | Non
             deduplicated = True
             dups += int(dropped)
     return Amend(batch_id, rows, late, dups if deduplicated else None, _span(sources))
+
+
+JSON_LINES = (".json", ".jsonl", ".ndjson")
+"""File names whose records :func:`with_file_span` counts (one per non-blank line, uncompressed)."""
+
+
+def with_file_span(amend: Amend | None, checkpoint: str | os.PathLike[str]) -> Amend | None:
+    """``amend`` with its ``span`` from N's input files when they are JSON lines (step 4).
+
+    A file source's batch N read the files its offset log names; Spark's JSON reader (without
+    ``multiLine``) makes one record of each non-blank line, so their count is the batch's input
+    rows, counted without the plan. Files of another kind, compressed or not on this machine's
+    file system leave ``span`` None (the marker keeps NULL). Runs in the ``foreachBatch``
+    worker of batch N+1, once per batch with an amendment; reads N's files line by line.
+    """
+    if amend is None or amend.span is not None:
+        return amend
+    from onceflow.checkpoint import logs as ckpt
+
+    end = ckpt.source_offset(checkpoint, amend.batch_id)
+    if end is None or "logOffset" not in end:  # not a file source
+        return amend
+    try:
+        files = ckpt.batch_input(checkpoint, amend.batch_id).files
+        if not files or not all(Path(f).suffix.lower() in JSON_LINES and Path(f).is_file() for f in files):
+            return amend
+        records = 0
+        for f in files:
+            with open(f, "rb") as fh:
+                records += sum(1 for line in fh if line.strip())
+    except (OSError, ValueError):  # a file gone, a log that does not parse: no span, NULL stays
+        return amend
+    return dataclasses.replace(amend, span=records)
 
 
 def _span(sources: list[Mapping[str, Any]]) -> int | None:

@@ -90,6 +90,55 @@ def server_conf(cores: int, jars: bool = True) -> dict[str, str]:
     return conf
 
 
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+"""The Spark Connect server's main class (in PySpark's ``jars/spark-connect_*.jar``)."""
+
+
+def server_command(host: str = "127.0.0.1", port: int = 15002, cores: int | None = None,
+                   memory: str = "4g", jars: bool = True, conf: dict[str, str] | None = None) -> list[str]:
+    """The ``spark-submit`` command of a Spark Connect server with onceflow's settings.
+
+    What ``start-connect-server.sh`` runs, in the foreground and without a Spark distribution:
+    PySpark's ``spark-submit`` with the server's class, a ``local[cores]`` master, the heap,
+    :func:`server_conf` (the throughput collector among them), this interpreter as the server's
+    Python and, with ``jars``, onceflow's jars on ``--jars``. Its environment needs
+    ``PYSPARK_PYTHON`` set to this interpreter too (:func:`server_environment`): Spark Connect
+    runs a client's Python functions with it. Runs where a server is started, once.
+
+    Args:
+        host: The address the server listens on (``0.0.0.0``: every interface).
+        port: The gRPC port.
+        cores: Cores of its local master (this machine's when None).
+        memory: The driver's heap (``--driver-memory``).
+        jars: onceflow's id state store and checkpoint file manager on its class path.
+        conf: More ``--conf`` settings, applied last.
+    """
+    import pyspark
+
+    from onceflow.runtime import scalac
+
+    cores = cores or os.cpu_count() or 2
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    settings = {**server_conf(cores, jars), "spark.connect.grpc.binding.port": str(port),
+                "spark.connect.grpc.binding.address": host, "spark.pyspark.python": sys.executable,
+                "spark.pyspark.driver.python": sys.executable, **(conf or {})}
+    cmd = [str(submit), "--class", SERVER_CLASS, "--master", f"local[{cores}]", "--driver-memory", memory]
+    if jars:
+        cmd += ["--jars", ",".join(str(p) for p in scalac.shipped_jars())]
+    for key, value in settings.items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd
+
+
+def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (this process's environment) with this interpreter as the server's Python."""
+    env = dict(os.environ if base is None else base)
+    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
+    bin_dir = str(Path(sys.executable).parent)  # this environment's commands first
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
 def _load_classes(spark: SparkSession, conf: dict[str, str], kafka: bool, realtime: bool) -> None:
     """Make onceflow's classes loadable in a driver JVM started before the session (spark-submit)."""
     from onceflow.runtime import jars

@@ -36,8 +36,6 @@ from onceflow.errors import OnceflowError
 from onceflow.verify import crashes
 from onceflow.verify.standalone import free_port
 
-SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
 
 class ConnectServer:
     """A Spark Connect server on loopback (``local[cores]`` inside it).
@@ -76,26 +74,11 @@ class ConnectServer:
         return self.workdir / "connect-server.log"
 
     def command(self) -> list[str]:
-        """The ``spark-submit`` command line of the server."""
-        import pyspark
+        """The server's ``spark-submit`` command (:func:`onceflow.runtime.session.server_command`)."""
+        from onceflow.runtime.session import server_command
 
-        submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-        from onceflow.runtime.session import server_conf
-
-        conf = {**server_conf(self.cores, self.onceflow_jars),
-                "spark.connect.grpc.binding.port": str(self.port),
-                "spark.connect.grpc.binding.address": "127.0.0.1",
-                "spark.pyspark.python": sys.executable, "spark.pyspark.driver.python": sys.executable,
-                "spark.driver.host": "127.0.0.1", **self.conf}
-        cmd = [str(submit), "--class", SERVER_CLASS, "--master", f"local[{self.cores}]",
-               "--driver-memory", "2g"]
-        if self.onceflow_jars:
-            from onceflow.runtime import scalac
-
-            cmd += ["--jars", ",".join(str(p) for p in scalac.shipped_jars())]
-        for key, value in conf.items():
-            cmd += ["--conf", f"{key}={value}"]
-        return cmd
+        return server_command("127.0.0.1", self.port, self.cores, "2g", self.onceflow_jars,
+                              {"spark.driver.host": "127.0.0.1", **self.conf})
 
     def start(self, timeout_s: float = 120.0) -> ConnectServer:
         """Start the server and wait until it accepts connections.
