@@ -22,17 +22,28 @@ temporary server as the tests start one), ``delta`` (a temporary table directory
 ``dropDuplicatesWithinWatermark``, the per-batch window counts collected in ``foreachBatch``),
 no onceflow and no sink: a batch is "visible" when its ``foreachBatch`` has its counts.
 
+**Over Spark Connect** (``--remote local``: a Connect server of its own with onceflow's jars, as
+``onceflow connect-server`` starts one; or ``--remote sc://HOST:PORT``): the same query as a
+client of the server, the writer and the marker poll in this process as before (``on_batch``
+runs on the server there: its column is left out). ``--variants classic,connect`` runs this
+script once per variant and ``--repeat`` round, in turn, each in a child process (a classic
+session and a Connect client do not share a Python process), and prints each variant's p50 and
+p99 over its runs and the ratio of Connect's p50 to classic's.
+
 Usage: python benchmarks/bench_latency.py [--sinks sqlite,postgres,delta,spark] [--samples 20]
        [--segment 1000] [--gap 0.3] [--warmup 30] [--trigger "0 seconds"] [--source log|kafka]
-       [--partitions 2] [--conf KEY=VALUE ...]
+       [--partitions 2] [--conf KEY=VALUE ...] [--remote local|sc://HOST:PORT]
+       [--variants classic,connect --repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -190,7 +201,8 @@ def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None,
     progress = progress[-counted:]  # recentProgress keeps the last 100
     phases = {name: statistics.median([p["durationMs"].get(name, 0) for p in progress]) for name in PHASES}
     with_input = [b["seconds"] * 1000 for b in batches if b["input_rows"]][-counted:]
-    phases["onceflow (on_batch)"] = statistics.median(with_input)
+    if with_input:  # on Connect, on_batch runs on the server
+        phases["onceflow (on_batch)"] = statistics.median(with_input)
     return {"samples": samples, "phases": phases, "batches": len(progress)}
 
 
@@ -208,7 +220,15 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=2, help="the Kafka topic's partitions")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the session (repeatable), e.g. the state store provider")
+    ap.add_argument("--remote", default=None,
+                    help="run the query over Spark Connect: 'local' (a server of its own) or sc://HOST:PORT")
+    ap.add_argument("--variants", default=None,
+                    help="classic,connect: this script once per variant and round, in child processes")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds of --variants")
     args = ap.parse_args()
+    if args.variants:
+        compare(args)
+        return
     kinds = [k for k in args.sinks.split(",") if k]
     dsn, server = os.environ.get("ONCEFLOW_PG_DSN"), None
     if "postgres" in kinds and not dsn:
@@ -217,7 +237,16 @@ def main() -> None:
 
         server = TempPostgres()
         dsn = server.start()
-    spark = session(conf=dict(c.split("=", 1) for c in args.conf), kafka=args.source == "kafka")
+    connect_server = None
+    if args.remote == "local":
+        from onceflow.verify.connect_server import ConnectServer
+
+        connect_server = ConnectServer(Path(tempfile.mkdtemp(prefix="bench-latency-server-"))).start()
+        args.remote = connect_server.url
+    if args.remote:
+        spark = session(remote=args.remote, conf=dict(c.split("=", 1) for c in args.conf))
+    else:
+        spark = session(conf=dict(c.split("=", 1) for c in args.conf), kafka=args.source == "kafka")
     broker = KafkaServer({}) if args.source == "kafka" else None  # started
     try:
         for kind in kinds:
@@ -228,12 +257,55 @@ def main() -> None:
                   f"max {max(s):.0f} ms", flush=True)
             print("  per batch with input (median ms): "
                   + ", ".join(f"{n} {v:.0f}" for n, v in out["phases"].items()), flush=True)
+            result = {"sink": kind, "samples_ms": s, "phases": out["phases"]}
+            print("RESULT " + json.dumps(result), flush=True)
     finally:
         spark.stop()
+        if connect_server is not None:
+            connect_server.kill()
         if broker is not None:
             broker.close()
         if server is not None:
             server.stop()
+
+
+def compare(args: argparse.Namespace) -> None:
+    """``--variants``: each variant in a child process, ``--repeat`` rounds in turn; p50/p99 and the ratio."""
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - {"classic", "connect"}
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}: classic, connect")
+    base = [sys.executable, str(Path(__file__).resolve()), "--sinks", args.sinks,
+            "--samples", str(args.samples), "--segment", str(args.segment), "--gap", str(args.gap),
+            "--warmup", str(args.warmup),
+            "--trigger", args.trigger, "--source", args.source, "--partitions", str(args.partitions),
+            *(x for c in args.conf for x in ("--conf", c))]
+    got: dict[str, list[float]] = {v: [] for v in variants}
+    phases: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    for r in range(args.repeat):
+        for v in variants:
+            cmd = base + (["--remote", "local"] if v == "connect" else [])
+            print(f"== round {r + 1}: {v}", flush=True)
+            done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            lines = done.stdout.splitlines()
+            results = [json.loads(line[7:]) for line in lines if line.startswith("RESULT ")]
+            if done.returncode != 0 or not results:
+                raise SystemExit(f"{v}: exit {done.returncode}\n{(done.stdout + done.stderr)[-3000:]}")
+            for res in results:
+                got[v] += res["samples_ms"]
+                phases[v].append(res["phases"])
+                s = res["samples_ms"]
+                print(f"   {v} {res['sink']}: p50 {pct(s, 0.5):.0f} ms, p99 {pct(s, 0.99):.0f} ms",
+                      flush=True)
+    for v in variants:
+        s = got[v]
+        med = {n: statistics.median(p[n] for p in phases[v] if n in p) for n in phases[v][0]}
+        print(f"{v}: {len(s)} samples: p50 {pct(s, 0.5):.0f} ms, p90 {pct(s, 0.9):.0f} ms, "
+              f"p99 {pct(s, 0.99):.0f} ms; per batch (median ms): "
+              + ", ".join(f"{n} {x:.0f}" for n, x in med.items()), flush=True)
+    if {"classic", "connect"} <= set(variants):
+        ratio = pct(got["connect"], 0.5) / pct(got["classic"], 0.5)
+        print(f"connect p50 / classic p50 = {ratio:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ from onceflow.checkpoint import guard, ranges
 from onceflow.checkpoint import logs as ckpt
 from onceflow.engine import rejects as rj
 from onceflow.engine.contract import Contract, rejected_count
-from onceflow.engine.progress import ProgressReader, with_file_span
+from onceflow.engine.progress import ProgressReader, file_records, with_span
 from onceflow.engine.stable import Persisted, StableOutputs
 from onceflow.errors import (
     BatchRejectedError,
@@ -153,6 +153,8 @@ class _Attempt:
     """Whether its one output is written not cached, its numbers settled after the write (step 4)."""
     produced: dict[str, Any] = field(default_factory=dict)
     """What ``per_batch`` returned (``count_rows`` reads these)."""
+    before: Future[int | None] | None = None
+    """On Spark Connect: the records of N-1's JSON-lines files (engine/progress.py, step 4)."""
 
 
 @dataclass(frozen=True)
@@ -332,6 +334,8 @@ class BatchWriter:
         planned = ranges.read(self.checkpoint, batch_id)
         faults.planned(batch_id, planned.has_input())  # crash points arm on batches with input
         attempt = _Attempt(batch_id, df, counted, observation, frames, kept, planned)
+        if self._progress is not None:  # N-1's numbers are amended by this batch: their check
+            attempt.before = self._pool.submit(file_records, self.checkpoint, batch_id - 1)
         if sum(not isinstance(f, pa.Table) for f in frames.values()) > 1:  # the batch is read once
             attempt.cached.append(observed.persist())
         return attempt
@@ -558,7 +562,7 @@ class BatchWriter:
         late = plan.late_dropped if plan is not None else files.late if files is not None else None
         dups = plan.duplicates if plan is not None else None
         amend = self._progress.previous(self._qid, a.batch_id) if self._progress is not None else None
-        amend = with_file_span(amend, self.checkpoint)
+        amend = with_span(amend, a.before.result() if a.before is not None else None)
         return BatchStats(rows, late, watermark, dups, amend=amend), plan is not None
 
     @staticmethod

@@ -17,7 +17,7 @@ committed. So batch N's numbers reach N's marker one batch late:
 4. N+1's commit writes them into N's marker where it holds NULL, and only where the input rows
    agree with a count made without the plan (:class:`onceflow.sinks._core.marker.Amend`): N's files'
    rows (the marker's ``input_rows``, Parquet), the records of N's JSON-lines files
-   (:func:`with_file_span`: the non-blank lines of ``.json``/``.jsonl``/``.ndjson`` files) or the
+   (:func:`file_records`: the non-blank lines of ``.json``/``.jsonl``/``.ndjson`` files) or the
    rows between a Kafka source's offsets. A plan that ran twice counted twice, and its metrics
    are left out.
 
@@ -120,34 +120,42 @@ def amend_from(progress: Mapping[str, Any] | None, batch_id: int) -> Amend | Non
 
 
 JSON_LINES = (".json", ".jsonl", ".ndjson")
-"""File names whose records :func:`with_file_span` counts (one per non-blank line, uncompressed)."""
+"""File names whose records :func:`file_records` counts (one per non-blank line, uncompressed)."""
 
 
-def with_file_span(amend: Amend | None, checkpoint: str | os.PathLike[str]) -> Amend | None:
-    """``amend`` with its ``span`` from N's input files when they are JSON lines (step 4).
+def file_records(checkpoint: str | os.PathLike[str], batch_id: int) -> int | None:
+    """The records of batch ``batch_id``'s input files when they are JSON lines (step 4); else None.
 
-    A file source's batch N read the files its offset log names; Spark's JSON reader (without
+    A file source's batch read the files its offset log names; Spark's JSON reader (without
     ``multiLine``) makes one record of each non-blank line, so their count is the batch's input
-    rows, counted without the plan. Files of another kind, compressed or not on this machine's
-    file system leave ``span`` None (the marker keeps NULL). Runs in the ``foreachBatch``
-    worker of batch N+1, once per batch with an amendment; reads N's files line by line.
+    rows, counted without the plan. Files of another kind, compressed, or not on this machine's
+    file system give None (the marker keeps NULL). Runs in the ``foreachBatch`` worker's stats
+    thread while batch ``batch_id`` + 1 runs, once per batch on Spark Connect; reads the files
+    line by line.
     """
-    if amend is None or amend.span is not None:
-        return amend
     from onceflow.checkpoint import logs as ckpt
 
-    end = ckpt.source_offset(checkpoint, amend.batch_id)
+    if batch_id < 0:
+        return None
+    end = ckpt.source_offset(checkpoint, batch_id)
     if end is None or "logOffset" not in end:  # not a file source
-        return amend
+        return None
     try:
-        files = ckpt.batch_input(checkpoint, amend.batch_id).files
+        files = ckpt.batch_input(checkpoint, batch_id).files
         if not files or not all(Path(f).suffix.lower() in JSON_LINES and Path(f).is_file() for f in files):
-            return amend
+            return None
         records = 0
         for f in files:
             with open(f, "rb") as fh:
                 records += sum(1 for line in fh if line.strip())
-    except (OSError, ValueError):  # a file gone, a log that does not parse: no span, NULL stays
+    except (OSError, ValueError):  # a file gone, a log that does not parse: no count, NULL stays
+        return None
+    return records
+
+
+def with_span(amend: Amend | None, records: int | None) -> Amend | None:
+    """``amend`` with ``records`` (:func:`file_records` of its batch) as its span, where it has none."""
+    if amend is None or amend.span is not None or records is None:
         return amend
     return dataclasses.replace(amend, span=records)
 
