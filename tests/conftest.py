@@ -95,12 +95,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     Modules whose tests start Spark in child processes say so with ``pytestmark``; select or
     leave out kinds with ``-m`` (e.g. ``pytest -m "not spark"``: the tests without a JVM).
-    The modules with fault tests (the longest: they start and kill drivers) come first, so that
-    ``make test``'s workers end on short ones instead of one waiting for the other's long file.
     """
-    faulty = {item.module.__name__ for item in items
-              if item.get_closest_marker("faults") is not None and item.module is not None}
-    items.sort(key=lambda item: item.module is None or item.module.__name__ not in faulty)
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "spark" in names:
