@@ -199,7 +199,8 @@ def run(spark: Any, kind: str, args: argparse.Namespace, dsn: str | None,
         shutil.rmtree(work, ignore_errors=True)
     counted = max(1, len(samples))  # the batches of the counted samples (one each), not the warm-up's
     progress = progress[-counted:]  # recentProgress keeps the last 100
-    phases = {name: statistics.median([p["durationMs"].get(name, 0) for p in progress]) for name in PHASES}
+    phases = ({name: statistics.median([p["durationMs"].get(name, 0) for p in progress]) for name in PHASES}
+              if progress else {})  # a stopped Connect query may report none
     with_input = [b["seconds"] * 1000 for b in batches if b["input_rows"]][-counted:]
     if with_input:  # on Connect, on_batch runs on the server
         phases["onceflow (on_batch)"] = statistics.median(with_input)
@@ -299,7 +300,7 @@ def compare(args: argparse.Namespace) -> None:
                       flush=True)
     for v in variants:
         s = got[v]
-        med = {n: statistics.median(p[n] for p in phases[v] if n in p) for n in phases[v][0]}
+        med = {n: statistics.median(p[n] for p in phases[v] if n in p) for n in (phases[v] or [{}])[0]}
         print(f"{v}: {len(s)} samples: p50 {pct(s, 0.5):.0f} ms, p90 {pct(s, 0.9):.0f} ms, "
               f"p99 {pct(s, 0.99):.0f} ms; per batch (median ms): "
               + ", ".join(f"{n} {x:.0f}" for n, x in med.items()), flush=True)
