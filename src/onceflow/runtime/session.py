@@ -130,9 +130,9 @@ def server_command(host: str = "127.0.0.1", port: int = 15002, cores: int | None
     return cmd
 
 
-def server_environment(base: dict[str, str] | None = None) -> dict[str, str]:
-    """``base`` (this process's environment) with this interpreter as the server's Python."""
-    env = dict(os.environ if base is None else base)
+def server_environment() -> dict[str, str]:
+    """This process's environment with this interpreter as a Connect server's Python, its commands first."""
+    env = dict(os.environ)
     env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     bin_dir = str(Path(sys.executable).parent)  # this environment's commands first
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"

@@ -87,11 +87,10 @@ class ConnectServer:
             OnceflowError: It exited or did not listen within ``timeout_s`` (the log's tail is in
                 the message).
         """
+        from onceflow.runtime.session import server_environment
+
         self.workdir.mkdir(parents=True, exist_ok=True)
-        bin_dir = str(Path(sys.executable).parent)
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-               "SPARK_LOCAL_IP": "127.0.0.1",
-               "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", **self.env}
+        env = {**server_environment(), "SPARK_LOCAL_IP": "127.0.0.1", **self.env}
         env = crashes.child_env(env)  # the crash hook in the server's Python workers
         # exec keeps one process id from the shell to the JVM: the server knows it as the driver's
         script = f"export {crashes.DRIVER_PID_ENV}=$$; exec {shlex.join(self.command())}"
